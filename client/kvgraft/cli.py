@@ -1,0 +1,227 @@
+"""The `kvgraft` command line.
+
+    kvgraft [--server ADDR] [--json] [--timeout S] COMMAND ...
+
+Commands: serve, info, ls, stat, rm, pin, export, import (`kvgraft COMMAND
+--help` for each). The server defaults to $KVGRAFT_SERVER, then
+127.0.0.1:50551. With --json every command prints one JSON document on
+stdout (errors too: {"error": {"code", "message"}}); otherwise plain text.
+Exit status: 0 success, 1 an error from kvgraft, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from kvgraft import __version__
+from kvgraft.client import Client, default_server
+from kvgraft.errors import KvgraftError
+from kvgraft.render import human_bytes, message_to_json, table
+
+
+def _emit(args: argparse.Namespace, document: object, text: str) -> None:
+    print(json.dumps(document, indent=2) if args.json else text)
+
+
+def _progress(args: argparse.Namespace, total: int, description: str):
+    """A tqdm bar on stderr for interactive use; None when scripted."""
+    if args.json or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc=description, file=sys.stderr)
+
+
+def _when(unix_ms: int) -> str:
+    return datetime.fromtimestamp(unix_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+# ----------------------------------------------------------------------
+def cmd_info(client: Client, args: argparse.Namespace) -> None:
+    info, stats = client.info(), client.stats()
+    document = {
+        "server": client.address,
+        "info": message_to_json(info),
+        "stats": message_to_json(stats),
+    }
+    lines = [
+        f"kvgraftd {info.version} at {client.address} (store format {info.store_format_version})",
+        f"model: {info.model_name or 'none loaded'}",
+        f"artifacts: {stats.artifacts}   pages: {stats.pages} ({human_bytes(stats.page_bytes)})"
+        f"   staged: {stats.staged_pages}",
+        f"map: {human_bytes(stats.map_used_bytes)} used of {human_bytes(stats.map_size_bytes)}"
+        f"   disk free: {human_bytes(stats.disk_free_bytes)}   sequence: {stats.last_sequence}",
+    ]
+    rows = [
+        (t.name, human_bytes(t.used_bytes), human_bytes(t.capacity_bytes), t.hits, t.misses)
+        for t in info.tiers
+    ]
+    lines.append(table(("tier", "used", "capacity", "hits", "misses"), rows))
+    _emit(args, document, "\n".join(lines))
+
+
+def cmd_ls(client: Client, args: argparse.Namespace) -> None:
+    selector = dict(item.split("=", 1) for item in args.label)
+    infos = list(client.list_artifacts(selector))
+    rows = [
+        (
+            i.artifact_id[:16],
+            i.num_tokens,
+            i.num_pages,
+            human_bytes(i.page_bytes),
+            _when(i.created_unix_ms),
+            "pinned" if i.pinned else "",
+            ",".join(f"{k}={v}" for k, v in sorted(i.labels.items())),
+        )
+        for i in infos
+    ]
+    text = (
+        table(("id", "tokens", "pages", "bytes", "created (UTC)", "", "labels"), rows)
+        if rows
+        else "no artifacts"
+    )
+    _emit(args, {"artifacts": [message_to_json(i) for i in infos]}, text)
+
+
+def cmd_stat(client: Client, args: argparse.Namespace) -> None:
+    response = client.stat(args.id, include_manifest=args.manifest)
+    info = response.info
+    document = message_to_json(info)
+    if args.manifest:
+        document["manifest"] = message_to_json(response.manifest)
+    lines = [
+        f"artifact {info.artifact_id}",
+        f"tokens {info.num_tokens} in {info.num_segments} segment(s); {info.num_pages} pages, "
+        f"{human_bytes(info.page_bytes)}",
+        f"layout {info.layout.num_layers} layers x {info.layout.kv_heads} kv heads x "
+        f"{info.layout.head_dim}, {message_to_json(info.layout)['kv_dtype']}",
+        f"model {info.model_fingerprint.hex()}",
+        f"created {_when(info.created_unix_ms)} UTC, sequence {info.sequence}"
+        + (", pinned" if info.pinned else ""),
+    ] + [f"label {k}={v}" for k, v in sorted(info.labels.items())]
+    _emit(args, document, "\n".join(lines))
+
+
+def cmd_rm(client: Client, args: argparse.Namespace) -> None:
+    results = {}
+    for artifact_id in args.ids:
+        full = client.stat(artifact_id).info.artifact_id
+        results[full] = message_to_json(client.delete(full))
+    text = "\n".join(
+        f"deleted {aid[:16]}: {r['pages_freed']} pages freed ({human_bytes(r['bytes_freed'])})"
+        for aid, r in results.items()
+    )
+    _emit(args, {"deleted": results}, text)
+
+
+def cmd_pin(client: Client, args: argparse.Namespace) -> None:
+    info = client.pin(args.id, pinned=not args.off)
+    state = "pinned" if info.pinned else "unpinned"
+    _emit(args, message_to_json(info), f"{state} {info.artifact_id}")
+
+
+def cmd_export(client: Client, args: argparse.Namespace) -> None:
+    total = client.stat(args.id).info.page_bytes
+    bar = _progress(args, total, "export")
+    try:
+        full = client.export_bundle(args.id, args.output, progress=bar.update if bar else None)
+    finally:
+        if bar:
+            bar.close()
+    size = args.output.stat().st_size
+    _emit(
+        args,
+        {"artifact_id": full, "path": str(args.output), "bytes": size},
+        f"exported {full[:16]} to {args.output} ({human_bytes(size)})",
+    )
+
+
+def cmd_import(client: Client, args: argparse.Namespace) -> None:
+    bar = _progress(args, args.file.stat().st_size, "import")
+    try:
+        response = client.import_bundle(args.file, progress=bar.update if bar else None)
+    finally:
+        if bar:
+            bar.close()
+    note = " (already present)" if response.already_present else ""
+    _emit(
+        args,
+        message_to_json(response),
+        f"imported {response.artifact_id}{note}: {response.pages_written} pages written "
+        f"({human_bytes(response.bytes_written)})",
+    )
+
+
+COMMANDS: dict[str, tuple[Callable[[Client, argparse.Namespace], None], str]] = {
+    "info": (cmd_info, "daemon version, model, store and tier figures"),
+    "ls": (cmd_ls, "list artifacts"),
+    "stat": (cmd_stat, "show one artifact"),
+    "rm": (cmd_rm, "delete artifacts"),
+    "pin": (cmd_pin, "pin an artifact (it cannot be deleted) or unpin it with --off"),
+    "export": (cmd_export, "write an artifact to a safetensors bundle"),
+    "import": (cmd_import, "store the artifact of a safetensors bundle"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvgraft", description="Byte-exact KV-cache artifacts.")
+    parser.add_argument(
+        "--server",
+        default=None,
+        help=f"daemon address (default $KVGRAFT_SERVER or {default_server()})",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
+    parser.add_argument("--version", action="version", version=f"kvgraft {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve", help="run the daemon (same as kvgraftd; kvgraft serve --help)", add_help=False
+    )
+    serve.add_argument("daemon_args", nargs=argparse.REMAINDER)
+    parsers = {name: sub.add_parser(name, help=text) for name, (_, text) in COMMANDS.items()}
+    parsers["ls"].add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="only artifacts with this label (repeatable)",
+    )
+    parsers["stat"].add_argument("id", help="artifact id or unique prefix (8+ hex characters)")
+    parsers["stat"].add_argument(
+        "--manifest", action="store_true", help="include the full manifest"
+    )
+    parsers["rm"].add_argument("ids", nargs="+", metavar="ID")
+    parsers["pin"].add_argument("id")
+    parsers["pin"].add_argument("--off", action="store_true", help="unpin")
+    parsers["export"].add_argument("id")
+    parsers["export"].add_argument(
+        "-o", "--output", type=Path, required=True, metavar="FILE.safetensors"
+    )
+    parsers["import"].add_argument("file", type=Path, metavar="FILE.safetensors")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        # The daemon is its own program; exec it rather than import it.
+        os.execv(sys.executable, [sys.executable, "-m", "kvgraftd", *args.daemon_args])
+    if any("=" not in item for item in getattr(args, "label", [])):
+        print("kvgraft: error: --label takes KEY=VALUE", file=sys.stderr)
+        return 2
+    handler, _ = COMMANDS[args.command]
+    try:
+        with Client(args.server, timeout_s=args.timeout) as client:
+            handler(client, args)
+    except KvgraftError as exc:
+        if args.json:
+            print(json.dumps({"error": {"code": exc.code, "message": str(exc)}}, indent=2))
+        print(f"kvgraft: error: {exc.code}: {exc}", file=sys.stderr)
+        return 1
+    return 0

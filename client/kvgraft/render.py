@@ -1,0 +1,57 @@
+"""How the command line shows things: JSON documents and plain tables.
+
+Digests (bytes fields) are shown as lowercase hex everywhere, in JSON too, so
+ids and hashes can be pasted between commands. Field names are the proto's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+
+def message_to_json(message: Message) -> dict:
+    """A protobuf message as plain JSON data, every field present, bytes as hex."""
+    out: dict = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            out[field.name] = {k: _scalar(value_field, v) for k, v in value.items()}
+        elif field.is_repeated:
+            out[field.name] = [_scalar(field, v) for v in value]
+        elif field.message_type is not None and not message.HasField(field.name):
+            out[field.name] = None
+        else:
+            out[field.name] = _scalar(field, value)
+    return out
+
+
+def _scalar(field: FieldDescriptor, value):
+    if field.message_type is not None:
+        return message_to_json(value)
+    if field.type == FieldDescriptor.TYPE_BYTES:
+        return bytes(value).hex()
+    if field.enum_type is not None:
+        return field.enum_type.values_by_number[value].name
+    return value
+
+
+def human_bytes(count: int) -> str:
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [list(map(str, headers))] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in cells
+    )

@@ -1,0 +1,504 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class KvDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KV_DTYPE_UNSPECIFIED: _ClassVar[KvDtype]
+    KV_DTYPE_FLOAT32: _ClassVar[KvDtype]
+    KV_DTYPE_FLOAT16: _ClassVar[KvDtype]
+    KV_DTYPE_BFLOAT16: _ClassVar[KvDtype]
+KV_DTYPE_UNSPECIFIED: KvDtype
+KV_DTYPE_FLOAT32: KvDtype
+KV_DTYPE_FLOAT16: KvDtype
+KV_DTYPE_BFLOAT16: KvDtype
+
+class KvLayout(_message.Message):
+    __slots__ = ("num_layers", "kv_heads", "head_dim", "kv_dtype")
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    kv_dtype: KvDtype
+    def __init__(self, num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., kv_dtype: _Optional[_Union[KvDtype, str]] = ...) -> None: ...
+
+class ComputeProfile(_message.Message):
+    __slots__ = ("torch_version", "device_kind", "device_name", "compute_dtype", "attention", "page_tokens")
+    TORCH_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    torch_version: str
+    device_kind: str
+    device_name: str
+    compute_dtype: str
+    attention: str
+    page_tokens: int
+    def __init__(self, torch_version: _Optional[str] = ..., device_kind: _Optional[str] = ..., device_name: _Optional[str] = ..., compute_dtype: _Optional[str] = ..., attention: _Optional[str] = ..., page_tokens: _Optional[int] = ...) -> None: ...
+
+class Receipt(_message.Message):
+    __slots__ = ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256", "generated_token_ids", "reused_tokens", "computed_tokens", "model_fingerprint", "profile", "grafted_artifact_id")
+    INPUT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGITS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_LOGITS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    GRAFTED_ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    input_sha256: bytes
+    prompt_logits_sha256: bytes
+    generated_logits_sha256: bytes
+    generated_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    reused_tokens: int
+    computed_tokens: int
+    model_fingerprint: bytes
+    profile: ComputeProfile
+    grafted_artifact_id: str
+    def __init__(self, input_sha256: _Optional[bytes] = ..., prompt_logits_sha256: _Optional[bytes] = ..., generated_logits_sha256: _Optional[bytes] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., reused_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., grafted_artifact_id: _Optional[str] = ...) -> None: ...
+
+class Manifest(_message.Message):
+    __slots__ = ("format_version", "model_fingerprint", "layout", "profile", "token_ids", "segment_ends", "page_sha256", "receipt", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ENDS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    format_version: int
+    model_fingerprint: bytes
+    layout: KvLayout
+    profile: ComputeProfile
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    segment_ends: _containers.RepeatedScalarFieldContainer[int]
+    page_sha256: _containers.RepeatedScalarFieldContainer[bytes]
+    receipt: Receipt
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, format_version: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., layout: _Optional[_Union[KvLayout, _Mapping]] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., segment_ends: _Optional[_Iterable[int]] = ..., page_sha256: _Optional[_Iterable[bytes]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class PageChunk(_message.Message):
+    __slots__ = ("sha256", "offset", "page_bytes", "data")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    sha256: bytes
+    offset: int
+    page_bytes: int
+    data: bytes
+    def __init__(self, sha256: _Optional[bytes] = ..., offset: _Optional[int] = ..., page_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PageBlock(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[PageChunk]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[PageChunk, _Mapping]]] = ...) -> None: ...
+
+class PutArtifactRequest(_message.Message):
+    __slots__ = ("pages", "manifest")
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    pages: PageBlock
+    manifest: Manifest
+    def __init__(self, pages: _Optional[_Union[PageBlock, _Mapping]] = ..., manifest: _Optional[_Union[Manifest, _Mapping]] = ...) -> None: ...
+
+class PutArtifactResponse(_message.Message):
+    __slots__ = ("artifact_id", "already_present", "pages_written", "bytes_written")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    PAGES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    already_present: bool
+    pages_written: int
+    bytes_written: int
+    def __init__(self, artifact_id: _Optional[str] = ..., already_present: _Optional[bool] = ..., pages_written: _Optional[int] = ..., bytes_written: _Optional[int] = ...) -> None: ...
+
+class GetArtifactRequest(_message.Message):
+    __slots__ = ("artifact_id", "manifest_only", "only_pages")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ONLY_PAGES_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    manifest_only: bool
+    only_pages: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, artifact_id: _Optional[str] = ..., manifest_only: _Optional[bool] = ..., only_pages: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class GetArtifactResponse(_message.Message):
+    __slots__ = ("manifest", "pages")
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    manifest: Manifest
+    pages: PageBlock
+    def __init__(self, manifest: _Optional[_Union[Manifest, _Mapping]] = ..., pages: _Optional[_Union[PageBlock, _Mapping]] = ...) -> None: ...
+
+class MissingPagesRequest(_message.Message):
+    __slots__ = ("sha256",)
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    sha256: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, sha256: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class MissingPagesResponse(_message.Message):
+    __slots__ = ("missing",)
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    missing: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, missing: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class LookupRequest(_message.Message):
+    __slots__ = ("token_ids",)
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LookupResponse(_message.Message):
+    __slots__ = ("matched_tokens", "matched_pages", "model_fingerprint")
+    MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    matched_tokens: int
+    matched_pages: int
+    model_fingerprint: bytes
+    def __init__(self, matched_tokens: _Optional[int] = ..., matched_pages: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ...) -> None: ...
+
+class Prompt(_message.Message):
+    __slots__ = ("text", "tokens", "chat")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    tokens: TokenIds
+    chat: bool
+    def __init__(self, text: _Optional[str] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[bool] = ...) -> None: ...
+
+class TokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DepositRequest(_message.Message):
+    __slots__ = ("prompt", "labels", "verified_by")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_BY_FIELD_NUMBER: _ClassVar[int]
+    prompt: Prompt
+    labels: _containers.ScalarMap[str, str]
+    verified_by: str
+    def __init__(self, prompt: _Optional[_Union[Prompt, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., verified_by: _Optional[str] = ...) -> None: ...
+
+class DepositResponse(_message.Message):
+    __slots__ = ("artifact_id", "receipt")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    receipt: Receipt
+    def __init__(self, artifact_id: _Optional[str] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
+
+class GenerateOptions(_message.Message):
+    __slots__ = ("max_new_tokens", "greedy", "no_cache", "deposit")
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GREEDY_FIELD_NUMBER: _ClassVar[int]
+    NO_CACHE_FIELD_NUMBER: _ClassVar[int]
+    DEPOSIT_FIELD_NUMBER: _ClassVar[int]
+    max_new_tokens: int
+    greedy: bool
+    no_cache: bool
+    deposit: bool
+    def __init__(self, max_new_tokens: _Optional[int] = ..., greedy: _Optional[bool] = ..., no_cache: _Optional[bool] = ..., deposit: _Optional[bool] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("prompt", "options")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    prompt: Prompt
+    options: GenerateOptions
+    def __init__(self, prompt: _Optional[_Union[Prompt, _Mapping]] = ..., options: _Optional[_Union[GenerateOptions, _Mapping]] = ...) -> None: ...
+
+class GraftRequest(_message.Message):
+    __slots__ = ("artifact_id", "continuation", "options")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTINUATION_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    continuation: Prompt
+    options: GenerateOptions
+    def __init__(self, artifact_id: _Optional[str] = ..., continuation: _Optional[_Union[Prompt, _Mapping]] = ..., options: _Optional[_Union[GenerateOptions, _Mapping]] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("token", "result")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    token: GeneratedToken
+    result: GenerateResult
+    def __init__(self, token: _Optional[_Union[GeneratedToken, _Mapping]] = ..., result: _Optional[_Union[GenerateResult, _Mapping]] = ...) -> None: ...
+
+class GeneratedToken(_message.Message):
+    __slots__ = ("token_id", "text")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    text: str
+    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
+
+class GenerateResult(_message.Message):
+    __slots__ = ("receipt", "text", "deposited_artifact_id")
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    DEPOSITED_ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    receipt: Receipt
+    text: str
+    deposited_artifact_id: str
+    def __init__(self, receipt: _Optional[_Union[Receipt, _Mapping]] = ..., text: _Optional[str] = ..., deposited_artifact_id: _Optional[str] = ...) -> None: ...
+
+class VerifyRequest(_message.Message):
+    __slots__ = ("artifact_id",)
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    def __init__(self, artifact_id: _Optional[str] = ...) -> None: ...
+
+class VerifyResponse(_message.Message):
+    __slots__ = ("ok", "stored", "recomputed", "mismatches")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTED_FIELD_NUMBER: _ClassVar[int]
+    MISMATCHES_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    stored: Receipt
+    recomputed: Receipt
+    mismatches: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ok: _Optional[bool] = ..., stored: _Optional[_Union[Receipt, _Mapping]] = ..., recomputed: _Optional[_Union[Receipt, _Mapping]] = ..., mismatches: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ArtifactInfo(_message.Message):
+    __slots__ = ("artifact_id", "num_tokens", "num_segments", "num_pages", "page_bytes", "layout", "model_fingerprint", "labels", "created_unix_ms", "pinned", "sequence")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    num_tokens: int
+    num_segments: int
+    num_pages: int
+    page_bytes: int
+    layout: KvLayout
+    model_fingerprint: bytes
+    labels: _containers.ScalarMap[str, str]
+    created_unix_ms: int
+    pinned: bool
+    sequence: int
+    def __init__(self, artifact_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., num_segments: _Optional[int] = ..., num_pages: _Optional[int] = ..., page_bytes: _Optional[int] = ..., layout: _Optional[_Union[KvLayout, _Mapping]] = ..., model_fingerprint: _Optional[bytes] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_unix_ms: _Optional[int] = ..., pinned: _Optional[bool] = ..., sequence: _Optional[int] = ...) -> None: ...
+
+class ListRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "label_selector")
+    class LabelSelectorEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LABEL_SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    label_selector: _containers.ScalarMap[str, str]
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., label_selector: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ListResponse(_message.Message):
+    __slots__ = ("artifacts", "next_page_token")
+    ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    artifacts: _containers.RepeatedCompositeFieldContainer[ArtifactInfo]
+    next_page_token: str
+    def __init__(self, artifacts: _Optional[_Iterable[_Union[ArtifactInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class StatRequest(_message.Message):
+    __slots__ = ("artifact_id", "include_manifest")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    include_manifest: bool
+    def __init__(self, artifact_id: _Optional[str] = ..., include_manifest: _Optional[bool] = ...) -> None: ...
+
+class StatResponse(_message.Message):
+    __slots__ = ("info", "manifest")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    info: ArtifactInfo
+    manifest: Manifest
+    def __init__(self, info: _Optional[_Union[ArtifactInfo, _Mapping]] = ..., manifest: _Optional[_Union[Manifest, _Mapping]] = ...) -> None: ...
+
+class DeleteRequest(_message.Message):
+    __slots__ = ("artifact_id",)
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    def __init__(self, artifact_id: _Optional[str] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ("pages_freed", "bytes_freed")
+    PAGES_FREED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FREED_FIELD_NUMBER: _ClassVar[int]
+    pages_freed: int
+    bytes_freed: int
+    def __init__(self, pages_freed: _Optional[int] = ..., bytes_freed: _Optional[int] = ...) -> None: ...
+
+class PinRequest(_message.Message):
+    __slots__ = ("artifact_id", "pinned")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    pinned: bool
+    def __init__(self, artifact_id: _Optional[str] = ..., pinned: _Optional[bool] = ...) -> None: ...
+
+class PinResponse(_message.Message):
+    __slots__ = ("info",)
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    info: ArtifactInfo
+    def __init__(self, info: _Optional[_Union[ArtifactInfo, _Mapping]] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InfoResponse(_message.Message):
+    __slots__ = ("version", "store_format_version", "page_tokens", "model_fingerprint", "profile", "model_name", "tiers")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STORE_FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    store_format_version: int
+    page_tokens: int
+    model_fingerprint: bytes
+    profile: ComputeProfile
+    model_name: str
+    tiers: _containers.RepeatedCompositeFieldContainer[TierInfo]
+    def __init__(self, version: _Optional[str] = ..., store_format_version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., model_name: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ...) -> None: ...
+
+class TierInfo(_message.Message):
+    __slots__ = ("name", "capacity_bytes", "used_bytes", "hits", "misses", "evictions", "bytes_streamed", "peak_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_STREAMED_FIELD_NUMBER: _ClassVar[int]
+    PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    capacity_bytes: int
+    used_bytes: int
+    hits: int
+    misses: int
+    evictions: int
+    bytes_streamed: int
+    peak_bytes: int
+    def __init__(self, name: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., bytes_streamed: _Optional[int] = ..., peak_bytes: _Optional[int] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("artifacts", "pages", "page_bytes", "staged_pages", "map_size_bytes", "map_used_bytes", "disk_free_bytes", "last_sequence", "tiers", "rpc_calls")
+    class RpcCallsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STAGED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    MAP_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAP_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    RPC_CALLS_FIELD_NUMBER: _ClassVar[int]
+    artifacts: int
+    pages: int
+    page_bytes: int
+    staged_pages: int
+    map_size_bytes: int
+    map_used_bytes: int
+    disk_free_bytes: int
+    last_sequence: int
+    tiers: _containers.RepeatedCompositeFieldContainer[TierInfo]
+    rpc_calls: _containers.ScalarMap[str, int]
+    def __init__(self, artifacts: _Optional[int] = ..., pages: _Optional[int] = ..., page_bytes: _Optional[int] = ..., staged_pages: _Optional[int] = ..., map_size_bytes: _Optional[int] = ..., map_used_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., last_sequence: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., rpc_calls: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("from_sequence", "follow")
+    FROM_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    from_sequence: int
+    follow: bool
+    def __init__(self, from_sequence: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class ChangeRecord(_message.Message):
+    __slots__ = ("sequence", "kind", "artifact_id", "unix_ms")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[ChangeRecord.Kind]
+        KIND_ADDED: _ClassVar[ChangeRecord.Kind]
+        KIND_DELETED: _ClassVar[ChangeRecord.Kind]
+    KIND_UNSPECIFIED: ChangeRecord.Kind
+    KIND_ADDED: ChangeRecord.Kind
+    KIND_DELETED: ChangeRecord.Kind
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    kind: ChangeRecord.Kind
+    artifact_id: str
+    unix_ms: int
+    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[ChangeRecord.Kind, str]] = ..., artifact_id: _Optional[str] = ..., unix_ms: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""kvgraftd: the kvgraft daemon (store, service, server; later engine, tiers, replication)."""

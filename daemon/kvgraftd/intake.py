@@ -1,0 +1,109 @@
+"""Intake of pages from an untrusted stream (a client, a peer).
+
+Chunks are assembled into whole pages, and every whole page's SHA-256 is
+recomputed before it is accepted: this is a trust boundary (DESIGN.md). An
+accepted page is held as a store record (xxh3-128 || bytes) ready to commit.
+When the held bytes pass `spill_bytes`, they are staged in the store so that
+memory stays bounded and a cut transfer can resume without resending them.
+
+Errors: malformed chunks are InvalidArgument; a page whose bytes do not hash
+to its name is DataLoss (the sender should resend it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from kvgraft.artifact import DIGEST_BYTES, MAX_PAGE_BYTES, page_sizes
+from kvgraft.errors import DataLoss, InvalidArgument
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraft.wire import Chunk
+from kvgraftd.store import PAGE_CHECKSUM_BYTES, Store, page_record
+
+
+class PageIntake:
+    """Accumulates verified pages of one PutArtifact stream."""
+
+    def __init__(self, store: Store, spill_bytes: int) -> None:
+        self._store = store
+        self._spill_bytes = spill_bytes
+        self._partial: dict[bytes, bytearray] = {}  # pages still arriving
+        self._filled: dict[bytes, int] = {}  # bytes received of each partial page
+        self.records: dict[bytes, bytes] = {}  # verified, not yet staged
+        self.staged: set[bytes] = set()  # verified and staged in the store
+        self._held_bytes = 0
+
+    def add(self, chunk: Chunk) -> None:
+        digest, size = chunk.sha256, chunk.page_bytes
+        if len(digest) != DIGEST_BYTES:
+            raise InvalidArgument("every page chunk needs a 32-byte sha256")
+        if not 1 <= size <= MAX_PAGE_BYTES:
+            raise InvalidArgument(
+                f"page {digest.hex()[:16]}: page_bytes {size} is outside 1..{MAX_PAGE_BYTES}"
+            )
+        if digest in self.records or digest in self.staged:
+            return  # a page sent twice is accepted once
+        data = chunk.data
+        if chunk.offset == 0 and len(data) == size:
+            self._accept(digest, data)
+            return
+        buffer = self._partial.get(digest)
+        if buffer is None:
+            if chunk.offset != 0:
+                raise InvalidArgument(f"page {digest.hex()[:16]}: first chunk must have offset 0")
+            buffer = self._partial[digest] = bytearray(size)
+            self._filled[digest] = 0
+        filled = self._filled[digest]
+        if len(buffer) != size or chunk.offset != filled or filled + len(data) > size:
+            raise InvalidArgument(
+                f"page {digest.hex()[:16]}: chunks must arrive in order, with one page_bytes, "
+                "and cover the page exactly"
+            )
+        buffer[filled : filled + len(data)] = data
+        self._filled[digest] = filled + len(data)
+        if self._filled[digest] == size:
+            del self._partial[digest], self._filled[digest]
+            self._accept(digest, buffer)
+
+    def _accept(self, digest: bytes, data: bytes | bytearray | memoryview) -> None:
+        actual = hashlib.sha256(data).digest()
+        if actual != digest:
+            raise DataLoss(
+                f"page {digest.hex()[:16]} arrived corrupt (its bytes hash to "
+                f"{actual.hex()[:16]}); nothing was stored: resend it"
+            )
+        record = page_record(data)
+        self.records[digest] = record
+        self._held_bytes += len(record)
+        if self._held_bytes >= self._spill_bytes:
+            self.stage()
+
+    def stage(self) -> None:
+        """Persist the verified pages held in memory (as unreferenced pages)."""
+        if self.records:
+            self._store.stage_pages(self.records)
+            self.staged.update(self.records)
+            self.records.clear()
+            self._held_bytes = 0
+
+    def check_against(self, manifest: pb.Manifest) -> None:
+        """Every page received must be whole, named by the manifest and of its size."""
+        if self._partial:
+            digest = next(iter(self._partial))
+            raise InvalidArgument(
+                f"page {digest.hex()[:16]} is incomplete: the stream ended "
+                f"{len(self._partial[digest]) - self._filled[digest]} bytes short"
+            )
+        sizes = page_sizes(manifest)
+        for digest, record in self.records.items():
+            expected = sizes.get(digest)
+            if expected is None:
+                raise InvalidArgument(
+                    f"page {digest.hex()[:16]} was sent but the manifest does not name it"
+                )
+            size = len(record) - PAGE_CHECKSUM_BYTES
+            if size != expected:
+                raise InvalidArgument(
+                    f"page {digest.hex()[:16]} has {size} bytes; the manifest's layout needs "
+                    f"{expected}"
+                )

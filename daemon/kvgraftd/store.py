@@ -1,0 +1,553 @@
+"""The artifact store: one LMDB environment, content-addressed pages.
+
+Sub-databases (DESIGN.md, store layout):
+  pages      sha256 -> xxh3-128 (16 bytes) || page bytes     immutable, written once
+  refs       sha256 -> u64 reference count                   pages referenced by artifacts
+  staged     sha256 -> u64 unix ms                           pages received, not yet referenced
+  artifacts  artifact id (32 bytes) -> record header || canonical manifest
+  log        u64 sequence (big-endian) -> ChangeRecord        the replication feed
+  chains     chain key -> chain entry                        prefix lookup (engine)
+  meta       name -> value                                   format version, counters
+
+Invariants:
+* An artifact's pages, reference counts, manifest and log record commit in
+  one write transaction; a reader sees an artifact whole or not at all.
+* Every page read is checked against its xxh3-128 after the copy; a mismatch
+  raises DataLoss and no byte of the page is returned.
+* Pages received before their manifest may be staged (persisted but
+  referenced by nothing, invisible to readers of artifacts) so a cut transfer
+  resumes; staged pages nobody claims are collected after a grace period.
+* The map is opened with writemap (fast durable writes). A full disk under a
+  writable map kills the process with SIGBUS, so every write transaction
+  first checks free space and refuses with ResourceExhausted instead.
+
+This is the only module that imports lmdb. It must not know about gRPC.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import struct
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import xxhash
+
+from kvgraft.artifact import canonical_bytes, page_sizes
+from kvgraft.errors import (
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.catalog import (
+    ArtifactRecord,
+    change_record,
+    decode_record,
+    encode_record,
+    resolve_prefix_bounds,
+)
+
+log = logging.getLogger(__name__)
+
+STORE_FORMAT_VERSION = 1
+PAGE_CHECKSUM_BYTES = 16  # xxh3-128 ahead of each stored page
+_U64 = struct.Struct("<Q")
+_SEQ = struct.Struct(">Q")
+_LMDB_PAGE_BYTES = 4096
+
+
+def page_record(data: bytes | memoryview) -> bytes:
+    """The stored form of a page: its xxh3-128 then its bytes (one copy)."""
+    return xxhash.xxh3_128_digest(data) + data
+
+
+class _ResizeGate:
+    """Many transactions at once, or one map resize with none open.
+
+    LMDB's mdb_env_set_mapsize is only safe while this process has no open
+    transaction: a resize remaps the file and would pull the memory out from
+    under a reader's buffers.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._open = 0
+        self._resizing = False
+
+    @contextmanager
+    def open_txn(self) -> Iterator[None]:
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._open += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._open -= 1
+                if not self._open:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def resize(self) -> Iterator[None]:
+        with self._cond:
+            self._resizing = True
+            while self._open:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._resizing = False
+                self._cond.notify_all()
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    artifact_id: str
+    already_present: bool
+    pages_written: int
+    bytes_written: int
+    sequence: int
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    artifacts: int
+    pages: int
+    page_bytes: int
+    staged_pages: int
+    map_size_bytes: int
+    map_used_bytes: int
+    disk_free_bytes: int
+    last_sequence: int
+
+
+class Store:
+    """A kvgraft store in directory `path` (created if missing)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        initial_map_bytes: int = 1 << 30,
+        min_free_bytes: int = 256 << 20,
+    ) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._min_free_bytes = min_free_bytes
+        self._env = lmdb.open(
+            str(self.path),
+            map_size=initial_map_bytes,
+            max_dbs=8,
+            max_readers=1024,
+            writemap=True,
+        )
+        self._db = {
+            name: self._env.open_db(name.encode())
+            for name in ("pages", "refs", "staged", "artifacts", "log", "chains", "meta")
+        }
+        self._write_lock = threading.Lock()
+        self._gate = _ResizeGate()
+        self._changed = threading.Condition()
+        self._check_format()
+
+    def close(self) -> None:
+        with self._write_lock, self._gate.resize():
+            self._env.close()
+
+    # ------------------------------------------------------------------
+    # transactions
+
+    @contextmanager
+    def _read(self) -> Iterator[lmdb.Transaction]:
+        with self._gate.open_txn(), self._env.begin(buffers=True) as txn:
+            yield txn
+
+    def _write(self, needed_bytes: int, body):  # body(txn) -> result
+        """Run `body` in one write transaction, growing the map as needed."""
+        with self._write_lock:
+            self._check_free_space(needed_bytes)
+            while True:
+                try:
+                    with self._gate.open_txn(), self._env.begin(write=True) as txn:
+                        return body(txn)
+                except lmdb.MapFullError:
+                    self._grow_map(needed_bytes)
+
+    def _check_free_space(self, needed_bytes: int) -> None:
+        free = shutil.disk_usage(self.path).free
+        # LMDB rounds values up to whole 4 KiB pages and copies tree pages.
+        needed = needed_bytes + needed_bytes // 16 + (1 << 20)
+        # Writes without page data (deletes, pins) may use the reserve: they
+        # are how an operator frees space.
+        reserve = self._min_free_bytes if needed_bytes else 0
+        if free - needed < reserve:
+            raise ResourceExhausted(
+                f"the disk holding {self.path} has {free >> 20} MiB free; this write needs "
+                f"{needed >> 20} MiB and kvgraftd keeps min_free_bytes="
+                f"{self._min_free_bytes >> 20} MiB in reserve. Free disk space or delete "
+                "artifacts (kvgraft rm ID)."
+            )
+
+    def _grow_map(self, needed_bytes: int) -> None:
+        current = self._env.info()["map_size"]
+        target = max(2 * current, current + 2 * needed_bytes)
+        with self._gate.resize():
+            self._env.set_mapsize(target)
+        log.info("store map grown from %d MiB to %d MiB", current >> 20, target >> 20)
+
+    def _check_format(self) -> None:
+        def body(txn: lmdb.Transaction) -> None:
+            meta = self._db["meta"]
+            found = txn.get(b"format_version", db=meta)
+            if found is None:
+                txn.put(b"format_version", str(STORE_FORMAT_VERSION).encode(), db=meta)
+                txn.put(b"created_unix_ms", str(_now_ms()).encode(), db=meta)
+            elif int(bytes(found)) != STORE_FORMAT_VERSION:
+                raise FailedPrecondition(
+                    f"store {self.path} has format {int(bytes(found))}; this kvgraftd reads "
+                    f"format {STORE_FORMAT_VERSION}. Use a matching kvgraft version."
+                )
+
+        self._write(0, body)
+
+    # ------------------------------------------------------------------
+    # pages
+
+    def missing_pages(self, digests: Sequence[bytes]) -> list[bytes]:
+        """The digests whose pages are not stored (staged pages count as stored)."""
+        pages = self._db["pages"]
+        with self._read() as txn:
+            cursor = txn.cursor(db=pages)
+            return [digest for digest in digests if not cursor.set_key(digest)]
+
+    def read_pages_into(self, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:
+        """Copy each page into its uint8 destination and verify it there."""
+        pages = self._db["pages"]
+        with self._read() as txn:
+            for digest, dest in zip(digests, dests, strict=True):
+                record = txn.get(digest, db=pages)
+                if record is None:
+                    raise NotFound(f"page {digest.hex()[:16]} is not in the store")
+                view = memoryview(record)
+                if len(view) - PAGE_CHECKSUM_BYTES != dest.nbytes:
+                    raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
+                dest[:] = np.frombuffer(view, np.uint8, offset=PAGE_CHECKSUM_BYTES)
+                if xxhash.xxh3_128_digest(dest) != view[:PAGE_CHECKSUM_BYTES]:
+                    raise DataLoss(_corrupt_message(digest))
+
+    def read_page(self, digest: bytes) -> bytes:
+        return self.read_pages_joined([digest], [b""])
+
+    def read_pages_joined(self, digests: Sequence[bytes], prefixes: Sequence[bytes]) -> bytes:
+        """prefixes[0] + page 0 + prefixes[1] + page 1 + ..., every page verified.
+
+        Used to frame pages into one wire message with a single copy.
+        """
+        pages = self._db["pages"]
+        parts: list[bytes | memoryview] = []
+        checks: list[tuple[bytes, bytes, int, int]] = []
+        offset = 0
+        with self._read() as txn:
+            for digest, prefix in zip(digests, prefixes, strict=True):
+                record = txn.get(digest, db=pages)
+                if record is None:
+                    raise NotFound(f"page {digest.hex()[:16]} is not in the store")
+                view = memoryview(record)
+                parts += (prefix, view[PAGE_CHECKSUM_BYTES:])
+                offset += len(prefix)
+                size = len(view) - PAGE_CHECKSUM_BYTES
+                checks.append((digest, bytes(view[:PAGE_CHECKSUM_BYTES]), offset, size))
+                offset += size
+            joined = b"".join(parts)
+        out = memoryview(joined)
+        for digest, expected, start, size in checks:
+            if xxhash.xxh3_128_digest(out[start : start + size]) != expected:
+                raise DataLoss(_corrupt_message(digest))
+        return joined
+
+    def stage_pages(self, records: Mapping[bytes, bytes]) -> int:
+        """Persist received pages ahead of their manifest; returns pages written."""
+        needed = sum(len(r) for r in records.values())
+
+        def body(txn: lmdb.Transaction) -> int:
+            written = 0
+            now = _U64.pack(_now_ms())
+            for digest, record in records.items():
+                if txn.put(digest, record, db=self._db["pages"], overwrite=False):
+                    txn.put(digest, now, db=self._db["staged"])
+                    self._add_page_bytes(txn, len(record) - PAGE_CHECKSUM_BYTES)
+                    written += 1
+            return written
+
+        return self._write(needed, body)
+
+    def collect_staged(self, older_than_s: float) -> int:
+        """Delete staged pages older than `older_than_s` that nothing references."""
+        limit = _now_ms() - int(older_than_s * 1000)
+
+        def body(txn: lmdb.Transaction) -> int:
+            cursor = txn.cursor(db=self._db["staged"])
+            doomed = [bytes(k) for k, v in cursor if _U64.unpack(v)[0] <= limit]
+            for digest in doomed:
+                txn.delete(digest, db=self._db["staged"])
+                if txn.get(digest, db=self._db["refs"]) is not None:
+                    continue  # claimed by an artifact since: keep it
+                record = txn.pop(digest, db=self._db["pages"])
+                if record is not None:
+                    self._add_page_bytes(txn, -(len(record) - PAGE_CHECKSUM_BYTES))
+            return len(doomed)
+
+        collected = self._write(0, body)
+        if collected:
+            log.info("collected %d staged pages older than %.0f s", collected, older_than_s)
+        return collected
+
+    # ------------------------------------------------------------------
+    # artifacts
+
+    def commit_artifact(
+        self, manifest: pb.Manifest, records: Mapping[bytes, bytes]
+    ) -> CommitResult:
+        """Store a validated manifest with the page records not yet stored.
+
+        Every page the manifest names must be stored, staged or in `records`
+        (whose sizes the caller checked); otherwise nothing is written.
+        """
+        canonical = canonical_bytes(manifest)
+        aid = hashlib.sha256(canonical).digest()
+        sizes = page_sizes(manifest)
+        needed = sum(len(records[d]) for d in sizes if d in records) + len(canonical)
+
+        def body(txn: lmdb.Transaction) -> CommitResult:
+            found = txn.get(aid, db=self._db["artifacts"])
+            if found is not None:
+                sequence = decode_record(found).sequence
+                return CommitResult(aid.hex(), True, 0, 0, sequence)
+            written = written_bytes = 0
+            for digest, size in sizes.items():
+                written_now = self._reference_page(txn, digest, size, records)
+                written += written_now
+                written_bytes += size * written_now
+            sequence = self._append_log(txn, pb.ChangeRecord.KIND_ADDED, aid)
+            record = ArtifactRecord(_now_ms(), sequence, False, canonical)
+            txn.put(aid, encode_record(record), db=self._db["artifacts"])
+            return CommitResult(aid.hex(), False, written, written_bytes, sequence)
+
+        result = self._write(needed, body)
+        if not result.already_present:
+            self._notify_change()
+            log.info(
+                "artifact %s committed: %d pages written (%d bytes), sequence %d",
+                result.artifact_id,
+                result.pages_written,
+                result.bytes_written,
+                result.sequence,
+            )
+        return result
+
+    def _reference_page(self, txn, digest: bytes, size: int, records: Mapping[bytes, bytes]) -> int:
+        """Add one reference to a page, writing it if needed; 1 if written."""
+        refs, pages = self._db["refs"], self._db["pages"]
+        count = txn.get(digest, db=refs)
+        if count is not None:
+            txn.put(digest, _U64.pack(_U64.unpack(count)[0] + 1), db=refs)
+            return 0
+        stored = txn.get(digest, db=pages)
+        if stored is not None:  # staged earlier
+            if len(stored) - PAGE_CHECKSUM_BYTES != size:
+                raise InvalidArgument(f"page {digest.hex()[:16]} was staged at another size")
+            txn.delete(digest, db=self._db["staged"])
+            txn.put(digest, _U64.pack(1), db=refs)
+            return 0
+        record = records.get(digest)
+        if record is None:
+            raise InvalidArgument(
+                f"page {digest.hex()[:16]} is neither stored nor sent; ask MissingPages and "
+                "send every page it returns before the manifest"
+            )
+        txn.put(digest, record, db=pages)
+        txn.put(digest, _U64.pack(1), db=refs)
+        self._add_page_bytes(txn, size)
+        return 1
+
+    def _add_page_bytes(self, txn, delta: int) -> None:
+        meta = self._db["meta"]
+        current = txn.get(b"page_bytes", db=meta)
+        total = (_U64.unpack(current)[0] if current is not None else 0) + delta
+        txn.put(b"page_bytes", _U64.pack(total), db=meta)
+
+    def _append_log(self, txn, kind: int, aid: bytes) -> int:
+        cursor = txn.cursor(db=self._db["log"])
+        sequence = _SEQ.unpack(cursor.key())[0] + 1 if cursor.last() else 1
+        entry = change_record(sequence, kind, aid.hex(), _now_ms())
+        txn.put(_SEQ.pack(sequence), entry.SerializeToString(), db=self._db["log"])
+        return sequence
+
+    def delete_artifact(self, artifact_id: str) -> tuple[int, int]:
+        """Remove an artifact; returns (pages freed, bytes freed)."""
+        aid = _parse_full_id(artifact_id)
+
+        def body(txn: lmdb.Transaction) -> tuple[int, int]:
+            found = txn.get(aid, db=self._db["artifacts"])
+            if found is None:
+                raise NotFound(
+                    f"artifact {artifact_id} is not in the store (kvgraft ls lists them)"
+                )
+            record = decode_record(found)
+            if record.pinned:
+                raise FailedPrecondition(
+                    f"artifact {artifact_id} is pinned; unpin it first (kvgraft pin --off ID)"
+                )
+            freed = freed_bytes = 0
+            for digest, size in page_sizes(record.manifest()).items():
+                count = _U64.unpack(txn.get(digest, db=self._db["refs"]))[0] - 1
+                if count:
+                    txn.put(digest, _U64.pack(count), db=self._db["refs"])
+                    continue
+                txn.delete(digest, db=self._db["refs"])
+                txn.delete(digest, db=self._db["pages"])
+                self._add_page_bytes(txn, -size)
+                freed += 1
+                freed_bytes += size
+            txn.delete(aid, db=self._db["artifacts"])
+            self._append_log(txn, pb.ChangeRecord.KIND_DELETED, aid)
+            return freed, freed_bytes
+
+        freed, freed_bytes = self._write(0, body)
+        self._notify_change()
+        log.info("artifact %s deleted: %d pages freed (%d bytes)", artifact_id, freed, freed_bytes)
+        return freed, freed_bytes
+
+    def set_pinned(self, artifact_id: str, pinned: bool) -> ArtifactRecord:
+        aid = _parse_full_id(self.resolve(artifact_id))
+
+        def body(txn: lmdb.Transaction) -> ArtifactRecord:
+            record = decode_record(txn.get(aid, db=self._db["artifacts"]))
+            record = ArtifactRecord(
+                record.created_unix_ms, record.sequence, pinned, record.canonical
+            )
+            txn.put(aid, encode_record(record), db=self._db["artifacts"])
+            return record
+
+        return self._write(0, body)
+
+    def resolve(self, id_or_prefix: str) -> str:
+        """The full id of the one artifact whose id starts with `id_or_prefix`."""
+        low, high = resolve_prefix_bounds(id_or_prefix)
+        with self._read() as txn:
+            cursor = txn.cursor(db=self._db["artifacts"])
+            found: list[str] = []
+            if cursor.set_range(low):
+                for key in cursor.iternext(values=False):
+                    if bytes(key) > high or len(found) == 2:
+                        break
+                    if bytes(key).hex().startswith(id_or_prefix.lower()):
+                        found.append(bytes(key).hex())
+        if not found:
+            raise NotFound(f"no artifact id starts with {id_or_prefix} (kvgraft ls lists them)")
+        if len(found) > 1:
+            raise InvalidArgument(f"{id_or_prefix} matches several artifacts; give more characters")
+        return found[0]
+
+    def get_record(self, artifact_id: str) -> ArtifactRecord:
+        aid = _parse_full_id(self.resolve(artifact_id))
+        with self._read() as txn:
+            found = txn.get(aid, db=self._db["artifacts"])
+            if found is None:
+                raise NotFound(f"artifact {artifact_id} was deleted")
+            return decode_record(found)
+
+    def list_records(self, after: bytes, limit: int) -> list[tuple[str, ArtifactRecord]]:
+        """Up to `limit` artifacts with ids greater than `after`, in id order."""
+        out: list[tuple[str, ArtifactRecord]] = []
+        with self._read() as txn:
+            cursor = txn.cursor(db=self._db["artifacts"])
+            if not cursor.set_range(after):
+                return out
+            for key, value in cursor:
+                if bytes(key) == after:
+                    continue
+                out.append((bytes(key).hex(), decode_record(value)))
+                if len(out) >= limit:
+                    break
+        return out
+
+    # ------------------------------------------------------------------
+    # change feed and counters
+
+    def changes_since(self, sequence: int, limit: int = 1000) -> list[pb.ChangeRecord]:
+        with self._read() as txn:
+            cursor = txn.cursor(db=self._db["log"])
+            out: list[pb.ChangeRecord] = []
+            if cursor.set_range(_SEQ.pack(max(sequence, 1))):
+                for value in cursor.iternext(keys=False):
+                    out.append(pb.ChangeRecord.FromString(bytes(value)))
+                    if len(out) >= limit:
+                        break
+            return out
+
+    def _notify_change(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_for_change(self, timeout_s: float) -> None:
+        """Block until an artifact is added or deleted, or `timeout_s` passes."""
+        with self._changed:
+            self._changed.wait(timeout_s)
+
+    def stats(self) -> StoreStats:
+        with self._read() as txn:
+            last = txn.cursor(db=self._db["log"])
+            page_bytes = txn.get(b"page_bytes", db=self._db["meta"])
+            stats = StoreStats(
+                artifacts=txn.stat(self._db["artifacts"])["entries"],
+                pages=txn.stat(self._db["pages"])["entries"],
+                page_bytes=_U64.unpack(page_bytes)[0] if page_bytes is not None else 0,
+                staged_pages=txn.stat(self._db["staged"])["entries"],
+                map_size_bytes=0,
+                map_used_bytes=0,
+                disk_free_bytes=shutil.disk_usage(self.path).free,
+                last_sequence=_SEQ.unpack(last.key())[0] if last.last() else 0,
+            )
+        info = self._env.info()
+        return StoreStats(
+            **{
+                **stats.__dict__,
+                "map_size_bytes": info["map_size"],
+                "map_used_bytes": (info["last_pgno"] + 1) * _LMDB_PAGE_BYTES,
+            }
+        )
+
+
+def _parse_full_id(artifact_id: str) -> bytes:
+    try:
+        aid = bytes.fromhex(artifact_id)
+    except ValueError:
+        aid = b""
+    if len(aid) != 32:
+        raise InvalidArgument(f"{artifact_id!r} is not a full artifact id (64 hex characters)")
+    return aid
+
+
+def _corrupt_message(digest: bytes) -> str:
+    return (
+        f"page {digest.hex()[:16]} is corrupt on disk (checksum mismatch); it was not served. "
+        "Restore the store from a replica or re-deposit the artifact."
+    )
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
