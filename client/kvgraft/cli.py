@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kvgraft import __version__
 from kvgraft.client import Client, default_server
-from kvgraft.errors import KvgraftError
+from kvgraft.errors import InvalidArgument, KvgraftError
 from kvgraft.render import human_bytes, message_to_json, table
 
 
@@ -127,6 +127,10 @@ def cmd_pin(client: Client, args: argparse.Namespace) -> None:
 
 
 def cmd_export(client: Client, args: argparse.Namespace) -> None:
+    if not args.output.parent.is_dir():  # say so before fetching the whole artifact
+        raise InvalidArgument(
+            f"cannot write {args.output}: {args.output.parent} is not a directory"
+        )
     total = client.stat(args.id).info.page_bytes
     bar = _progress(args, total, "export")
     try:
@@ -143,6 +147,8 @@ def cmd_export(client: Client, args: argparse.Namespace) -> None:
 
 
 def cmd_import(client: Client, args: argparse.Namespace) -> None:
+    if not args.file.is_file():
+        raise InvalidArgument(f"{args.file} does not exist or is not a file")
     bar = _progress(args, args.file.stat().st_size, "import")
     try:
         response = client.import_bundle(args.file, progress=bar.update if bar else None)
@@ -180,8 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
     parser.add_argument("--version", action="version", version=f"kvgraft {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # prefix_chars="+": every argument after `serve`, --flags included, belongs to
+    # kvgraftd; argparse would otherwise reject them (REMAINDER skips leading options).
     serve = sub.add_parser(
-        "serve", help="run the daemon (same as kvgraftd; kvgraft serve --help)", add_help=False
+        "serve",
+        help="run the daemon (same as kvgraftd; kvgraft serve --help)",
+        add_help=False,
+        prefix_chars="+",
     )
     serve.add_argument("daemon_args", nargs=argparse.REMAINDER)
     parsers = {name: sub.add_parser(name, help=text) for name, (_, text) in COMMANDS.items()}

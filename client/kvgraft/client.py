@@ -9,7 +9,10 @@ kvgraft.wire. Use it as a context manager to close the channel.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,17 +23,70 @@ import grpc
 from kvgraft import wire
 from kvgraft.artifact import Artifact, page_sizes, parse_manifest
 from kvgraft.bundle import read_bundle, write_bundle
-from kvgraft.errors import ERRORS_BY_CODE, DataLoss, KvgraftError, Unavailable
+from kvgraft.errors import ERRORS_BY_CODE, DataLoss, InvalidArgument, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraft.v1 import kvgraft_pb2_grpc as pb_grpc
 
 DEFAULT_SERVER = "127.0.0.1:50551"
 MISSING_QUERY_BATCH = 100_000
+PUT_ATTEMPTS = 3  # a put whose held pages a concurrent Delete freed is sent again
 T = TypeVar("T")
 
 
 def default_server() -> str:
     return os.environ.get("KVGRAFT_SERVER") or DEFAULT_SERVER
+
+
+class _PageVerifier:
+    """SHA-256 of received pages on a helper thread, while the next messages arrive.
+
+    hashlib releases the GIL on large buffers, so verification overlaps the
+    transfer instead of following it. `finish` waits for every submitted page
+    and raises DataLoss naming the first corrupt one.
+    """
+
+    def __init__(self, artifact_id: str) -> None:
+        self._artifact_id = artifact_id
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # lists of (sha256, data); None ends
+        self._corrupt: bytes | None = None
+        self._error: BaseException | None = None
+        self._abandoned = False
+        self._thread = threading.Thread(target=self._run, name="kvgraft-verify", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (pages := self._queue.get()) is not None:
+            if self._corrupt is not None or self._error is not None or self._abandoned:
+                continue  # drain without hashing
+            try:
+                for digest, data in pages:
+                    if hashlib.sha256(data).digest() != digest:
+                        self._corrupt = digest
+                        break
+            except BaseException as exc:  # surfaced by finish()
+                self._error = exc
+
+    def submit(self, pages: list[tuple[bytes, bytes | memoryview]]) -> None:
+        if self._corrupt is not None:  # stop the transfer early
+            self.finish()
+        if pages:
+            self._queue.put(pages)
+
+    def finish(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        if self._corrupt is not None:
+            raise DataLoss(
+                f"page {self._corrupt.hex()[:16]} of artifact {self._artifact_id[:16]} is "
+                "corrupt (its bytes do not hash to its name); nothing was returned: fetch it again"
+            )
+
+    def abandon(self) -> None:
+        self._abandoned = True
+        self._queue.put(None)
+        self._thread.join()
 
 
 class Client:
@@ -117,7 +173,25 @@ class Client:
         `progress(n)` is called with the byte count of each message sent.
         """
         manifest = artifact.manifest
-        missing = self.missing_pages(page_sizes(manifest))
+        for attempt in range(1, PUT_ATTEMPTS + 1):
+            missing = self.missing_pages(page_sizes(manifest))
+            try:
+                return self._put_once(artifact, missing, progress)
+            except InvalidArgument:
+                # Pages the daemon held when asked may have been freed since by a
+                # Delete of the last artifact naming them: then ask again, resend.
+                vanished = set(self.missing_pages(page_sizes(manifest))) - set(missing)
+                if not vanished or attempt == PUT_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _put_once(
+        self,
+        artifact: Artifact,
+        missing: list[bytes],
+        progress: Callable[[int], None] | None,
+    ) -> pb.PutArtifactResponse:
+        manifest = artifact.manifest
         pages = [(digest, artifact.pages[digest]) for digest in missing]
 
         def requests() -> Iterator[bytes]:
@@ -140,8 +214,13 @@ class Client:
         only_pages: Iterable[bytes] = (),
         progress: Callable[[int], None] | None = None,
     ) -> Artifact:
-        """Fetch an artifact; every page's SHA-256 is checked on arrival."""
-        request = pb.GetArtifactRequest(artifact_id=artifact_id, only_pages=list(only_pages))
+        """Fetch an artifact; every page's SHA-256 is checked on arrival.
+
+        That includes the pages of an `only_pages` fetch. The hashing runs on a
+        helper thread while the next messages arrive (bench/store_bench.py).
+        """
+        wanted = list(only_pages)
+        request = pb.GetArtifactRequest(artifact_id=artifact_id, only_pages=wanted)
         responses = self._stream(self._get(request, timeout=self.transfer_timeout_s))
         first = next(responses, None)
         if first is None:
@@ -151,20 +230,33 @@ class Client:
             raise DataLoss(f"GetArtifact {artifact_id} did not start with the manifest")
         artifact = Artifact(parse_manifest(manifest_bytes))
         partial: dict[bytes, list[bytes | memoryview]] = {}
-        for raw in responses:
-            chunks, _ = wire.decode_envelope(raw, wire.GET_PAGES, wire.GET_MANIFEST)
-            for chunk in chunks:
-                if chunk.offset == 0 and len(chunk.data) == chunk.page_bytes:
-                    artifact.pages[chunk.sha256] = chunk.data
-                else:
-                    partial.setdefault(chunk.sha256, []).append(chunk.data)
-                    if sum(len(p) for p in partial[chunk.sha256]) == chunk.page_bytes:
-                        artifact.pages[chunk.sha256] = b"".join(partial.pop(chunk.sha256))
-            if progress:
-                progress(sum(len(c.data) for c in chunks))
+        verifier = _PageVerifier(artifact_id)
+        try:
+            for raw in responses:
+                chunks, _ = wire.decode_envelope(raw, wire.GET_PAGES, wire.GET_MANIFEST)
+                whole: list[tuple[bytes, bytes | memoryview]] = []
+                for chunk in chunks:
+                    if chunk.offset == 0 and len(chunk.data) == chunk.page_bytes:
+                        whole.append((chunk.sha256, chunk.data))
+                    else:
+                        partial.setdefault(chunk.sha256, []).append(chunk.data)
+                        if sum(len(p) for p in partial[chunk.sha256]) == chunk.page_bytes:
+                            whole.append((chunk.sha256, b"".join(partial.pop(chunk.sha256))))
+                artifact.pages.update(whole)
+                verifier.submit(whole)
+                if progress:
+                    progress(sum(len(c.data) for c in chunks))
+        except BaseException:
+            verifier.abandon()
+            raise
+        verifier.finish()  # raises DataLoss if a page is corrupt
         artifact.check_page_sizes()
-        if not only_pages:
-            artifact.verify()
+        absent = [d for d in (wanted or page_sizes(artifact.manifest)) if d not in artifact.pages]
+        if absent:
+            raise DataLoss(
+                f"page {absent[0].hex()[:16]} of artifact {artifact_id[:16]} is missing from the "
+                "GetArtifact stream; fetch it again"
+            )
         return artifact
 
     def list_artifacts(

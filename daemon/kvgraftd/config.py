@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -50,6 +51,15 @@ class DaemonConfig:
     min_free_bytes: int = _opt(256 << 20, "disk space kept free: writes beyond it are refused")
     spill_bytes: int = _opt(256 << 20, "page bytes one upload holds in memory before staging")
     staged_ttl_s: float = _opt(86400.0, "seconds unclaimed staged pages are kept for a resume")
+    model: str = _opt(
+        "",
+        "model: empty for the default (SmolLM2-135M-Instruct), a GGUF file, a Hugging Face "
+        "directory, tiny:SEED (a small random test model) or none (store only)",
+    )
+    model_cache: str = _opt("", "where converted models are cached (default: DATA/models)")
+    page_tokens: int = _opt(64, "tokens per KV page")
+    block_tokens: int = _opt(4096, "keys per attention block (a multiple of page_tokens)")
+    max_context_tokens: int = _opt(32768, "longest context one request may build")
 
     def __post_init__(self) -> None:
         if self.log_level not in ("debug", "info", "warning", "error"):
@@ -58,6 +68,8 @@ class DaemonConfig:
             raise ConfigError(f"listen {self.listen!r}: use host:port, e.g. {DEFAULT_LISTEN}")
         if self.workers < 1:
             raise ConfigError("workers must be at least 1")
+        if self.page_tokens < 1 or self.block_tokens % self.page_tokens:
+            raise ConfigError("page_tokens must be >= 1 and block_tokens a multiple of it")
         for name in ("map_initial_bytes", "spill_bytes"):
             if getattr(self, name) < 1 << 20:
                 raise ConfigError(f"{name} must be at least 1MiB")
@@ -140,10 +152,15 @@ def read_toml(path: Path) -> dict[str, Any]:
     return values
 
 
+def _toml_string(text: str) -> str:
+    """A TOML basic string: JSON's escapes are TOML's, except DEL must be escaped too."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
 def to_toml(config: DaemonConfig) -> str:
     lines = []
     for name, spec in _FIELDS.items():
         value = getattr(config, name)
-        rendered = f'"{value}"' if isinstance(value, str | Path) else repr(value)
+        rendered = _toml_string(str(value)) if isinstance(value, str | Path) else repr(value)
         lines.append(f"# {spec.metadata['help']}\n{name} = {rendered}")
     return "\n".join(lines) + "\n"

@@ -27,8 +27,8 @@ class PageIntake:
     def __init__(self, store: Store, spill_bytes: int) -> None:
         self._store = store
         self._spill_bytes = spill_bytes
-        self._partial: dict[bytes, bytearray] = {}  # pages still arriving
-        self._filled: dict[bytes, int] = {}  # bytes received of each partial page
+        self._partial: dict[bytes, bytearray] = {}  # bytes received of pages still arriving
+        self._page_bytes: dict[bytes, int] = {}  # the size each partial page announced
         self.records: dict[bytes, bytes] = {}  # verified, not yet staged
         self.staged: set[bytes] = set()  # verified and staged in the store
         self._held_bytes = 0
@@ -51,18 +51,19 @@ class PageIntake:
         if buffer is None:
             if chunk.offset != 0:
                 raise InvalidArgument(f"page {digest.hex()[:16]}: first chunk must have offset 0")
-            buffer = self._partial[digest] = bytearray(size)
-            self._filled[digest] = 0
-        filled = self._filled[digest]
-        if len(buffer) != size or chunk.offset != filled or filled + len(data) > size:
+            # Grown as bytes arrive, not allocated at page_bytes: a few bytes
+            # announcing a 64 MiB page must not cost 64 MiB of memory.
+            buffer = self._partial[digest] = bytearray()
+            self._page_bytes[digest] = size
+        filled = len(buffer)
+        if self._page_bytes[digest] != size or chunk.offset != filled or filled + len(data) > size:
             raise InvalidArgument(
                 f"page {digest.hex()[:16]}: chunks must arrive in order, with one page_bytes, "
                 "and cover the page exactly"
             )
-        buffer[filled : filled + len(data)] = data
-        self._filled[digest] = filled + len(data)
-        if self._filled[digest] == size:
-            del self._partial[digest], self._filled[digest]
+        buffer += data
+        if len(buffer) == size:
+            del self._partial[digest], self._page_bytes[digest]
             self._accept(digest, buffer)
 
     def _accept(self, digest: bytes, data: bytes | bytearray | memoryview) -> None:
@@ -92,7 +93,7 @@ class PageIntake:
             digest = next(iter(self._partial))
             raise InvalidArgument(
                 f"page {digest.hex()[:16]} is incomplete: the stream ended "
-                f"{len(self._partial[digest]) - self._filled[digest]} bytes short"
+                f"{self._page_bytes[digest] - len(self._partial[digest])} bytes short"
             )
         sizes = page_sizes(manifest)
         for digest, record in self.records.items():

@@ -17,17 +17,18 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from kvgraft.errors import KvgraftError, Unimplemented
+from kvgraft.errors import InvalidArgument, KvgraftError
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.engine_service import EngineService
 from kvgraftd.service import StoreService
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Kvgraft"].full_name
-_ENGINE_RPCS = ("Lookup", "Deposit", "Generate", "Graft", "Verify")
 
 
 class CallCounter:
@@ -89,35 +90,45 @@ def _guard(method: str, fn: Callable, counter: CallCounter, streaming: bool) -> 
     return unary_handler
 
 
-def _unimplemented(name: str) -> Callable:
-    def handler(request, context):
-        raise Unimplemented(
-            f"{name} needs the inference engine, which this kvgraftd version does not run yet"
-        )
+def _parsed(fn: Callable, request_cls) -> Callable:
+    """Parse the request inside the guard: gRPC's own deserializer would turn
+    undecodable bytes into INTERNAL, where they are the caller's INVALID_ARGUMENT."""
+
+    def handler(raw: bytes, context: grpc.ServicerContext):
+        try:
+            request = request_cls.FromString(raw)
+        except DecodeError as exc:
+            raise InvalidArgument(
+                f"the request does not parse as a {request_cls.DESCRIPTOR.full_name} ({exc}); "
+                "send the message of proto/kvgraft/v1/kvgraft.proto"
+            ) from None
+        return fn(request, context)
 
     return handler
 
 
-def _method_table(service: StoreService, counter: CallCounter) -> dict[str, grpc.RpcMethodHandler]:
+def _method_table(
+    service: StoreService, engine: EngineService, counter: CallCounter
+) -> dict[str, grpc.RpcMethodHandler]:
     def serialize(message) -> bytes:
         return message.SerializeToString()
 
     def unary(name: str, fn: Callable, request_cls) -> grpc.RpcMethodHandler:
         return grpc.unary_unary_rpc_method_handler(
-            _guard(name, fn, counter, streaming=False),
-            request_deserializer=request_cls.FromString,
+            _guard(name, _parsed(fn, request_cls), counter, streaming=False),
+            request_deserializer=None,  # parsed by _parsed, inside the guard
             response_serializer=serialize,
         )
 
     def streaming(name: str, fn: Callable, request_cls, serializer=None) -> grpc.RpcMethodHandler:
         return grpc.unary_stream_rpc_method_handler(
-            _guard(name, fn, counter, streaming=True),
-            request_deserializer=request_cls.FromString,
+            _guard(name, _parsed(fn, request_cls), counter, streaming=True),
+            request_deserializer=None,  # parsed by _parsed, inside the guard
             response_serializer=serializer,  # None: the handler yields wire bytes
         )
 
     table = {
-        "Info": unary("Info", lambda r, c: service.info(r), pb.InfoRequest),
+        "Info": unary("Info", lambda r, c: _info(service, engine, r), pb.InfoRequest),
         "MissingPages": unary(
             "MissingPages", lambda r, c: service.missing_pages(r), pb.MissingPagesRequest
         ),
@@ -138,14 +149,22 @@ def _method_table(service: StoreService, counter: CallCounter) -> dict[str, grpc
             response_serializer=serialize,
         ),
     }
-    for name in _ENGINE_RPCS:
-        method = pb.DESCRIPTOR.services_by_name["Kvgraft"].methods_by_name[name]
-        request_cls = getattr(pb, method.input_type.name)
-        if method.server_streaming:
-            table[name] = streaming(name, _unimplemented(name), request_cls, serialize)
-        else:
-            table[name] = unary(name, _unimplemented(name), request_cls)
+    table.update(
+        Lookup=unary("Lookup", lambda r, c: engine.lookup(r), pb.LookupRequest),
+        Deposit=unary("Deposit", lambda r, c: engine.deposit(r), pb.DepositRequest),
+        Verify=unary("Verify", lambda r, c: engine.verify(r), pb.VerifyRequest),
+        Generate=streaming(
+            "Generate", lambda r, c: engine.generate(r), pb.GenerateRequest, serialize
+        ),
+        Graft=streaming("Graft", lambda r, c: engine.graft(r), pb.GraftRequest, serialize),
+    )
     return table
+
+
+def _info(service: StoreService, engine: EngineService, request: pb.InfoRequest) -> pb.InfoResponse:
+    response = service.info(request)
+    engine.describe(response)
+    return response
 
 
 def _stats(
@@ -157,7 +176,7 @@ def _stats(
 
 
 def create_server(
-    service: StoreService, listen: str, *, workers: int = 16
+    service: StoreService, engine: EngineService, listen: str, *, workers: int = 16
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Build (not start) the server; returns it, the bound port and the health servicer."""
     server = grpc.server(
@@ -166,7 +185,11 @@ def create_server(
     )
     counter = CallCounter()
     server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(SERVICE_NAME, _method_table(service, counter)),)
+        (
+            grpc.method_handlers_generic_handler(
+                SERVICE_NAME, _method_table(service, engine, counter)
+            ),
+        )
     )
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

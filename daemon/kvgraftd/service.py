@@ -8,12 +8,13 @@ request is validated here before it touches the store.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from kvgraft import __version__, wire
 from kvgraft.artifact import DIGEST_BYTES, page_sizes, parse_manifest
-from kvgraft.errors import InvalidArgument, KvgraftError
+from kvgraft.errors import InvalidArgument, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.catalog import artifact_info
 from kvgraftd.intake import PageIntake
@@ -37,6 +38,12 @@ class StoreService:
     def __init__(self, store: Store, limits: ServiceLimits = ServiceLimits()) -> None:
         self._store = store
         self._limits = limits
+        self._stopping = threading.Event()
+
+    def stop_watches(self) -> None:
+        """End follow Watch streams (shutdown): they never finish by themselves, so a
+        drain would otherwise wait its whole grace period for them."""
+        self._stopping.set()
 
     # ------------------------------------------------------------------
     def info(self, request: pb.InfoRequest) -> pb.InfoResponse:
@@ -218,6 +225,11 @@ class StoreService:
                 continue
             if not request.follow:
                 return
+            if self._stopping.is_set():
+                raise Unavailable(
+                    f"kvgraftd is shutting down; watch again from sequence {sequence} "
+                    "once it is back"
+                )
             self._store.wait_for_change(WATCH_POLL_S)
 
 

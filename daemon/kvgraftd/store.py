@@ -57,6 +57,7 @@ from kvgraftd.catalog import (
     encode_record,
     resolve_prefix_bounds,
 )
+from kvgraftd.chains import ChainEntry, chain_keys, manifest_entries
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,11 @@ class Store:
         self._write_lock = threading.Lock()
         self._gate = _ResizeGate()
         self._changed = threading.Condition()
-        self._check_format()
+        try:
+            self._check_format()
+        except BaseException:
+            self._env.close()
+            raise
 
     def close(self) -> None:
         with self._write_lock, self._gate.resize():
@@ -246,6 +251,7 @@ class Store:
                     raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
                 dest[:] = np.frombuffer(view, np.uint8, offset=PAGE_CHECKSUM_BYTES)
                 if xxhash.xxh3_128_digest(dest) != view[:PAGE_CHECKSUM_BYTES]:
+                    dest[:] = 0  # never leave corrupt bytes where a caller may look
                     raise DataLoss(_corrupt_message(digest))
 
     def read_page(self, digest: bytes) -> bytes:
@@ -341,6 +347,7 @@ class Store:
                 written_now = self._reference_page(txn, digest, size, records)
                 written += written_now
                 written_bytes += size * written_now
+            self._register_chains(txn, manifest, +1)
             sequence = self._append_log(txn, pb.ChangeRecord.KIND_ADDED, aid)
             record = ArtifactRecord(_now_ms(), sequence, False, canonical)
             txn.put(aid, encode_record(record), db=self._db["artifacts"])
@@ -362,13 +369,18 @@ class Store:
         """Add one reference to a page, writing it if needed; 1 if written."""
         refs, pages = self._db["refs"], self._db["pages"]
         count = txn.get(digest, db=refs)
+        stored = txn.get(digest, db=pages)
+        # A hash names one byte string, so one size: a manifest naming a stored
+        # page at another size would commit an artifact nobody can read back.
+        if stored is not None and len(stored) - PAGE_CHECKSUM_BYTES != size:
+            raise InvalidArgument(
+                f"page {digest.hex()[:16]} is stored with {len(stored) - PAGE_CHECKSUM_BYTES} "
+                f"bytes; the manifest's layout needs {size}: fix the manifest's layout"
+            )
         if count is not None:
             txn.put(digest, _U64.pack(_U64.unpack(count)[0] + 1), db=refs)
             return 0
-        stored = txn.get(digest, db=pages)
         if stored is not None:  # staged earlier
-            if len(stored) - PAGE_CHECKSUM_BYTES != size:
-                raise InvalidArgument(f"page {digest.hex()[:16]} was staged at another size")
             txn.delete(digest, db=self._db["staged"])
             txn.put(digest, _U64.pack(1), db=refs)
             return 0
@@ -382,6 +394,52 @@ class Store:
         txn.put(digest, _U64.pack(1), db=refs)
         self._add_page_bytes(txn, size)
         return 1
+
+    def _register_chains(self, txn, manifest: pb.Manifest, delta: int) -> None:
+        """Count an artifact's whole pages in (+1) or out (-1) of the chain index."""
+        chains = self._db["chains"]
+        for key, entry in manifest_entries(manifest):
+            found = txn.get(key, db=chains)
+            current = ChainEntry.decode(found) if found is not None else None
+            if current is None or current.page_sha256 != entry.page_sha256:
+                if current is not None and delta > 0:
+                    # Same tokens, same model and profile, other bytes: the run that
+                    # produced one of them was not deterministic. Keep the first.
+                    log.warning(
+                        "chain page %d has two different contents; kept the first", entry.page_index
+                    )
+                if current is None and delta > 0:
+                    txn.put(key, entry.encode(), db=chains)
+                continue
+            count = current.count + delta
+            if count:
+                txn.put(key, current.with_count(count).encode(), db=chains)
+            else:
+                txn.delete(key, db=chains)
+
+    def longest_chain(
+        self,
+        fingerprint: bytes,
+        profile: pb.ComputeProfile,
+        layout: pb.KvLayout,
+        token_ids: Sequence[int],
+        max_pages: int,
+    ) -> list[ChainEntry]:
+        """Chain entries of the longest run of stored whole pages starting `token_ids`."""
+        page_tokens = profile.page_tokens
+        found: list[ChainEntry] = []
+        with self._read() as txn:
+            for page, key in chain_keys(fingerprint, profile, layout, token_ids, max_pages):
+                raw = txn.get(key, db=self._db["chains"])
+                if raw is None:
+                    break
+                entry = ChainEntry.decode(raw)
+                if entry.token_ids != tuple(
+                    token_ids[page * page_tokens : (page + 1) * page_tokens]
+                ):
+                    break  # a hash collision would land here: the stored tokens decide
+                found.append(entry)
+        return found
 
     def _add_page_bytes(self, txn, delta: int) -> None:
         meta = self._db["meta"]
@@ -422,6 +480,7 @@ class Store:
                 self._add_page_bytes(txn, -size)
                 freed += 1
                 freed_bytes += size
+            self._register_chains(txn, record.manifest(), -1)
             txn.delete(aid, db=self._db["artifacts"])
             self._append_log(txn, pb.ChangeRecord.KIND_DELETED, aid)
             return freed, freed_bytes
@@ -435,7 +494,10 @@ class Store:
         aid = _parse_full_id(self.resolve(artifact_id))
 
         def body(txn: lmdb.Transaction) -> ArtifactRecord:
-            record = decode_record(txn.get(aid, db=self._db["artifacts"]))
+            found = txn.get(aid, db=self._db["artifacts"])
+            if found is None:  # deleted since resolve()
+                raise NotFound(f"artifact {artifact_id} was deleted")
+            record = decode_record(found)
             record = ArtifactRecord(
                 record.created_unix_ms, record.sequence, pinned, record.canonical
             )

@@ -223,16 +223,29 @@ class DepositResponse(_message.Message):
     def __init__(self, artifact_id: _Optional[str] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
 
 class GenerateOptions(_message.Message):
-    __slots__ = ("max_new_tokens", "greedy", "no_cache", "deposit")
+    __slots__ = ("max_new_tokens", "greedy", "no_cache", "deposit", "temperature", "seed", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GREEDY_FIELD_NUMBER: _ClassVar[int]
     NO_CACHE_FIELD_NUMBER: _ClassVar[int]
     DEPOSIT_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     greedy: bool
     no_cache: bool
     deposit: bool
-    def __init__(self, max_new_tokens: _Optional[int] = ..., greedy: _Optional[bool] = ..., no_cache: _Optional[bool] = ..., deposit: _Optional[bool] = ...) -> None: ...
+    temperature: float
+    seed: int
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, max_new_tokens: _Optional[int] = ..., greedy: _Optional[bool] = ..., no_cache: _Optional[bool] = ..., deposit: _Optional[bool] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt", "options")

@@ -1,0 +1,124 @@
+"""Chain keys: finding stored pages by the tokens that produced them.
+
+A full page computed in one forward pass has exactly the bytes a fresh
+canonical run computes, given the same earlier pages (DESIGN.md, contract 2).
+Its chain key names it by what produced it:
+
+    root     = SHA-256("kvgraft-chain-root/1" | fingerprint | profile | layout)
+    key(p)   = SHA-256(key(p-1) | fingerprint | token ids of page p | p),  key(-1) = root
+
+so a lookup walks a token sequence page by page and stops at the first miss.
+The root binds the model fingerprint, compute profile (page size included)
+and KV layout: pages of another model or profile are never found. Every hit
+is confirmed by comparing the stored token ids with the requested ones.
+
+A page of an artifact gets a chain entry only if it and every page before it
+were computed whole: all pages before the artifact's first segment end that
+is not a multiple of page_tokens. Pages written by generation (one token per
+forward) or after a mid-page append never qualify.
+
+Entry value: count (u32, artifacts that registered it) | page index (u64) |
+token count (u32) | token ids (u32 each) | one 32-byte page hash per layer.
+Pure functions; the store persists the entries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from kvgraft.artifact import canonical_bytes
+from kvgraft.v1 import kvgraft_pb2 as pb
+
+_HEAD = struct.Struct("<IQI")
+
+
+@dataclass(frozen=True)
+class ChainEntry:
+    count: int
+    page_index: int
+    token_ids: tuple[int, ...]
+    page_sha256: tuple[bytes, ...]  # one per layer
+
+    def encode(self) -> bytes:
+        head = _HEAD.pack(self.count, self.page_index, len(self.token_ids))
+        return (
+            head
+            + struct.pack(f"<{len(self.token_ids)}I", *self.token_ids)
+            + b"".join(self.page_sha256)
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview) -> ChainEntry:
+        view = memoryview(raw)
+        count, page_index, tokens = _HEAD.unpack(view[: _HEAD.size])
+        ids_end = _HEAD.size + 4 * tokens
+        token_ids = struct.unpack(f"<{tokens}I", view[_HEAD.size : ids_end])
+        hashes = bytes(view[ids_end:])
+        return cls(
+            count,
+            page_index,
+            token_ids,
+            tuple(hashes[i : i + 32] for i in range(0, len(hashes), 32)),
+        )
+
+    def with_count(self, count: int) -> ChainEntry:
+        return ChainEntry(count, self.page_index, self.token_ids, self.page_sha256)
+
+
+def chain_root(fingerprint: bytes, profile: pb.ComputeProfile, layout: pb.KvLayout) -> bytes:
+    digest = hashlib.sha256(b"kvgraft-chain-root/1\0" + fingerprint)
+    digest.update(canonical_bytes(profile))
+    digest.update(canonical_bytes(layout))
+    return digest.digest()
+
+
+def chain_key(
+    parent: bytes, fingerprint: bytes, token_ids: Sequence[int], page_index: int
+) -> bytes:
+    packed = struct.pack(f"<{len(token_ids)}I", *token_ids)
+    return hashlib.sha256(parent + fingerprint + packed + struct.pack("<Q", page_index)).digest()
+
+
+def chain_keys(
+    fingerprint: bytes,
+    profile: pb.ComputeProfile,
+    layout: pb.KvLayout,
+    token_ids: Sequence[int],
+    pages: int,
+) -> Iterator[tuple[int, bytes]]:
+    """(page index, chain key) of the first `pages` whole pages of `token_ids`."""
+    page_tokens = profile.page_tokens
+    key = chain_root(fingerprint, profile, layout)
+    for page in range(pages):
+        key = chain_key(
+            key, fingerprint, token_ids[page * page_tokens : (page + 1) * page_tokens], page
+        )
+        yield page, key
+
+
+def whole_pages(manifest: pb.Manifest) -> int:
+    """How many leading pages of the artifact were computed whole (chain-eligible)."""
+    page_tokens = manifest.profile.page_tokens
+    limit = len(manifest.token_ids)
+    for end in manifest.segment_ends:
+        if end % page_tokens:
+            limit = min(limit, end)
+            break
+    return limit // page_tokens
+
+
+def manifest_entries(manifest: pb.Manifest) -> Iterator[tuple[bytes, ChainEntry]]:
+    """The chain entries (count 1) an artifact registers."""
+    layers = manifest.layout.num_layers
+    page_tokens = manifest.profile.page_tokens
+    pages = whole_pages(manifest)
+    keys = chain_keys(
+        manifest.model_fingerprint, manifest.profile, manifest.layout, manifest.token_ids, pages
+    )
+    for page, key in keys:
+        tokens = tuple(manifest.token_ids[page * page_tokens : (page + 1) * page_tokens])
+        hashes = tuple(manifest.page_sha256[page * layers : (page + 1) * layers])
+        yield key, ChainEntry(1, page, tokens, hashes)

@@ -1,0 +1,36 @@
+"""What a generation request asks for and what it yields (no torch needed here)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from kvgraft.v1 import kvgraft_pb2 as pb
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    max_new_tokens: int = 0
+    greedy: bool = True  # argmax, the exact mode; otherwise seeded sampling
+    temperature: float = 1.0
+    seed: int = 0
+    no_cache: bool = False  # compute everything, graft nothing
+    deposit: bool = False  # store the finished context
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token, as soon as it is chosen."""
+
+    token_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class ResultEvent:
+    """The end of a request: its receipt and, if deposited, the artifact id."""
+
+    receipt: pb.Receipt
+    text: str
+    artifact_id: str

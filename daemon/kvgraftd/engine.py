@@ -1,0 +1,321 @@
+"""The graft engine: one canonical compute path, grafts at own positions, receipts.
+
+Every context is computed the same way (DESIGN.md, contract 1): each append
+of tokens runs as forward passes split at absolute positions that are
+multiples of page_tokens; each generated token is its own forward pass. A
+fresh run and a grafted run therefore execute the same operations on the same
+bytes, and their logits agree to the bit:
+
+* Generate grafts the longest run of stored whole pages whose chain matches
+  the prompt (never the partial tail page of an earlier context), leaving at
+  least one prompt token to compute, then computes the rest.
+* Graft restores one whole artifact, tail page included, at its own positions
+  and appends the continuation as a new segment; its fresh equivalent replays
+  the artifact's segments, then the continuation.
+* Verify replays an artifact's segments from nothing and compares every page
+  hash and every receipt hash with what is stored.
+
+A model fingerprint, compute profile or layout mismatch fails closed with
+FailedPrecondition; a corrupt page fails with DataLoss (from the store).
+Forward passes are serialized by one lock; contexts are independent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from kvgraft.artifact import Artifact, page_sizes
+from kvgraft.errors import FailedPrecondition, InvalidArgument
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.decoding import DecodeOptions, ResultEvent, TokenEvent
+from kvgraftd.kv_context import KvContext
+from kvgraftd.model_adapter import ModelAdapter
+from kvgraftd.receipts import (
+    compute_profile,
+    input_sha256,
+    logits_bytes,
+    logits_sha256,
+    pin_determinism,
+)
+from kvgraftd.store import Store, page_record
+
+
+class Engine:
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        store: Store,
+        *,
+        page_tokens: int = 64,
+        block_tokens: int = 4096,
+        max_context_tokens: int = 32768,
+    ) -> None:
+        pin_determinism()
+        self.adapter = adapter
+        self.store = store
+        self.page_tokens = page_tokens
+        self.block_tokens = block_tokens
+        self.max_context_tokens = max_context_tokens
+        self.fingerprint = adapter.fingerprint
+        self.profile = compute_profile(page_tokens, block_tokens)
+        g = adapter.geometry
+        self.layout = pb.KvLayout(
+            num_layers=g.num_layers,
+            kv_heads=g.kv_heads,
+            head_dim=g.head_dim,
+            kv_dtype=pb.KV_DTYPE_FLOAT32,
+        )
+        self._compute = threading.Lock()
+
+    # ------------------------------------------------------------------
+    # the one compute path
+
+    def _forward(self, context: KvContext, chunk: list[int]) -> torch.Tensor:
+        with self._compute:
+            assert torch.are_deterministic_algorithms_enabled()
+            context.begin_chunk(context.length, chunk)
+            logits = self.adapter.forward(chunk, context.length, context)
+            context.end_chunk(chunk)
+        return logits
+
+    def _append(self, context: KvContext, token_ids: Sequence[int]) -> torch.Tensor:
+        """Append one segment, split at page boundaries; logits at its last token."""
+        ids = list(token_ids)
+        logits = None
+        while ids:
+            room = self.page_tokens - context.length % self.page_tokens
+            logits = self._forward(context, ids[:room])
+            ids = ids[room:]
+        context.segment_ends.append(context.length)
+        assert logits is not None, "a segment holds at least one token"
+        return logits
+
+    def _check_length(self, tokens: int) -> None:
+        if tokens > self.max_context_tokens:
+            raise InvalidArgument(
+                f"context of {tokens} tokens exceeds max_context_tokens={self.max_context_tokens}; "
+                "shorten the prompt or raise max_context_tokens"
+            )
+
+    def _check_tokens(self, token_ids: Sequence[int]) -> None:
+        vocab = self.adapter.geometry.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidArgument(
+                f"token id {bad} is outside the model's vocabulary (0..{vocab - 1})"
+            )
+
+    # ------------------------------------------------------------------
+    # grafting
+
+    def _check_compatible(self, manifest: pb.Manifest, artifact_id: str) -> None:
+        theirs = manifest.model_fingerprint.hex()[:16]
+        if manifest.model_fingerprint != self.fingerprint:
+            raise FailedPrecondition(
+                f"artifact {artifact_id[:16]} was computed by model {theirs}, this daemon serves "
+                f"{self.fingerprint.hex()[:16]}: it cannot be grafted here"
+            )
+        if manifest.profile != self.profile or manifest.layout != self.layout:
+            profile = manifest.profile
+            raise FailedPrecondition(
+                f"artifact {artifact_id[:16]} was computed under another compute profile "
+                f"({profile.attention}, page_tokens={profile.page_tokens}, torch "
+                f"{profile.torch_version}, {profile.device_name}); its bytes would not match a "
+                "fresh run here: recompute it (Generate with no_cache and deposit)"
+            )
+
+    def _load(
+        self, context: KvContext, token_ids: Sequence[int], page_sha256: Sequence[bytes]
+    ) -> None:
+        """Graft pages (page-major hashes) holding the KV of `token_ids` into an empty context."""
+        layers = self.layout.num_layers
+        element_bytes = 2 * self.layout.kv_heads * self.layout.head_dim * 4
+        total = len(token_ids)
+        per_layer = [np.empty(total * element_bytes, np.uint8) for _ in range(layers)]
+        digests, dests = [], []
+        for position, digest in enumerate(page_sha256):
+            page, layer = divmod(position, layers)
+            begin = page * self.page_tokens * element_bytes
+            end = min((page + 1) * self.page_tokens, total) * element_bytes
+            digests.append(digest)
+            dests.append(per_layer[layer][begin:end])
+        self.store.read_pages_into(digests, dests)
+        context.load_pages(list(token_ids), per_layer)
+
+    def lookup(self, token_ids: Sequence[int]) -> int:
+        """Whole stored pages matching the start of `token_ids`."""
+        return len(self._matched_pages(token_ids, len(token_ids) // self.page_tokens))
+
+    def _matched_pages(self, token_ids: Sequence[int], max_pages: int) -> list:
+        return self.store.longest_chain(
+            self.fingerprint, self.profile, self.layout, token_ids, max_pages
+        )
+
+    # ------------------------------------------------------------------
+    # requests
+
+    def generate(
+        self, prompt_ids: Sequence[int], options: DecodeOptions
+    ) -> Iterator[TokenEvent | ResultEvent]:
+        """Run a prompt as one segment, grafting its longest stored whole-page prefix."""
+        prompt = list(prompt_ids)
+        if not prompt:
+            raise InvalidArgument("the prompt is empty: give text or at least one token id")
+        self._check_tokens(prompt)
+        self._check_length(len(prompt) + options.max_new_tokens)
+        context = KvContext(self.adapter.geometry, self.page_tokens, self.block_tokens)
+        reused = 0
+        if not options.no_cache:
+            entries = self._matched_pages(prompt, (len(prompt) - 1) // self.page_tokens)
+            if entries:
+                reused = len(entries) * self.page_tokens
+                hashes = [digest for entry in entries for digest in entry.page_sha256]
+                self._load(context, prompt[:reused], hashes)
+        logits = self._append(context, prompt[reused:])
+        yield from self._decode(context, logits, options, reused, len(prompt) - reused, "")
+
+    def graft(
+        self, artifact_id: str, continuation: Sequence[int], options: DecodeOptions
+    ) -> Iterator[TokenEvent | ResultEvent]:
+        """Restore a whole artifact, append `continuation` as a new segment, generate."""
+        if not continuation:
+            raise InvalidArgument("Graft needs a continuation of at least one token")
+        self._check_tokens(continuation)
+        full_id = self.store.resolve(artifact_id)
+        manifest = self.store.get_record(full_id).manifest()
+        self._check_compatible(manifest, full_id)
+        self._check_length(len(manifest.token_ids) + len(continuation) + options.max_new_tokens)
+        context = KvContext(self.adapter.geometry, self.page_tokens, self.block_tokens)
+        if options.no_cache:
+            self._replay(context, manifest)
+            reused, computed = 0, len(manifest.token_ids)
+        else:
+            self._load(context, manifest.token_ids, manifest.page_sha256)
+            context.segment_ends = list(manifest.segment_ends)
+            reused, computed = len(manifest.token_ids), 0
+        logits = self._append(context, continuation)
+        computed += len(continuation)
+        yield from self._decode(
+            context, logits, options, reused, computed, full_id if reused else ""
+        )
+
+    def _replay(self, context: KvContext, manifest: pb.Manifest) -> list[torch.Tensor]:
+        """Recompute an artifact's segments from nothing; logits after each segment."""
+        start, out = 0, []
+        for end in manifest.segment_ends:
+            out.append(self._append(context, manifest.token_ids[start:end]))
+            start = end
+        return out
+
+    def _decode(
+        self,
+        context: KvContext,
+        logits: torch.Tensor,
+        options: DecodeOptions,
+        reused: int,
+        computed: int,
+        grafted_id: str,
+    ) -> Iterator[TokenEvent | ResultEvent]:
+        receipt = pb.Receipt(
+            input_sha256=input_sha256(context.token_ids, context.segment_ends),
+            prompt_logits_sha256=logits_sha256(logits),
+            model_fingerprint=self.fingerprint,
+            profile=self.profile,
+        )
+        generator = torch.Generator().manual_seed(options.seed)
+        generated_digest = hashlib.sha256()
+        for _ in range(options.max_new_tokens):
+            if options.greedy:
+                token = int(torch.argmax(logits))
+            else:
+                probs = torch.softmax(logits / options.temperature, dim=-1)
+                token = int(torch.multinomial(probs, 1, generator=generator))
+            receipt.generated_token_ids.append(token)
+            yield TokenEvent(token, self.adapter.decode([token]))
+            logits = self._append(context, [token])
+            generated_digest.update(logits_bytes(logits))
+            computed += 1
+            if token in self.adapter.eos_token_ids:
+                break
+        receipt.generated_logits_sha256 = generated_digest.digest()
+        artifact_id = self._deposit(context, receipt, options.labels) if options.deposit else ""
+        receipt.reused_tokens, receipt.computed_tokens = reused, computed
+        receipt.grafted_artifact_id = grafted_id
+        yield ResultEvent(
+            receipt, self.adapter.decode(list(receipt.generated_token_ids)), artifact_id
+        )
+
+    def _deposit(self, context: KvContext, receipt: pb.Receipt, labels: Mapping[str, str]) -> str:
+        """Store the context. The manifest keeps the run-independent part of the receipt,
+        so the same context deposited by a fresh or a grafted run has one id."""
+        pages = [
+            context.page_bytes(page, layer)
+            for page in range(context.page_count())
+            for layer in range(self.layout.num_layers)
+        ]
+        artifact = Artifact.build(
+            model_fingerprint=self.fingerprint,
+            layout=self.layout,
+            profile=self.profile,
+            token_ids=context.token_ids,
+            page_bytes=pages,
+            segment_ends=context.segment_ends,
+            labels=labels,
+            receipt=receipt,
+        )
+        missing = set(self.store.missing_pages(list(page_sizes(artifact.manifest))))
+        records = {digest: page_record(artifact.pages[digest]) for digest in missing}
+        return self.store.commit_artifact(artifact.manifest, records).artifact_id
+
+    # ------------------------------------------------------------------
+    def verify(self, artifact_id: str) -> pb.VerifyResponse:
+        """Recompute an artifact fresh and compare every page and receipt hash."""
+        full_id = self.store.resolve(artifact_id)
+        manifest = self.store.get_record(full_id).manifest()
+        self._check_compatible(manifest, full_id)
+        context = KvContext(self.adapter.geometry, self.page_tokens, self.block_tokens)
+        after_segment = self._replay(context, manifest)
+        stored = manifest.receipt
+        generated = len(stored.generated_token_ids)
+        prompt_segments = len(manifest.segment_ends) - generated
+        prompt_end = manifest.segment_ends[prompt_segments - 1] if prompt_segments > 0 else 0
+        recomputed = pb.Receipt(
+            input_sha256=input_sha256(
+                manifest.token_ids[:prompt_end], manifest.segment_ends[:prompt_segments]
+            ),
+            prompt_logits_sha256=logits_sha256(after_segment[prompt_segments - 1])
+            if prompt_segments
+            else b"",
+            generated_logits_sha256=hashlib.sha256(
+                b"".join(logits_bytes(x) for x in after_segment[prompt_segments:])
+            ).digest(),
+            generated_token_ids=manifest.token_ids[prompt_end:],
+            computed_tokens=len(manifest.token_ids),
+            model_fingerprint=self.fingerprint,
+            profile=self.profile,
+        )
+        mismatches = [
+            f"page {position // self.layout.num_layers} layer {position % self.layout.num_layers}"
+            for position, digest in enumerate(manifest.page_sha256)
+            if hashlib.sha256(
+                context.page_bytes(*divmod(position, self.layout.num_layers))
+            ).digest()
+            != digest
+        ]
+        if manifest.HasField("receipt"):
+            for name in (
+                "input_sha256",
+                "prompt_logits_sha256",
+                "generated_logits_sha256",
+                "generated_token_ids",
+            ):
+                if getattr(stored, name) != getattr(recomputed, name):
+                    mismatches.append(name)
+        return pb.VerifyResponse(
+            ok=not mismatches, stored=stored, recomputed=recomputed, mismatches=mismatches
+        )

@@ -1,0 +1,47 @@
+"""Shared fixtures: a real daemon per test on a temporary store, and a client to it."""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from daemon_process import DaemonProcess  # noqa: E402
+
+from kvgraft import Client  # noqa: E402
+
+
+@pytest.fixture
+def rng(request) -> random.Random:
+    return random.Random(request.node.name)
+
+
+@pytest.fixture
+def start_daemon(tmp_path: Path) -> Iterator:
+    """Start daemons on demand: start_daemon(data_dir=None, extra_args=None)."""
+    started: list[DaemonProcess] = []
+
+    def start(data_dir: Path | None = None, extra_args: list[str] | None = None, **kwargs):
+        daemon = DaemonProcess.start(data_dir or tmp_path / f"data{len(started)}", extra_args, **kwargs)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()
+
+
+@pytest.fixture
+def daemon(start_daemon) -> DaemonProcess:
+    return start_daemon()
+
+
+@pytest.fixture
+def client(daemon: DaemonProcess) -> Iterator[Client]:
+    with Client(daemon.address, timeout_s=30) as c:
+        yield c

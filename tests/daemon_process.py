@@ -1,0 +1,95 @@
+"""A real kvgraftd in its own process, for integration tests.
+
+`DaemonProcess.start(data_dir)` runs `python -m kvgraftd --listen
+127.0.0.1:0` (port 0: the kernel picks a free port) and waits for the log
+line that names the bound address. The daemon's stderr is collected in
+`log_lines` so a failing test can show it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+_SERVING = re.compile(r"serving on (\S+:\d+)")
+
+
+class DaemonProcess:
+    def __init__(self, data_dir: Path, extra_args: list[str], env: dict[str, str] | None) -> None:
+        self.data_dir = data_dir
+        self.extra_args = extra_args
+        self.env = env
+        self.address = ""
+        self.log_lines: list[str] = []
+        self.proc: subprocess.Popen[str] | None = None
+
+    @classmethod
+    def start(
+        cls,
+        data_dir: Path,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: float = 60.0,
+    ) -> DaemonProcess:
+        daemon = cls(data_dir, list(extra_args or []), env)
+        daemon.launch(timeout_s)
+        return daemon
+
+    def launch(self, timeout_s: float = 60.0) -> None:
+        """(Re)start the process on the same data directory."""
+        listen = ["--listen", "127.0.0.1:0"] if "--listen" not in self.extra_args else []
+        # Store-only unless a test asks for a model: no torch import, fast starts.
+        listen += ["--model", "none"] if "--model" not in self.extra_args else []
+        self.log_lines = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kvgraftd", *listen, "--data", str(self.data_dir), *self.extra_args],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, **(self.env or {})},
+        )
+        found = threading.Event()
+
+        def pump() -> None:
+            assert self.proc is not None and self.proc.stderr is not None
+            for line in self.proc.stderr:
+                self.log_lines.append(line.rstrip("\n"))
+                match = _SERVING.search(line)
+                if match and not found.is_set():
+                    self.address = match.group(1)
+                    found.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        while not found.wait(0.05):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError("kvgraftd did not start:\n" + self.log())
+
+    def log(self) -> str:
+        return "\n".join(self.log_lines)
+
+    def terminate(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM and wait; returns the exit status."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to clean up, as in a crash."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.terminate(30)
+            except subprocess.TimeoutExpired:
+                self.kill()

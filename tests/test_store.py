@@ -1,0 +1,232 @@
+"""kvgraftd.store on a real LMDB environment, in-process."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+from factory import random_artifact
+
+from kvgraft.artifact import page_sizes
+from kvgraft.errors import (
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.store import Store, page_record
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = Store(tmp_path / "store", initial_map_bytes=1 << 20, min_free_bytes=1 << 20)
+    yield s
+    s.close()
+
+
+def _records(artifact) -> dict[bytes, bytes]:
+    return {digest: page_record(data) for digest, data in artifact.pages.items()}
+
+
+def _read_all(store: Store, manifest: pb.Manifest) -> dict[bytes, bytes]:
+    sizes = page_sizes(manifest)
+    dests = [np.empty(size, np.uint8) for size in sizes.values()]
+    store.read_pages_into(list(sizes), dests)
+    return {digest: dest.tobytes() for digest, dest in zip(sizes, dests, strict=True)}
+
+
+def test_commit_then_read_every_page(store: Store, rng: random.Random) -> None:
+    artifact = random_artifact(rng, tokens=200, page_tokens=16)
+    result = store.commit_artifact(artifact.manifest, _records(artifact))
+    assert (result.artifact_id, result.already_present, result.sequence) == (artifact.id, False, 1)
+    assert result.pages_written == len(page_sizes(artifact.manifest))
+    read = _read_all(store, artifact.manifest)
+    assert {d: hashlib.sha256(b).digest() for d, b in read.items()} == {d: d for d in read}
+    assert store.get_record(artifact.id).canonical == artifact.manifest.SerializeToString(
+        deterministic=True
+    )
+    again = store.commit_artifact(artifact.manifest, {})
+    assert again.already_present and again.pages_written == 0 and again.sequence == 1
+
+
+def test_joined_read_frames_pages(store: Store, rng: random.Random) -> None:
+    artifact = random_artifact(rng, tokens=40, page_tokens=16)
+    store.commit_artifact(artifact.manifest, _records(artifact))
+    digests = list(page_sizes(artifact.manifest))
+    prefixes = [f"<{i}>".encode() for i in range(len(digests))]
+    joined = store.read_pages_joined(digests, prefixes)
+    assert joined == b"".join(
+        p + bytes(artifact.pages[d]) for p, d in zip(prefixes, digests, strict=True)
+    )
+
+
+def test_shared_pages_are_counted_and_freed(store: Store, rng: random.Random) -> None:
+    shared = {(0, 0): rng.randbytes(2 * 2 * 16 * 8 * 4)}
+    geometry = dict(
+        num_layers=2, kv_heads=2, head_dim=8, kv_dtype=pb.KV_DTYPE_FLOAT32, page_tokens=16
+    )
+    first = random_artifact(rng, tokens=30, shared_pages=shared, **geometry)
+    second = random_artifact(rng, tokens=50, shared_pages=shared, **geometry)
+    store.commit_artifact(first.manifest, _records(first))
+    result = store.commit_artifact(second.manifest, _records(second))
+    distinct = set(page_sizes(first.manifest)) | set(page_sizes(second.manifest))
+    assert result.pages_written == len(page_sizes(second.manifest)) - 1
+    assert store.stats().pages == len(distinct)
+    freed, _ = store.delete_artifact(first.id)
+    assert freed == len(page_sizes(first.manifest)) - 1
+    assert _read_all(store, second.manifest) == {d: bytes(b) for d, b in second.pages.items()}
+    store.delete_artifact(second.id)
+    stats = store.stats()
+    assert (stats.pages, stats.page_bytes, stats.artifacts) == (0, 0, 0)
+    kinds = [r.kind for r in store.changes_since(0)]
+    assert kinds == [pb.ChangeRecord.KIND_ADDED] * 2 + [pb.ChangeRecord.KIND_DELETED] * 2
+
+
+def test_missing_page_refuses_the_whole_commit(store: Store, rng: random.Random) -> None:
+    artifact = random_artifact(rng, tokens=40, page_tokens=16)
+    records = _records(artifact)
+    records.pop(artifact.manifest.page_sha256[-1])
+    with pytest.raises(InvalidArgument, match="MissingPages"):
+        store.commit_artifact(artifact.manifest, records)
+    stats = store.stats()
+    assert (stats.artifacts, stats.pages, stats.page_bytes, stats.last_sequence) == (0, 0, 0, 0)
+
+
+def test_staged_pages_complete_a_later_commit_and_expire(store: Store, rng: random.Random) -> None:
+    artifact = random_artifact(rng, tokens=40, page_tokens=16)
+    records = _records(artifact)
+    assert store.stage_pages(records) == len(records)
+    assert store.missing_pages(list(records)) == []
+    assert store.stats().staged_pages == len(records)
+    store.commit_artifact(artifact.manifest, {})
+    assert store.stats().staged_pages == 0
+    orphan = random_artifact(rng, tokens=8, page_tokens=16)
+    store.stage_pages(_records(orphan))
+    assert store.collect_staged(older_than_s=3600) == 0
+    assert store.collect_staged(older_than_s=-1) == len(orphan.pages)
+    assert store.missing_pages(list(orphan.pages)) == list(orphan.pages)
+    assert store.stats().page_bytes == sum(page_sizes(artifact.manifest).values())
+    assert _read_all(store, artifact.manifest) == {d: bytes(b) for d, b in artifact.pages.items()}
+
+
+def test_map_grows_past_its_initial_size(store: Store, rng: random.Random) -> None:
+    artifacts = [
+        random_artifact(
+            rng,
+            num_layers=4,
+            kv_heads=4,
+            head_dim=64,
+            tokens=256,
+            kv_dtype=pb.KV_DTYPE_FLOAT32,
+            page_tokens=64,
+        )
+        for _ in range(3)
+    ]
+    for artifact in artifacts:
+        store.commit_artifact(artifact.manifest, _records(artifact))
+    stats = store.stats()
+    assert stats.map_size_bytes > 1 << 20
+    assert stats.page_bytes == 3 * 4 * 4 * 64 * 256 * 2 * 4
+    for artifact in artifacts:
+        assert _read_all(store, artifact.manifest) == {
+            d: bytes(b) for d, b in artifact.pages.items()
+        }
+
+
+def test_full_disk_is_refused_before_writing(tmp_path: Path, rng: random.Random) -> None:
+    store = Store(tmp_path / "s", min_free_bytes=1 << 62)
+    try:
+        artifact = random_artifact(rng)
+        with pytest.raises(ResourceExhausted, match="min_free_bytes"):
+            store.commit_artifact(artifact.manifest, _records(artifact))
+        assert store.stats().artifacts == 0
+    finally:
+        store.close()
+
+
+def test_flipped_byte_on_disk_is_detected_and_not_served(store: Store, rng: random.Random) -> None:
+    artifact = random_artifact(rng, tokens=64, page_tokens=64, num_layers=1, head_dim=64)
+    store.commit_artifact(artifact.manifest, _records(artifact))
+    digest = artifact.manifest.page_sha256[0]
+    page = bytes(artifact.pages[digest])
+    data_file = store.path / "data.mdb"
+    offset = data_file.read_bytes().index(page[100:164]) + 10
+    with open(data_file, "r+b") as f:
+        original = os.pread(f.fileno(), 1, offset)
+        os.pwrite(f.fileno(), bytes([original[0] ^ 0x40]), offset)
+    dest = np.empty(len(page), np.uint8)
+    with pytest.raises(DataLoss, match="corrupt"):
+        store.read_pages_into([digest], [dest])
+    assert not dest.any()  # nothing of the corrupt page left in the destination
+    with pytest.raises(DataLoss):
+        store.read_page(digest)
+
+
+def test_ids_resolve_by_unique_prefix(store: Store, rng: random.Random) -> None:
+    artifact = random_artifact(rng)
+    store.commit_artifact(artifact.manifest, _records(artifact))
+    assert store.resolve(artifact.id[:8]) == artifact.id
+    assert store.resolve(artifact.id.upper()) == artifact.id
+    with pytest.raises(NotFound):
+        store.resolve("0" * 64 if not artifact.id.startswith("0") else "f" * 64)
+    with pytest.raises(InvalidArgument):
+        store.resolve("abc")
+    with pytest.raises(InvalidArgument):
+        store.delete_artifact(artifact.id[:10])
+
+
+def test_pinned_artifact_cannot_be_deleted(store: Store, rng: random.Random) -> None:
+    artifact = random_artifact(rng)
+    store.commit_artifact(artifact.manifest, _records(artifact))
+    assert store.set_pinned(artifact.id, True).pinned
+    with pytest.raises(FailedPrecondition, match="pinned"):
+        store.delete_artifact(artifact.id)
+    store.set_pinned(artifact.id, False)
+    store.delete_artifact(artifact.id)
+    with pytest.raises(NotFound):
+        store.delete_artifact(artifact.id)
+
+
+def test_listing_pages_through_ids_in_order(store: Store, rng: random.Random) -> None:
+    ids = []
+    for _ in range(7):
+        artifact = random_artifact(rng, tokens=3)
+        store.commit_artifact(artifact.manifest, _records(artifact))
+        ids.append(artifact.id)
+    seen, after = [], b""
+    while batch := store.list_records(after, 3):
+        seen += [aid for aid, _ in batch]
+        after = bytes.fromhex(batch[-1][0])
+    assert seen == sorted(ids)
+
+
+def test_reopen_keeps_everything(tmp_path: Path, rng: random.Random) -> None:
+    artifact = random_artifact(rng)
+    store = Store(tmp_path / "s")
+    store.commit_artifact(artifact.manifest, _records(artifact))
+    store.close()
+    store = Store(tmp_path / "s")
+    try:
+        assert _read_all(store, artifact.manifest) == {
+            d: bytes(b) for d, b in artifact.pages.items()
+        }
+        assert store.stats().last_sequence == 1
+    finally:
+        store.close()
+
+
+def test_other_store_format_is_refused(tmp_path: Path) -> None:
+    Store(tmp_path / "s").close()
+    env = lmdb.open(str(tmp_path / "s"), max_dbs=8)
+    with env.begin(write=True) as txn:
+        txn.put(b"format_version", b"99", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    with pytest.raises(FailedPrecondition, match="format 99"):
+        Store(tmp_path / "s")
