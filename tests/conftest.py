@@ -11,9 +11,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from daemon_process import DaemonProcess  # noqa: E402
+from daemon_process import DaemonProcess
 
-from kvgraft import Client  # noqa: E402
+from kvgraft import Client
 
 
 @pytest.fixture
@@ -27,7 +27,9 @@ def start_daemon(tmp_path: Path) -> Iterator:
     started: list[DaemonProcess] = []
 
     def start(data_dir: Path | None = None, extra_args: list[str] | None = None, **kwargs):
-        daemon = DaemonProcess.start(data_dir or tmp_path / f"data{len(started)}", extra_args, **kwargs)
+        daemon = DaemonProcess.start(
+            data_dir or tmp_path / f"data{len(started)}", extra_args, **kwargs
+        )
         started.append(daemon)
         return daemon
 

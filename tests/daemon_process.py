@@ -48,7 +48,15 @@ class DaemonProcess:
         listen += ["--model", "none"] if "--model" not in self.extra_args else []
         self.log_lines = []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvgraftd", *listen, "--data", str(self.data_dir), *self.extra_args],
+            [
+                sys.executable,
+                "-m",
+                "kvgraftd",
+                *listen,
+                "--data",
+                str(self.data_dir),
+                *self.extra_args,
+            ],
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             text=True,

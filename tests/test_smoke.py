@@ -8,4 +8,6 @@ def test_put_get(client: Client, rng) -> None:
     response = client.put_artifact(artifact)
     assert response.artifact_id == artifact.id
     fetched = client.get_artifact(artifact.id)
-    assert {d: bytes(v) for d, v in fetched.pages.items()} == {d: bytes(v) for d, v in artifact.pages.items()}
+    assert {d: bytes(v) for d, v in fetched.pages.items()} == {
+        d: bytes(v) for d, v in artifact.pages.items()
+    }

@@ -10,6 +10,7 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
+import xxhash
 from factory import random_artifact
 
 from kvgraft.artifact import page_sizes
@@ -56,15 +57,24 @@ def test_commit_then_read_every_page(store: Store, rng: random.Random) -> None:
     assert again.already_present and again.pages_written == 0 and again.sequence == 1
 
 
-def test_joined_read_frames_pages(store: Store, rng: random.Random) -> None:
+def test_framed_read_frames_pages(store: Store, rng: random.Random) -> None:
     artifact = random_artifact(rng, tokens=40, page_tokens=16)
     store.commit_artifact(artifact.manifest, _records(artifact))
     digests = list(page_sizes(artifact.manifest))
-    prefixes = [f"<{i}>".encode() for i in range(len(digests))]
-    joined = store.read_pages_joined(digests, prefixes)
+    seen = []
+
+    def frame(index: int, digest: bytes, checksum: bytes, size: int) -> bytes:
+        seen.append((index, digest, checksum, size))
+        return f"<{index}>".encode()
+
+    joined = store.read_pages_framed(digests, frame)
     assert joined == b"".join(
-        p + bytes(artifact.pages[d]) for p, d in zip(prefixes, digests, strict=True)
+        f"<{i}>".encode() + bytes(artifact.pages[d]) for i, d in enumerate(digests)
     )
+    assert seen == [
+        (i, d, xxhash.xxh3_128_digest(artifact.pages[d]), len(artifact.pages[d]))
+        for i, d in enumerate(digests)
+    ]
 
 
 def test_shared_pages_are_counted_and_freed(store: Store, rng: random.Random) -> None:

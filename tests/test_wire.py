@@ -17,7 +17,8 @@ def _chunks(rng: random.Random, count: int) -> list[wire.Chunk]:
     for _ in range(count):
         size = rng.randint(1, 5000)
         offset = rng.choice((0, 0, rng.randint(1, 10**9)))
-        out.append(wire.Chunk(rng.randbytes(32), offset, size + offset, rng.randbytes(size)))
+        xxh3 = rng.choice((b"", rng.randbytes(16)))
+        out.append(wire.Chunk(rng.randbytes(32), offset, size + offset, rng.randbytes(size), xxh3))
     return out
 
 
@@ -26,6 +27,7 @@ def _as_pb(chunk: wire.Chunk) -> pb.PageChunk:
         sha256=chunk.sha256,
         offset=chunk.offset,
         page_bytes=chunk.page_bytes,
+        xxh3=chunk.xxh3,
         data=bytes(chunk.data),
     )
 
@@ -64,10 +66,13 @@ def test_decode_reads_protobuf_encodings() -> None:
 
 
 def test_decode_skips_unknown_fields_and_accepts_any_order() -> None:
-    chunk = pb.PageChunk(sha256=b"\x01" * 32, offset=5, page_bytes=9, data=b"abcd")
-    # fields 4, 3, 2, 1 then an unknown varint field 15 and an unknown fixed64 field 14
+    xxh3 = b"\x02" * 16
+    chunk = pb.PageChunk(sha256=b"\x01" * 32, offset=5, page_bytes=9, xxh3=xxh3, data=b"abcd")
+    # fields 5, 4, 3, 2, 1, then an unknown varint field 15 and an unknown fixed64 field 14
     raw = (
-        b"\x22\x04abcd"
+        b"\x2a\x04abcd"
+        + b"\x22\x10"
+        + xxh3
         + b"\x18\x09"
         + b"\x10\x05"
         + b"\x0a\x20"
@@ -81,8 +86,8 @@ def test_decode_skips_unknown_fields_and_accepts_any_order() -> None:
     assert parsed == chunk
     message = wire.envelope_prefix(wire.GET_PAGES, len(raw) + 2) + b"\x0a" + bytes([len(raw)]) + raw
     decoded, _ = wire.decode_envelope(message, wire.GET_PAGES, wire.GET_MANIFEST)
-    assert [(c.sha256, c.offset, c.page_bytes, bytes(c.data)) for c in decoded] == [
-        (b"\x01" * 32, 5, 9, b"abcd")
+    assert [(c.sha256, c.offset, c.page_bytes, c.xxh3, bytes(c.data)) for c in decoded] == [
+        (b"\x01" * 32, 5, 9, xxh3, b"abcd")
     ]
 
 
@@ -109,7 +114,7 @@ def test_garbage_raises_invalid_argument_only() -> None:
                     mutated[rng.randrange(len(mutated))] = rng.randrange(256)
             raw = bytes(mutated)
         try:
-            chunks, other = wire.decode_envelope(raw, wire.PUT_PAGES, wire.PUT_MANIFEST)
+            chunks, _ = wire.decode_envelope(raw, wire.PUT_PAGES, wire.PUT_MANIFEST)
         except InvalidArgument as exc:
             assert str(exc)
             continue

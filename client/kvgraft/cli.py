@@ -2,10 +2,11 @@
 
     kvgraft [--server ADDR] [--json] [--timeout S] COMMAND ...
 
-Commands: serve, info, ls, stat, rm, pin, export, import (`kvgraft COMMAND
---help` for each). The server defaults to $KVGRAFT_SERVER, then
-127.0.0.1:50551. With --json every command prints one JSON document on
-stdout (errors too: {"error": {"code", "message"}}); otherwise plain text.
+Commands: serve, info, ls, stat, rm, pin, export, import, and the engine's
+deposit, generate, graft, verify, lookup (`kvgraft COMMAND --help` for each).
+The server defaults to $KVGRAFT_SERVER, then 127.0.0.1:50551. With --json
+every command prints one JSON document on stdout (errors too: {"error":
+{"code", "message"}}); otherwise plain text.
 Exit status: 0 success, 1 an error from kvgraft, 2 bad usage.
 """
 
@@ -21,12 +22,9 @@ from pathlib import Path
 
 from kvgraft import __version__
 from kvgraft.client import Client, default_server
+from kvgraft.engine_cli import ENGINE_COMMANDS, add_engine_arguments
 from kvgraft.errors import InvalidArgument, KvgraftError
-from kvgraft.render import human_bytes, message_to_json, table
-
-
-def _emit(args: argparse.Namespace, document: object, text: str) -> None:
-    print(json.dumps(document, indent=2) if args.json else text)
+from kvgraft.render import emit, human_bytes, message_to_json, table
 
 
 def _progress(args: argparse.Namespace, total: int, description: str):
@@ -52,7 +50,8 @@ def cmd_info(client: Client, args: argparse.Namespace) -> None:
     }
     lines = [
         f"kvgraftd {info.version} at {client.address} (store format {info.store_format_version})",
-        f"model: {info.model_name or 'none loaded'}",
+        f"model: {info.model_name or '-'} ({info.model_state})"
+        + (f", fingerprint {info.model_fingerprint.hex()[:16]}" if info.model_fingerprint else ""),
         f"artifacts: {stats.artifacts}   pages: {stats.pages} ({human_bytes(stats.page_bytes)})"
         f"   staged: {stats.staged_pages}",
         f"map: {human_bytes(stats.map_used_bytes)} used of {human_bytes(stats.map_size_bytes)}"
@@ -63,7 +62,7 @@ def cmd_info(client: Client, args: argparse.Namespace) -> None:
         for t in info.tiers
     ]
     lines.append(table(("tier", "used", "capacity", "hits", "misses"), rows))
-    _emit(args, document, "\n".join(lines))
+    emit(args.json, document, "\n".join(lines))
 
 
 def cmd_ls(client: Client, args: argparse.Namespace) -> None:
@@ -86,7 +85,7 @@ def cmd_ls(client: Client, args: argparse.Namespace) -> None:
         if rows
         else "no artifacts"
     )
-    _emit(args, {"artifacts": [message_to_json(i) for i in infos]}, text)
+    emit(args.json, {"artifacts": [message_to_json(i) for i in infos]}, text)
 
 
 def cmd_stat(client: Client, args: argparse.Namespace) -> None:
@@ -105,7 +104,7 @@ def cmd_stat(client: Client, args: argparse.Namespace) -> None:
         f"created {_when(info.created_unix_ms)} UTC, sequence {info.sequence}"
         + (", pinned" if info.pinned else ""),
     ] + [f"label {k}={v}" for k, v in sorted(info.labels.items())]
-    _emit(args, document, "\n".join(lines))
+    emit(args.json, document, "\n".join(lines))
 
 
 def cmd_rm(client: Client, args: argparse.Namespace) -> None:
@@ -117,13 +116,13 @@ def cmd_rm(client: Client, args: argparse.Namespace) -> None:
         f"deleted {aid[:16]}: {r['pages_freed']} pages freed ({human_bytes(r['bytes_freed'])})"
         for aid, r in results.items()
     )
-    _emit(args, {"deleted": results}, text)
+    emit(args.json, {"deleted": results}, text)
 
 
 def cmd_pin(client: Client, args: argparse.Namespace) -> None:
     info = client.pin(args.id, pinned=not args.off)
     state = "pinned" if info.pinned else "unpinned"
-    _emit(args, message_to_json(info), f"{state} {info.artifact_id}")
+    emit(args.json, message_to_json(info), f"{state} {info.artifact_id}")
 
 
 def cmd_export(client: Client, args: argparse.Namespace) -> None:
@@ -139,8 +138,8 @@ def cmd_export(client: Client, args: argparse.Namespace) -> None:
         if bar:
             bar.close()
     size = args.output.stat().st_size
-    _emit(
-        args,
+    emit(
+        args.json,
         {"artifact_id": full, "path": str(args.output), "bytes": size},
         f"exported {full[:16]} to {args.output} ({human_bytes(size)})",
     )
@@ -156,8 +155,8 @@ def cmd_import(client: Client, args: argparse.Namespace) -> None:
         if bar:
             bar.close()
     note = " (already present)" if response.already_present else ""
-    _emit(
-        args,
+    emit(
+        args.json,
         message_to_json(response),
         f"imported {response.artifact_id}{note}: {response.pages_written} pages written "
         f"({human_bytes(response.bytes_written)})",
@@ -172,6 +171,7 @@ COMMANDS: dict[str, tuple[Callable[[Client, argparse.Namespace], None], str]] = 
     "pin": (cmd_pin, "pin an artifact (it cannot be deleted) or unpin it with --off"),
     "export": (cmd_export, "write an artifact to a safetensors bundle"),
     "import": (cmd_import, "store the artifact of a safetensors bundle"),
+    **ENGINE_COMMANDS,
 }
 
 
@@ -215,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", type=Path, required=True, metavar="FILE.safetensors"
     )
     parsers["import"].add_argument("file", type=Path, metavar="FILE.safetensors")
+    add_engine_arguments(parsers)
     return parser
 
 

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import queue
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
 import grpc
+import xxhash
 
 from kvgraft import wire
-from kvgraft.artifact import Artifact, page_sizes, parse_manifest
+from kvgraft.artifact import MAX_PAGE_BYTES, Artifact, page_sizes, parse_manifest
 from kvgraft.bundle import read_bundle, write_bundle
 from kvgraft.errors import ERRORS_BY_CODE, DataLoss, InvalidArgument, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -29,64 +28,15 @@ from kvgraft.v1 import kvgraft_pb2_grpc as pb_grpc
 
 DEFAULT_SERVER = "127.0.0.1:50551"
 MISSING_QUERY_BATCH = 100_000
+# What gRPC says when no connection could be made (as opposed to a daemon that
+# answered UNAVAILABLE itself, e.g. while its model loads or it shuts down).
+_UNREACHABLE = ("failed to connect", "Connection refused", "DNS resolution failed", "unreachable")
 PUT_ATTEMPTS = 3  # a put whose held pages a concurrent Delete freed is sent again
 T = TypeVar("T")
 
 
 def default_server() -> str:
     return os.environ.get("KVGRAFT_SERVER") or DEFAULT_SERVER
-
-
-class _PageVerifier:
-    """SHA-256 of received pages on a helper thread, while the next messages arrive.
-
-    hashlib releases the GIL on large buffers, so verification overlaps the
-    transfer instead of following it. `finish` waits for every submitted page
-    and raises DataLoss naming the first corrupt one.
-    """
-
-    def __init__(self, artifact_id: str) -> None:
-        self._artifact_id = artifact_id
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # lists of (sha256, data); None ends
-        self._corrupt: bytes | None = None
-        self._error: BaseException | None = None
-        self._abandoned = False
-        self._thread = threading.Thread(target=self._run, name="kvgraft-verify", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (pages := self._queue.get()) is not None:
-            if self._corrupt is not None or self._error is not None or self._abandoned:
-                continue  # drain without hashing
-            try:
-                for digest, data in pages:
-                    if hashlib.sha256(data).digest() != digest:
-                        self._corrupt = digest
-                        break
-            except BaseException as exc:  # surfaced by finish()
-                self._error = exc
-
-    def submit(self, pages: list[tuple[bytes, bytes | memoryview]]) -> None:
-        if self._corrupt is not None:  # stop the transfer early
-            self.finish()
-        if pages:
-            self._queue.put(pages)
-
-    def finish(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        if self._corrupt is not None:
-            raise DataLoss(
-                f"page {self._corrupt.hex()[:16]} of artifact {self._artifact_id[:16]} is "
-                "corrupt (its bytes do not hash to its name); nothing was returned: fetch it again"
-            )
-
-    def abandon(self) -> None:
-        self._abandoned = True
-        self._queue.put(None)
-        self._thread.join()
 
 
 class Client:
@@ -135,7 +85,7 @@ class Client:
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
             details = (exc.details() if hasattr(exc, "details") else "") or str(exc)
             cls = ERRORS_BY_CODE.get(code.name, KvgraftError)
-            if cls is Unavailable:
+            if cls is Unavailable and any(sign in details for sign in _UNREACHABLE):
                 details = (
                     f"cannot reach kvgraftd at {self.address} ({details}); is it running? "
                     "Start it with `make serve` or `kvgraft serve`, or set --server/KVGRAFT_SERVER"
@@ -212,12 +162,16 @@ class Client:
         artifact_id: str,
         *,
         only_pages: Iterable[bytes] = (),
+        check_sha256: bool = False,
         progress: Callable[[int], None] | None = None,
     ) -> Artifact:
-        """Fetch an artifact; every page's SHA-256 is checked on arrival.
+        """Fetch an artifact (or `only_pages` of it), every page checked on arrival.
 
-        That includes the pages of an `only_pages` fetch. The hashing runs on a
-        helper thread while the next messages arrive (bench/store_bench.py).
+        The daemon sends each page's stored xxh3-128, so the bytes are checked
+        for damage in transit at memory speed; the daemon itself checked them
+        against the store. `check_sha256` also recomputes every page's SHA-256
+        (its identity), as for bytes from an untrusted source; pages that come
+        without an xxh3 (another server) always get it.
         """
         wanted = list(only_pages)
         request = pb.GetArtifactRequest(artifact_id=artifact_id, only_pages=wanted)
@@ -229,27 +183,19 @@ class Client:
         if manifest_bytes is None:
             raise DataLoss(f"GetArtifact {artifact_id} did not start with the manifest")
         artifact = Artifact(parse_manifest(manifest_bytes))
-        partial: dict[bytes, list[bytes | memoryview]] = {}
-        verifier = _PageVerifier(artifact_id)
-        try:
-            for raw in responses:
-                chunks, _ = wire.decode_envelope(raw, wire.GET_PAGES, wire.GET_MANIFEST)
-                whole: list[tuple[bytes, bytes | memoryview]] = []
-                for chunk in chunks:
-                    if chunk.offset == 0 and len(chunk.data) == chunk.page_bytes:
-                        whole.append((chunk.sha256, chunk.data))
-                    else:
-                        partial.setdefault(chunk.sha256, []).append(chunk.data)
-                        if sum(len(p) for p in partial[chunk.sha256]) == chunk.page_bytes:
-                            whole.append((chunk.sha256, b"".join(partial.pop(chunk.sha256))))
-                artifact.pages.update(whole)
-                verifier.submit(whole)
-                if progress:
-                    progress(sum(len(c.data) for c in chunks))
-        except BaseException:
-            verifier.abandon()
-            raise
-        verifier.finish()  # raises DataLoss if a page is corrupt
+        partial: dict[bytes, bytearray] = {}
+        for raw in responses:
+            chunks, _ = wire.decode_envelope(raw, wire.GET_PAGES, wire.GET_MANIFEST)
+            for chunk in chunks:
+                data: bytes | memoryview | bytearray = chunk.data
+                if chunk.offset or len(data) != chunk.page_bytes:
+                    data = _assemble(partial, chunk)
+                    if data is None:
+                        continue
+                _check_page(artifact_id, chunk, data, check_sha256)
+                artifact.pages[chunk.sha256] = data
+            if progress:
+                progress(sum(len(c.data) for c in chunks))
         artifact.check_page_sizes()
         absent = [d for d in (wanted or page_sizes(artifact.manifest)) if d not in artifact.pages]
         if absent:
@@ -300,3 +246,113 @@ class Client:
     def import_bundle(self, path: Path, progress=None) -> pb.PutArtifactResponse:
         """Store the artifact of a safetensors bundle (its hashes are checked first)."""
         return self.put_artifact(read_bundle(Path(path)), progress=progress)
+
+    # ------------------------------------------------------------------
+    # engine
+    def lookup(self, token_ids: Iterable[int]) -> pb.LookupResponse:
+        """How much of `token_ids` the store holds as whole pages (a graft would reuse)."""
+        return self._unary(self._stub.Lookup, pb.LookupRequest(token_ids=list(token_ids)))
+
+    def deposit(
+        self,
+        text: str | None = None,
+        *,
+        token_ids: Iterable[int] | None = None,
+        chat: bool = False,
+        labels: Mapping[str, str] | None = None,
+        verified_by: str = "",
+    ) -> pb.DepositResponse:
+        """Have the daemon compute a context and store it; returns its id and receipt."""
+        request = pb.DepositRequest(
+            prompt=_prompt(text, token_ids, chat), labels=labels, verified_by=verified_by
+        )
+        with self._mapped():
+            return self._stub.Deposit(request, timeout=self.transfer_timeout_s)
+
+    def generate(
+        self,
+        text: str | None = None,
+        *,
+        token_ids: Iterable[int] | None = None,
+        chat: bool = False,
+        **options,
+    ) -> Iterator[pb.GenerateResponse]:
+        """Stream generated tokens, then the result with its receipt.
+
+        Options: max_new_tokens, greedy (default True), temperature, seed,
+        no_cache, deposit, labels (see GenerateOptions in the proto).
+        """
+        request = pb.GenerateRequest(
+            prompt=_prompt(text, token_ids, chat), options=pb.GenerateOptions(**options)
+        )
+        return self._stream(self._stub.Generate(request, timeout=self.transfer_timeout_s))
+
+    def graft(
+        self,
+        artifact_id: str,
+        text: str | None = None,
+        *,
+        token_ids: Iterable[int] | None = None,
+        chat: bool = False,
+        **options,
+    ) -> Iterator[pb.GenerateResponse]:
+        """Graft a whole artifact, append the continuation, generate; streams like generate."""
+        request = pb.GraftRequest(
+            artifact_id=artifact_id,
+            continuation=_prompt(text, token_ids, chat),
+            options=pb.GenerateOptions(**options),
+        )
+        return self._stream(self._stub.Graft(request, timeout=self.transfer_timeout_s))
+
+    def verify(self, artifact_id: str) -> pb.VerifyResponse:
+        """Recompute an artifact fresh on the daemon and compare every hash."""
+        with self._mapped():
+            return self._stub.Verify(
+                pb.VerifyRequest(artifact_id=artifact_id), timeout=self.transfer_timeout_s
+            )
+
+
+def _assemble(partial: dict[bytes, bytearray], chunk: wire.Chunk) -> bytearray | None:
+    """Place a piece of a page; the whole page once its last byte has arrived."""
+    if (
+        not 0 < chunk.page_bytes <= MAX_PAGE_BYTES
+        or chunk.offset + len(chunk.data) > chunk.page_bytes
+    ):
+        raise DataLoss(f"page {chunk.sha256.hex()[:16]} arrived with inconsistent chunk bounds")
+    buffer = partial.setdefault(chunk.sha256, bytearray())
+    if chunk.offset != len(buffer):
+        raise DataLoss(f"page {chunk.sha256.hex()[:16]} arrived with chunks out of order")
+    buffer += chunk.data
+    if len(buffer) < chunk.page_bytes:
+        return None
+    return partial.pop(chunk.sha256)
+
+
+def _check_page(artifact_id: str, chunk: wire.Chunk, data, check_sha256: bool) -> None:
+    intact = xxhash.xxh3_128_digest(data) == chunk.xxh3 if chunk.xxh3 else True
+    if intact and (check_sha256 or not chunk.xxh3):
+        intact = hashlib.sha256(data).digest() == chunk.sha256
+    if not intact:
+        raise DataLoss(
+            f"page {chunk.sha256.hex()[:16]} of artifact {artifact_id[:16]} arrived corrupt; "
+            "nothing was returned: fetch it again"
+        )
+
+
+def _prompt(text: str | None, token_ids: Iterable[int] | None, chat: bool) -> pb.Prompt:
+    if (text is None) == (token_ids is None):
+        raise InvalidArgument("give either text or token_ids")
+    if text is not None:
+        return pb.Prompt(text=text, chat=chat)
+    return pb.Prompt(tokens=pb.TokenIds(ids=list(token_ids)), chat=chat)
+
+
+def final_result(responses: Iterable[pb.GenerateResponse]) -> pb.GenerateResult:
+    """Consume a Generate/Graft stream and return its result (the receipt)."""
+    result = None
+    for response in responses:
+        if response.HasField("result"):
+            result = response.result
+    if result is None:
+        raise DataLoss("the generation stream ended without a result")
+    return result

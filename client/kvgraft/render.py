@@ -6,6 +6,7 @@ ids and hashes can be pasted between commands. Field names are the proto's.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -55,3 +56,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in cells
     )
+
+
+def emit(as_json: bool, document: object, text: str) -> None:
+    """Print one JSON document, or the plain text, on stdout."""
+    print(json.dumps(document, indent=2) if as_json else text)

@@ -15,7 +15,7 @@ Contract: `decode_*` either returns well-formed values or raises
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from kvgraft.errors import InvalidArgument
@@ -38,6 +38,7 @@ class Chunk:
     offset: int
     page_bytes: int
     data: memoryview | bytes
+    xxh3: bytes = b""  # of the whole page, when the sender set it
 
 
 def _varint(value: int) -> bytes:
@@ -53,19 +54,23 @@ def _key(field: int, wire_type: int) -> bytes:
     return _varint((field << 3) | wire_type)
 
 
-def chunk_prefix(sha256: bytes, offset: int, page_bytes: int, data_bytes: int) -> bytes:
+def chunk_prefix(
+    sha256: bytes, offset: int, page_bytes: int, data_bytes: int, xxh3: bytes = b""
+) -> bytes:
     """Everything of one PageBlock entry that precedes its data bytes.
 
-    That is the entry's key and length, then PageChunk fields 1-3 and the key
-    and length of field 4, so `chunk_prefix(...) + data` is the whole entry.
+    That is the entry's key and length, then PageChunk fields 1-4 and the key
+    and length of field 5, so `chunk_prefix(...) + data` is the whole entry.
     """
     head = _key(1, _WIRE_LEN) + _varint(len(sha256)) + sha256
     if offset:
         head += _key(2, _WIRE_VARINT) + _varint(offset)
     if page_bytes:
         head += _key(3, _WIRE_VARINT) + _varint(page_bytes)
+    if xxh3:
+        head += _key(4, _WIRE_LEN) + _varint(len(xxh3)) + xxh3
     if data_bytes:
-        head += _key(4, _WIRE_LEN) + _varint(data_bytes)
+        head += _key(5, _WIRE_LEN) + _varint(data_bytes)
     return _key(1, _WIRE_LEN) + _varint(len(head) + data_bytes) + head
 
 
@@ -82,7 +87,7 @@ def encode_page_block(field: int, chunks: Iterable[Chunk]) -> bytes:
     parts: list[bytes | memoryview] = []
     for chunk in chunks:
         size = len(chunk.data)
-        parts.append(chunk_prefix(chunk.sha256, chunk.offset, chunk.page_bytes, size))
+        parts.append(chunk_prefix(chunk.sha256, chunk.offset, chunk.page_bytes, size, chunk.xxh3))
         if size:
             parts.append(chunk.data)
     block_bytes = sum(len(part) for part in parts)
@@ -96,12 +101,13 @@ def encode_submessage(field: int, payload: bytes) -> bytes:
 
 def chunk_overhead_bytes(page_bytes: int) -> int:
     """Upper bound of the framing bytes one chunk adds to a block."""
-    return len(chunk_prefix(b"\0" * 32, page_bytes, page_bytes, page_bytes))
+    return len(chunk_prefix(b"\0" * 32, page_bytes, page_bytes, page_bytes, b"\0" * 16))
 
 
 def split_pages(
     pages: Iterable[tuple[bytes, memoryview | bytes]],
     payload_bytes: int = BLOCK_PAYLOAD_BYTES,
+    checksums: Mapping[bytes, bytes] | None = None,
 ) -> Iterator[list[Chunk]]:
     """Group (sha256, page bytes) into lists of chunks that fit one message.
 
@@ -111,6 +117,7 @@ def split_pages(
     batch: list[Chunk] = []
     used = 0
     for sha, data in pages:
+        xxh3 = (checksums or {}).get(sha, b"")
         view = memoryview(data).cast("B")
         total = len(view)
         overhead = chunk_overhead_bytes(total)
@@ -120,7 +127,7 @@ def split_pages(
         offset = 0
         while offset < total:
             take = min(payload_bytes - used - overhead, total - offset)
-            batch.append(Chunk(sha, offset, total, view[offset : offset + take]))
+            batch.append(Chunk(sha, offset, total, view[offset : offset + take], xxh3))
             used += overhead + take
             offset += take
             if offset < total:
@@ -177,7 +184,7 @@ def _fields(buf: memoryview, pos: int, end: int) -> Iterator[tuple[int, int, int
 
 
 def _decode_chunk(buf: memoryview) -> Chunk:
-    sha = b""
+    sha = xxh3 = b""
     offset = page_bytes = 0
     data: memoryview = buf[0:0]
     for field, wire_type, value in _fields(buf, 0, len(buf)):
@@ -188,8 +195,10 @@ def _decode_chunk(buf: memoryview) -> Chunk:
         elif field == 3 and wire_type == _WIRE_VARINT:
             page_bytes = value
         elif field == 4 and wire_type == _WIRE_LEN:
+            xxh3 = bytes(value)
+        elif field == 5 and wire_type == _WIRE_LEN:
             data = value
-    return Chunk(sha, offset, page_bytes, data)
+    return Chunk(sha, offset, page_bytes, data, xxh3)
 
 
 def decode_page_block(buf: memoryview) -> list[Chunk]:

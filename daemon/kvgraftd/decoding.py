@@ -16,6 +16,7 @@ class DecodeOptions:
     seed: int = 0
     no_cache: bool = False  # compute everything, graft nothing
     deposit: bool = False  # store the finished context
+    return_logits: bool = False  # hand back the logits vectors with the result
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -34,3 +35,5 @@ class ResultEvent:
     receipt: pb.Receipt
     text: str
     artifact_id: str
+    prompt_logits: bytes = b""  # float32 little-endian, when asked for
+    generated_logits: tuple[bytes, ...] = ()

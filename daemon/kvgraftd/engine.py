@@ -189,6 +189,7 @@ class Engine:
         full_id = self.store.resolve(artifact_id)
         manifest = self.store.get_record(full_id).manifest()
         self._check_compatible(manifest, full_id)
+        self._check_tokens(manifest.token_ids)
         self._check_length(len(manifest.token_ids) + len(continuation) + options.max_new_tokens)
         context = KvContext(self.adapter.geometry, self.page_tokens, self.block_tokens)
         if options.no_cache:
@@ -229,6 +230,8 @@ class Engine:
         )
         generator = torch.Generator().manual_seed(options.seed)
         generated_digest = hashlib.sha256()
+        prompt_logits = logits_bytes(logits) if options.return_logits else b""
+        generated_logits: list[bytes] = []
         for _ in range(options.max_new_tokens):
             if options.greedy:
                 token = int(torch.argmax(logits))
@@ -238,7 +241,10 @@ class Engine:
             receipt.generated_token_ids.append(token)
             yield TokenEvent(token, self.adapter.decode([token]))
             logits = self._append(context, [token])
-            generated_digest.update(logits_bytes(logits))
+            step = logits_bytes(logits)
+            generated_digest.update(step)
+            if options.return_logits:
+                generated_logits.append(step)
             computed += 1
             if token in self.adapter.eos_token_ids:
                 break
@@ -246,9 +252,8 @@ class Engine:
         artifact_id = self._deposit(context, receipt, options.labels) if options.deposit else ""
         receipt.reused_tokens, receipt.computed_tokens = reused, computed
         receipt.grafted_artifact_id = grafted_id
-        yield ResultEvent(
-            receipt, self.adapter.decode(list(receipt.generated_token_ids)), artifact_id
-        )
+        text = self.adapter.decode(list(receipt.generated_token_ids))
+        yield ResultEvent(receipt, text, artifact_id, prompt_logits, tuple(generated_logits))
 
     def _deposit(self, context: KvContext, receipt: pb.Receipt, labels: Mapping[str, str]) -> str:
         """Store the context. The manifest keeps the run-independent part of the receipt,
@@ -278,6 +283,7 @@ class Engine:
         full_id = self.store.resolve(artifact_id)
         manifest = self.store.get_record(full_id).manifest()
         self._check_compatible(manifest, full_id)
+        self._check_tokens(manifest.token_ids)
         context = KvContext(self.adapter.geometry, self.page_tokens, self.block_tokens)
         after_segment = self._replay(context, manifest)
         stored = manifest.receipt

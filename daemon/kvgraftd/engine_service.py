@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the engine imports torch; a store-only daemon never does
 log = logging.getLogger(__name__)
 
 MAX_NEW_TOKENS = 4096
+MAX_LOGITS_STEPS = 16
 
 
 class EngineService:
@@ -72,8 +73,15 @@ class EngineService:
 
     # ------------------------------------------------------------------
     def describe(self, response: pb.InfoResponse) -> None:
-        """Fill the model fields of an InfoResponse once the engine is ready."""
-        if self._engine is not None:
+        """Fill the model fields of an InfoResponse (all of them once the engine is ready)."""
+        if not self._enabled:
+            response.model_state = "none"
+        elif not self._ready.is_set():
+            response.model_state = "loading"
+        elif self._engine is None:
+            response.model_state = f"failed: {self._error}"
+        else:
+            response.model_state = "ready"
             engine = self._engine
             response.model_name = engine.adapter.name
             response.model_fingerprint = engine.fingerprint
@@ -99,6 +107,11 @@ class EngineService:
     ) -> DecodeOptions:
         if options.max_new_tokens > MAX_NEW_TOKENS:
             raise InvalidArgument(f"max_new_tokens is at most {MAX_NEW_TOKENS}")
+        if options.return_logits and options.max_new_tokens > MAX_LOGITS_STEPS:
+            raise InvalidArgument(
+                f"return_logits allows at most {MAX_LOGITS_STEPS} generated steps (the vectors "
+                "travel in one message); generate fewer tokens"
+            )
         greedy = options.greedy if options.HasField("greedy") else True
         temperature = options.temperature or 1.0
         if not greedy and not temperature > 0:
@@ -110,6 +123,7 @@ class EngineService:
             seed=options.seed,
             no_cache=options.no_cache,
             deposit=options.deposit,
+            return_logits=options.return_logits,
             labels={**dict(options.labels), **(labels or {})},
         )
 
@@ -118,7 +132,11 @@ class EngineService:
         for event in events:
             if isinstance(event, ResultEvent):
                 result = pb.GenerateResult(
-                    receipt=event.receipt, text=event.text, deposited_artifact_id=event.artifact_id
+                    receipt=event.receipt,
+                    text=event.text,
+                    deposited_artifact_id=event.artifact_id,
+                    prompt_logits=event.prompt_logits,
+                    generated_logits=event.generated_logits,
                 )
                 yield pb.GenerateResponse(result=result)
             else:

@@ -198,8 +198,8 @@ class ModelAdapter:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, token_ids: list[int]) -> str:
-        if self.tokenizer is None:
-            return " ".join(map(str, token_ids))
+        if self.tokenizer is None:  # test models: show the ids
+            return "".join(f" {token}" for token in token_ids)
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
     def rope_description(self) -> dict[str, Any]:

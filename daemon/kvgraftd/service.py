@@ -147,8 +147,8 @@ class StoreService:
                 yield self._framed(batch, sizes)
                 batch, used = [], 0
             if cost > budget:  # a page larger than one message travels in pieces
-                data = self._store.read_page(digest)
-                for chunks in wire.split_pages([(digest, data)], budget):
+                data, checksum = self._store.read_page(digest)
+                for chunks in wire.split_pages([(digest, data)], budget, {digest: checksum}):
                     yield wire.encode_page_block(wire.GET_PAGES, chunks)
                 continue
             batch.append(digest)
@@ -157,10 +157,19 @@ class StoreService:
             yield self._framed(batch, sizes)
 
     def _framed(self, digests: list[bytes], sizes: dict[bytes, int]) -> bytes:
-        prefixes = [wire.chunk_prefix(d, 0, sizes[d], sizes[d]) for d in digests]
-        block_bytes = sum(len(p) for p in prefixes) + sum(sizes[d] for d in digests)
-        prefixes[0] = wire.envelope_prefix(wire.GET_PAGES, block_bytes) + prefixes[0]
-        return self._store.read_pages_joined(digests, prefixes)
+        """One GetArtifactResponse holding whole pages, framed as they are read."""
+        placeholder = b"\0" * 16  # xxh3 is read with the page; its length is fixed
+        block_bytes = sum(
+            len(wire.chunk_prefix(d, 0, sizes[d], sizes[d], placeholder)) + sizes[d]
+            for d in digests
+        )
+        head = wire.envelope_prefix(wire.GET_PAGES, block_bytes)
+
+        def frame(index: int, digest: bytes, checksum: bytes, size: int) -> bytes:
+            prefix = wire.chunk_prefix(digest, 0, size, size, checksum)
+            return head + prefix if index == 0 else prefix
+
+        return self._store.read_pages_framed(digests, frame)
 
     def missing_pages(self, request: pb.MissingPagesRequest) -> pb.MissingPagesResponse:
         if len(request.sha256) > MAX_MISSING_QUERY:

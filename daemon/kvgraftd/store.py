@@ -17,9 +17,12 @@ Invariants:
 * Pages received before their manifest may be staged (persisted but
   referenced by nothing, invisible to readers of artifacts) so a cut transfer
   resumes; staged pages nobody claims are collected after a grace period.
-* The map is opened with writemap (fast durable writes). A full disk under a
-  writable map kills the process with SIGBUS, so every write transaction
-  first checks free space and refuses with ResourceExhausted instead.
+* The map is read-only to the process; LMDB writes pages with pwrite and
+  syncs before a commit returns. (A writable map is slower for large values
+  on the disks measured here, and a full disk under it kills the process with
+  SIGBUS.) A write that would eat into `min_free_bytes` is refused with
+  ResourceExhausted before it starts, counting the space LMDB can reuse inside
+  its file; a disk that fills anyway fails the write cleanly, never the process.
 
 This is the only module that imports lmdb. It must not know about gRPC.
 """
@@ -32,7 +35,7 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +69,10 @@ PAGE_CHECKSUM_BYTES = 16  # xxh3-128 ahead of each stored page
 _U64 = struct.Struct("<Q")
 _SEQ = struct.Struct(">Q")
 _LMDB_PAGE_BYTES = 4096
+
+
+# frame(index, sha256, xxh3, size) -> the bytes that precede a page (read_pages_framed)
+Framer = Callable[[int, bytes, bytes, int], bytes]
 
 
 def page_record(data: bytes | memoryview) -> bytes:
@@ -153,7 +160,7 @@ class Store:
             map_size=initial_map_bytes,
             max_dbs=8,
             max_readers=1024,
-            writemap=True,
+            writemap=False,
         )
         self._db = {
             name: self._env.open_db(name.encode())
@@ -190,21 +197,40 @@ class Store:
                         return body(txn)
                 except lmdb.MapFullError:
                     self._grow_map(needed_bytes)
+                except lmdb.Error as exc:
+                    if "No space left" not in str(exc):
+                        raise
+                    raise ResourceExhausted(
+                        f"the disk holding {self.path} is full; nothing was written. Free disk "
+                        "space or delete artifacts (kvgraft rm ID)."
+                    ) from None
 
     def _check_free_space(self, needed_bytes: int) -> None:
+        # Writes without page data (deletes, pins) may use the reserve: they
+        # are how an operator frees space.
+        if not needed_bytes:
+            return
         free = shutil.disk_usage(self.path).free
         # LMDB rounds values up to whole 4 KiB pages and copies tree pages.
         needed = needed_bytes + needed_bytes // 16 + (1 << 20)
-        # Writes without page data (deletes, pins) may use the reserve: they
-        # are how an operator frees space.
-        reserve = self._min_free_bytes if needed_bytes else 0
-        if free - needed < reserve:
+        # Pages freed by deletes are reused before the file grows.
+        growth = max(0, needed - self._reusable_bytes())
+        if free - growth < self._min_free_bytes:
             raise ResourceExhausted(
-                f"the disk holding {self.path} has {free >> 20} MiB free; this write needs "
-                f"{needed >> 20} MiB and kvgraftd keeps min_free_bytes="
-                f"{self._min_free_bytes >> 20} MiB in reserve. Free disk space or delete "
-                "artifacts (kvgraft rm ID)."
+                f"the disk holding {self.path} has {_mib(free)} free; this write needs "
+                f"{_mib(growth)} more and kvgraftd keeps "
+                f"min_free_bytes={_mib(self._min_free_bytes)} in reserve. Free disk space, "
+                "delete artifacts (kvgraft rm ID) or lower --min-free-bytes."
             )
+
+    def _reusable_bytes(self) -> int:
+        """Bytes of LMDB's file that no tree uses (freed pages, reused before growing)."""
+        with self._read() as txn:
+            used = sum(
+                stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+                for stat in [txn.stat(db) for db in self._db.values()] + [self._env.stat()]
+            )
+        return max(0, self._env.info()["last_pgno"] + 1 - 2 - used) * _LMDB_PAGE_BYTES
 
     def _grow_map(self, needed_bytes: int) -> None:
         current = self._env.info()["map_size"]
@@ -254,28 +280,36 @@ class Store:
                     dest[:] = 0  # never leave corrupt bytes where a caller may look
                     raise DataLoss(_corrupt_message(digest))
 
-    def read_page(self, digest: bytes) -> bytes:
-        return self.read_pages_joined([digest], [b""])
+    def read_page(self, digest: bytes) -> tuple[bytes, bytes]:
+        """One page's bytes and xxh3-128, verified."""
+        checksum: list[bytes] = []
+        data = self.read_pages_framed(
+            [digest], lambda i, d, xxh3, size: checksum.append(xxh3) or b""
+        )
+        return data, checksum[0]
 
-    def read_pages_joined(self, digests: Sequence[bytes], prefixes: Sequence[bytes]) -> bytes:
-        """prefixes[0] + page 0 + prefixes[1] + page 1 + ..., every page verified.
+    def read_pages_framed(self, digests: Sequence[bytes], frame: Framer) -> bytes:
+        """frame(0, ...) + page 0 + frame(1, ...) + page 1 + ..., every page verified.
 
-        Used to frame pages into one wire message with a single copy.
+        `frame(index, sha256, xxh3, size)` gives the bytes that precede page
+        `index`. Used to put pages on the wire with a single copy.
         """
         pages = self._db["pages"]
         parts: list[bytes | memoryview] = []
         checks: list[tuple[bytes, bytes, int, int]] = []
         offset = 0
         with self._read() as txn:
-            for digest, prefix in zip(digests, prefixes, strict=True):
+            for index, digest in enumerate(digests):
                 record = txn.get(digest, db=pages)
                 if record is None:
                     raise NotFound(f"page {digest.hex()[:16]} is not in the store")
                 view = memoryview(record)
+                checksum = bytes(view[:PAGE_CHECKSUM_BYTES])
+                size = len(view) - PAGE_CHECKSUM_BYTES
+                prefix = frame(index, digest, checksum, size)
                 parts += (prefix, view[PAGE_CHECKSUM_BYTES:])
                 offset += len(prefix)
-                size = len(view) - PAGE_CHECKSUM_BYTES
-                checks.append((digest, bytes(view[:PAGE_CHECKSUM_BYTES]), offset, size))
+                checks.append((digest, checksum, offset, size))
                 offset += size
             joined = b"".join(parts)
         out = memoryview(joined)
@@ -609,6 +643,10 @@ def _corrupt_message(digest: bytes) -> str:
         f"page {digest.hex()[:16]} is corrupt on disk (checksum mismatch); it was not served. "
         "Restore the store from a replica or re-deposit the artifact."
     )
+
+
+def _mib(count: int) -> str:
+    return f"{count / (1 << 20):.1f} MiB"
 
 
 def _now_ms() -> int:

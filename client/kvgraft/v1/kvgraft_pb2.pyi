@@ -98,16 +98,18 @@ class Manifest(_message.Message):
     def __init__(self, format_version: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., layout: _Optional[_Union[KvLayout, _Mapping]] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., segment_ends: _Optional[_Iterable[int]] = ..., page_sha256: _Optional[_Iterable[bytes]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class PageChunk(_message.Message):
-    __slots__ = ("sha256", "offset", "page_bytes", "data")
+    __slots__ = ("sha256", "offset", "page_bytes", "xxh3", "data")
     SHA256_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    XXH3_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     sha256: bytes
     offset: int
     page_bytes: int
+    xxh3: bytes
     data: bytes
-    def __init__(self, sha256: _Optional[bytes] = ..., offset: _Optional[int] = ..., page_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, sha256: _Optional[bytes] = ..., offset: _Optional[int] = ..., page_bytes: _Optional[int] = ..., xxh3: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class PageBlock(_message.Message):
     __slots__ = ("chunks",)
@@ -223,7 +225,7 @@ class DepositResponse(_message.Message):
     def __init__(self, artifact_id: _Optional[str] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
 
 class GenerateOptions(_message.Message):
-    __slots__ = ("max_new_tokens", "greedy", "no_cache", "deposit", "temperature", "seed", "labels")
+    __slots__ = ("max_new_tokens", "greedy", "no_cache", "deposit", "temperature", "seed", "labels", "return_logits")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +240,7 @@ class GenerateOptions(_message.Message):
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_LOGITS_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     greedy: bool
     no_cache: bool
@@ -245,7 +248,8 @@ class GenerateOptions(_message.Message):
     temperature: float
     seed: int
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, max_new_tokens: _Optional[int] = ..., greedy: _Optional[bool] = ..., no_cache: _Optional[bool] = ..., deposit: _Optional[bool] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    return_logits: bool
+    def __init__(self, max_new_tokens: _Optional[int] = ..., greedy: _Optional[bool] = ..., no_cache: _Optional[bool] = ..., deposit: _Optional[bool] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., return_logits: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt", "options")
@@ -282,14 +286,18 @@ class GeneratedToken(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
 
 class GenerateResult(_message.Message):
-    __slots__ = ("receipt", "text", "deposited_artifact_id")
+    __slots__ = ("receipt", "text", "deposited_artifact_id", "prompt_logits", "generated_logits")
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     DEPOSITED_ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGITS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_LOGITS_FIELD_NUMBER: _ClassVar[int]
     receipt: Receipt
     text: str
     deposited_artifact_id: str
-    def __init__(self, receipt: _Optional[_Union[Receipt, _Mapping]] = ..., text: _Optional[str] = ..., deposited_artifact_id: _Optional[str] = ...) -> None: ...
+    prompt_logits: bytes
+    generated_logits: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, receipt: _Optional[_Union[Receipt, _Mapping]] = ..., text: _Optional[str] = ..., deposited_artifact_id: _Optional[str] = ..., prompt_logits: _Optional[bytes] = ..., generated_logits: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("artifact_id",)
@@ -416,7 +424,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("version", "store_format_version", "page_tokens", "model_fingerprint", "profile", "model_name", "tiers")
+    __slots__ = ("version", "store_format_version", "page_tokens", "model_fingerprint", "profile", "model_name", "tiers", "model_state")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -424,6 +432,7 @@ class InfoResponse(_message.Message):
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_STATE_FIELD_NUMBER: _ClassVar[int]
     version: str
     store_format_version: int
     page_tokens: int
@@ -431,7 +440,8 @@ class InfoResponse(_message.Message):
     profile: ComputeProfile
     model_name: str
     tiers: _containers.RepeatedCompositeFieldContainer[TierInfo]
-    def __init__(self, version: _Optional[str] = ..., store_format_version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., model_name: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ...) -> None: ...
+    model_state: str
+    def __init__(self, version: _Optional[str] = ..., store_format_version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., model_name: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., model_state: _Optional[str] = ...) -> None: ...
 
 class TierInfo(_message.Message):
     __slots__ = ("name", "capacity_bytes", "used_bytes", "hits", "misses", "evictions", "bytes_streamed", "peak_bytes")
