@@ -52,7 +52,7 @@ class Client:
         self.address = address or default_server()
         self.timeout_s = timeout_s
         self.transfer_timeout_s = transfer_timeout_s
-        self._channel = grpc.insecure_channel(self.address)
+        self._channel = grpc.insecure_channel(self.address, options=wire.CHANNEL_OPTIONS)
         self._stub = pb_grpc.KvgraftStub(self._channel)
         method = f"/{pb.DESCRIPTOR.services_by_name['Kvgraft'].full_name}/"
         self._put = self._channel.stream_unary(

@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from kvgraft import wire
 from kvgraft.errors import InvalidArgument, KvgraftError
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine_service import EngineService
@@ -181,7 +182,7 @@ def create_server(
     """Build (not start) the server; returns it, the bound port and the health servicer."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
-        options=[("grpc.so_reuseport", 0)],
+        options=[("grpc.so_reuseport", 0), *wire.CHANNEL_OPTIONS],
     )
     counter = CallCounter()
     server.add_generic_rpc_handlers(

@@ -159,10 +159,8 @@ class StoreService:
     def _framed(self, digests: list[bytes], sizes: dict[bytes, int]) -> bytes:
         """One GetArtifactResponse holding whole pages, framed as they are read."""
         placeholder = b"\0" * 16  # xxh3 is read with the page; its length is fixed
-        block_bytes = sum(
-            len(wire.chunk_prefix(d, 0, sizes[d], sizes[d], placeholder)) + sizes[d]
-            for d in digests
-        )
+        prefixes = [wire.chunk_prefix(d, 0, sizes[d], sizes[d], placeholder) for d in digests]
+        block_bytes = sum(map(len, prefixes)) + sum(sizes[d] for d in digests)
         head = wire.envelope_prefix(wire.GET_PAGES, block_bytes)
 
         def frame(index: int, digest: bytes, checksum: bytes, size: int) -> bytes:
