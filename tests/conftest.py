@@ -47,3 +47,22 @@ def daemon(start_daemon) -> DaemonProcess:
 def client(daemon: DaemonProcess) -> Iterator[Client]:
     with Client(daemon.address, timeout_s=30) as c:
         yield c
+
+
+# The real default model, converted from its GGUF once and cached here across
+# test runs (the conversion takes ~30 s; a cached load ~2 s). Ignored by git.
+MODEL_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "models"
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """The default model's adapter, loaded in-process (once per session)."""
+    from kvgraftd.model_adapter import ModelAdapter
+
+    return ModelAdapter.load(None, MODEL_CACHE)
+
+
+@pytest.fixture(scope="session")
+def real_model_args(real_model) -> list[str]:
+    """Daemon flags serving the default model from the shared cache (already converted)."""
+    return ["--model", "", "--model-cache", str(MODEL_CACHE)]

@@ -101,3 +101,18 @@ class DaemonProcess:
                 self.terminate(30)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def wait_model_ready(address: str, timeout_s: float = 300.0) -> None:
+    """Block until the daemon at `address` reports its model ready (it loads in the background)."""
+    from kvgraft import Client
+
+    deadline = time.monotonic() + timeout_s
+    with Client(address) as client:
+        while True:
+            state = client.info().model_state
+            if state == "ready":
+                return
+            if state.startswith("failed") or state == "none" or time.monotonic() > deadline:
+                raise RuntimeError(f"the model at {address} is not ready: {state}")
+            time.sleep(0.2)

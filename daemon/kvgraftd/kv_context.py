@@ -137,14 +137,19 @@ class KvContext:
         assert self.length == 0, "grafts start from an empty context"
         total = len(token_ids)
         self._reserve(total)
-        kv_heads, dim = self.geometry.kv_heads, self.geometry.head_dim
+        kv_heads, dim, page = self.geometry.kv_heads, self.geometry.head_dim, self.page_tokens
+        whole = total // page
         for layer, raw in enumerate(layer_pages):
             flat = torch.from_numpy(raw).view(torch.float32)
-            offset = 0
-            for begin in range(0, total, self.page_tokens):
-                t = min(self.page_tokens, total - begin)
-                page = flat[offset : offset + 2 * kv_heads * t * dim].view(2, kv_heads, t, dim)
-                self._keys[layer][:, begin : begin + t] = page[0]
-                self._values[layer][:, begin : begin + t] = page[1]
-                offset += 2 * kv_heads * t * dim
+            # Whole pages in one strided copy per tensor: [pages, 2, kv_heads, page, D]
+            # -> [kv_heads, pages * page, D].
+            pages = flat[: whole * 2 * kv_heads * page * dim].view(whole, 2, kv_heads, page, dim)
+            for buffers, part in ((self._keys, 0), (self._values, 1)):
+                target = buffers[layer][:, : whole * page].view(kv_heads, whole, page, dim)
+                target.copy_(pages[:, part].transpose(0, 1))
+            tail = total - whole * page
+            if tail:
+                last = flat[whole * 2 * kv_heads * page * dim :].view(2, kv_heads, tail, dim)
+                self._keys[layer][:, whole * page : total] = last[0]
+                self._values[layer][:, whole * page : total] = last[1]
         self.token_ids = list(token_ids)
