@@ -26,14 +26,15 @@ import hashlib
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 
-import numpy as np
 import torch
 
 from kvgraft.artifact import Artifact, page_sizes
 from kvgraft.errors import FailedPrecondition, InvalidArgument
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.decoding import DecodeOptions, ResultEvent, TokenEvent
-from kvgraftd.kv_context import KvContext
+from kvgraftd.device_pool import DevicePool
+from kvgraftd.host_cache import HostCache
+from kvgraftd.kv_context import KvContext, Tiers
 from kvgraftd.model_adapter import ModelAdapter
 from kvgraftd.receipts import (
     compute_profile,
@@ -54,16 +55,21 @@ class Engine:
         page_tokens: int = 64,
         block_tokens: int = 4096,
         max_context_tokens: int = 32768,
+        tiers: Tiers | None = None,
     ) -> None:
         pin_determinism()
         self.adapter = adapter
         self.store = store
+        g = adapter.geometry
+        # Without explicit tiers: an unbounded pool (everything resident), no host cache.
+        self.tiers = tiers or Tiers(
+            DevicePool(0, (2, g.kv_heads, block_tokens, g.head_dim)), HostCache(store, 0)
+        )
         self.page_tokens = page_tokens
         self.block_tokens = block_tokens
         self.max_context_tokens = max_context_tokens
         self.fingerprint = adapter.fingerprint
         self.profile = compute_profile(page_tokens, block_tokens)
-        g = adapter.geometry
         self.layout = pb.KvLayout(
             num_layers=g.num_layers,
             kv_heads=g.kv_heads,
@@ -74,6 +80,9 @@ class Engine:
 
     # ------------------------------------------------------------------
     # the one compute path
+
+    def _context(self) -> KvContext:
+        return KvContext(self.adapter.geometry, self.page_tokens, self.block_tokens, self.tiers)
 
     def _forward(self, context: KvContext, chunk: list[int]) -> torch.Tensor:
         with self._compute:
@@ -129,24 +138,6 @@ class Engine:
                 "fresh run here: recompute it (Generate with no_cache and deposit)"
             )
 
-    def _load(
-        self, context: KvContext, token_ids: Sequence[int], page_sha256: Sequence[bytes]
-    ) -> None:
-        """Graft pages (page-major hashes) holding the KV of `token_ids` into an empty context."""
-        layers = self.layout.num_layers
-        element_bytes = 2 * self.layout.kv_heads * self.layout.head_dim * 4
-        total = len(token_ids)
-        per_layer = [np.empty(total * element_bytes, np.uint8) for _ in range(layers)]
-        digests, dests = [], []
-        for position, digest in enumerate(page_sha256):
-            page, layer = divmod(position, layers)
-            begin = page * self.page_tokens * element_bytes
-            end = min((page + 1) * self.page_tokens, total) * element_bytes
-            digests.append(digest)
-            dests.append(per_layer[layer][begin:end])
-        self.store.read_pages_into(digests, dests)
-        context.load_pages(list(token_ids), per_layer)
-
     def lookup(self, token_ids: Sequence[int]) -> int:
         """Whole stored pages matching the start of `token_ids`."""
         return len(self._matched_pages(token_ids, len(token_ids) // self.page_tokens))
@@ -168,16 +159,16 @@ class Engine:
             raise InvalidArgument("the prompt is empty: give text or at least one token id")
         self._check_tokens(prompt)
         self._check_length(len(prompt) + options.max_new_tokens)
-        context = KvContext(self.adapter.geometry, self.page_tokens, self.block_tokens)
-        reused = 0
-        if not options.no_cache:
-            entries = self._matched_pages(prompt, (len(prompt) - 1) // self.page_tokens)
-            if entries:
-                reused = len(entries) * self.page_tokens
-                hashes = [digest for entry in entries for digest in entry.page_sha256]
-                self._load(context, prompt[:reused], hashes)
-        logits = self._append(context, prompt[reused:])
-        yield from self._decode(context, logits, options, reused, len(prompt) - reused, "")
+        with self._context() as context:
+            reused = 0
+            if not options.no_cache:
+                entries = self._matched_pages(prompt, (len(prompt) - 1) // self.page_tokens)
+                if entries:
+                    reused = len(entries) * self.page_tokens
+                    hashes = [digest for entry in entries for digest in entry.page_sha256]
+                    context.attach(prompt[:reused], hashes)
+            logits = self._append(context, prompt[reused:])
+            yield from self._decode(context, logits, options, reused, len(prompt) - reused, "")
 
     def graft(
         self, artifact_id: str, continuation: Sequence[int], options: DecodeOptions
@@ -191,19 +182,19 @@ class Engine:
         self._check_compatible(manifest, full_id)
         self._check_tokens(manifest.token_ids)
         self._check_length(len(manifest.token_ids) + len(continuation) + options.max_new_tokens)
-        context = KvContext(self.adapter.geometry, self.page_tokens, self.block_tokens)
-        if options.no_cache:
-            self._replay(context, manifest)
-            reused, computed = 0, len(manifest.token_ids)
-        else:
-            self._load(context, manifest.token_ids, manifest.page_sha256)
-            context.segment_ends = list(manifest.segment_ends)
-            reused, computed = len(manifest.token_ids), 0
-        logits = self._append(context, continuation)
-        computed += len(continuation)
-        yield from self._decode(
-            context, logits, options, reused, computed, full_id if reused else ""
-        )
+        with self._context() as context:
+            if options.no_cache:
+                self._replay(context, manifest)
+                reused, computed = 0, len(manifest.token_ids)
+            else:
+                context.attach(manifest.token_ids, manifest.page_sha256)
+                context.segment_ends = list(manifest.segment_ends)
+                reused, computed = len(manifest.token_ids), 0
+            logits = self._append(context, continuation)
+            computed += len(continuation)
+            yield from self._decode(
+                context, logits, options, reused, computed, full_id if reused else ""
+            )
 
     def _replay(self, context: KvContext, manifest: pb.Manifest) -> list[torch.Tensor]:
         """Recompute an artifact's segments from nothing; logits after each segment."""
@@ -284,8 +275,13 @@ class Engine:
         manifest = self.store.get_record(full_id).manifest()
         self._check_compatible(manifest, full_id)
         self._check_tokens(manifest.token_ids)
-        context = KvContext(self.adapter.geometry, self.page_tokens, self.block_tokens)
-        after_segment = self._replay(context, manifest)
+        layers = self.layout.num_layers
+        with self._context() as context:
+            after_segment = self._replay(context, manifest)
+            computed = [
+                hashlib.sha256(context.page_bytes(*divmod(position, layers))).digest()
+                for position in range(len(manifest.page_sha256))
+            ]
         stored = manifest.receipt
         generated = len(stored.generated_token_ids)
         prompt_segments = len(manifest.segment_ends) - generated
@@ -306,12 +302,11 @@ class Engine:
             profile=self.profile,
         )
         mismatches = [
-            f"page {position // self.layout.num_layers} layer {position % self.layout.num_layers}"
-            for position, digest in enumerate(manifest.page_sha256)
-            if hashlib.sha256(
-                context.page_bytes(*divmod(position, self.layout.num_layers))
-            ).digest()
-            != digest
+            f"page {position // layers} layer {position % layers}"
+            for position, (digest, fresh) in enumerate(
+                zip(manifest.page_sha256, computed, strict=True)
+            )
+            if fresh != digest
         ]
         if manifest.HasField("receipt"):
             for name in (

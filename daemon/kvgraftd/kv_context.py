@@ -1,28 +1,76 @@
-"""The KV of one inference context, and attention over it in a fixed block order.
+"""The KV of one inference context, and attention over it block by block through the tiers.
 
-Per layer, K and V live in growable buffers [kv_heads, capacity, head_dim]
-(float32). A forward pass over a chunk of tokens at positions [start,
-start + n) first writes the chunk's K and V into the buffers, then attends
-over positions [0, start + n) block by block (`block_tokens` keys at a
-time, always the same block boundaries) with an online softmax whose running
-max, sum and output are merged in block order. Whether a position's KV was
-computed here or grafted from stored pages, the attention reads the same
-bytes in the same order through the same operations, so the logits are
-bitwise the same (DESIGN.md, contract items 1, 2 and 5).
+Positions [0, stored_tokens) are *stored*: whole attention blocks of pages
+that live in the store (grafted, never copied into the context); their
+bytes reach attention through the host cache and the device pool. Positions
+[stored_tokens, length) are *live*: computed here or loaded from a partial
+block, kept in growable host buffers [kv_heads, capacity, head_dim].
+
+A forward pass over a chunk at positions [start, start + n) first writes the
+chunk's K and V into the live buffers, then attends over [0, start + n) one
+block of `block_tokens` keys at a time, in block order, each block read from
+a device-pool slot, merging partial results with an online softmax (running
+max, sum and output) in that same order. A block's slot holds exactly the
+bytes of its source, so the logits do not depend on where a block came from
+or on the device budget (DESIGN.md, contract 5); device memory is the pool's
+budget whatever the context length. While one block is attended, the next
+immutable one is brought into the pool on a background thread.
 
 Pages are the unit of storage: page p of layer l holds positions
-[p * page_tokens, (p + 1) * page_tokens) as K then V, each [kv_heads, t,
-head_dim]. `page_bytes` copies one out; `load_pages` copies pages in.
+[p * page_tokens, (p + 1) * page_tokens) as K then V, each [kv_heads, t, D].
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
 import numpy as np
 import torch
 
+from kvgraftd.device_pool import DevicePool, Slot
+from kvgraftd.host_cache import HostCache
 from kvgraftd.model_adapter import ModelGeometry
 
 _GROWTH_TOKENS = 1024
+_uids = itertools.count(1)
+
+
+class OnlineSoftmax:
+    """Attention of queries q [heads, n, D] at [q_start, ...) merged over key blocks in order."""
+
+    def __init__(self, q: torch.Tensor, kv_heads: int, q_start: int, scaling: float) -> None:
+        heads, n, dim = q.shape
+        group = heads // kv_heads
+        self._shape = (heads, n, dim)
+        self._q = q.reshape(kv_heads, group * n, dim)  # query head h reads kv head h // group
+        self._q_start = q_start
+        self._q_positions = torch.arange(q_start, q_start + n).repeat(group).unsqueeze(1)
+        self._scaling = scaling
+        self._max = torch.full((kv_heads, group * n, 1), float("-inf"), device=q.device)
+        self._sum = torch.zeros(kv_heads, group * n, 1, device=q.device)
+        self._acc = torch.zeros(kv_heads, group * n, dim, device=q.device)
+
+    def add(self, keys: torch.Tensor, values: torch.Tensor, begin: int) -> None:
+        """Keys and values [kv_heads, t, D] of positions [begin, begin + t)."""
+        end = begin + keys.shape[1]
+        scores = torch.bmm(self._q, keys.transpose(1, 2))  # [kv_heads, group * n, t]
+        scores.mul_(self._scaling)
+        if end > self._q_start + 1:  # some keys lie after some query: causal mask
+            k_positions = torch.arange(begin, end, device=keys.device).unsqueeze(0)
+            scores.masked_fill_(k_positions > self._q_positions.to(keys.device), float("-inf"))
+        new_max = torch.maximum(self._max, scores.amax(dim=-1, keepdim=True))
+        weights = torch.exp(scores - new_max)
+        correction = torch.exp(self._max - new_max)
+        self._sum = self._sum * correction + weights.sum(dim=-1, keepdim=True)
+        self._acc = self._acc * correction + torch.bmm(weights, values)
+        self._max = new_max
+
+    def result(self) -> torch.Tensor:
+        """[n, heads, D]."""
+        return (self._acc / self._sum).reshape(self._shape).transpose(0, 1)
 
 
 def blockwise_attention(
@@ -33,69 +81,98 @@ def blockwise_attention(
     block_tokens: int,
     scaling: float,
 ) -> torch.Tensor:
-    """Causal attention of queries at [q_start, q_start + n) over keys [0, q_start + n).
+    """Causal attention over resident keys/values [kv_heads, >= q_start + n, D] (a reference)."""
+    softmax = OnlineSoftmax(q, keys.shape[0], q_start, scaling)
+    for begin in range(0, q_start + q.shape[1], block_tokens):
+        end = min(begin + block_tokens, q_start + q.shape[1])
+        softmax.add(keys[:, begin:end], values[:, begin:end], begin)
+    return softmax.result()
 
-    q: [heads, n, D]; keys, values: [kv_heads, >= q_start + n, D]. Returns
-    [n, heads, D]. Query head h reads kv head h // (heads // kv_heads).
-    """
-    heads, n, dim = q.shape
-    kv_heads = keys.shape[0]
-    group = heads // kv_heads
-    total = q_start + n
-    qg = q.reshape(kv_heads, group * n, dim)  # [kv_heads, group * n, D]
-    q_positions = torch.arange(q_start, total).repeat(group).unsqueeze(1)  # [group * n, 1]
-    row_max = torch.full((kv_heads, group * n, 1), float("-inf"))
-    row_sum = torch.zeros(kv_heads, group * n, 1)
-    acc = torch.zeros(kv_heads, group * n, dim)
-    for begin in range(0, total, block_tokens):
-        end = min(begin + block_tokens, total)
-        scores = torch.bmm(qg, keys[:, begin:end].transpose(1, 2))  # [kv_heads, group * n, t]
-        scores.mul_(scaling)
-        if end > q_start + 1:  # some keys lie after some query
-            k_positions = torch.arange(begin, end).unsqueeze(0)  # [1, t]
-            scores.masked_fill_(k_positions > q_positions, float("-inf"))
-        new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
-        weights = torch.exp(scores - new_max)
-        correction = torch.exp(row_max - new_max)
-        row_sum = row_sum * correction + weights.sum(dim=-1, keepdim=True)
-        acc = acc * correction + torch.bmm(weights, values[:, begin:end])
-        row_max = new_max
-    out = (acc / row_sum).reshape(heads, n, dim)
-    return out.transpose(0, 1)  # [n, heads, D]
+
+class Tiers:
+    """The device pool, host cache and store, shared by every context of an engine."""
+
+    def __init__(self, pool: DevicePool, host: HostCache, prefetch: bool = True) -> None:
+        self.pool = pool
+        self.host = host
+        self._prefetcher = (
+            ThreadPoolExecutor(1, thread_name_prefix="prefetch") if prefetch else None
+        )
+        self._staging = threading.local()  # per-thread buffer for one block of pages
+
+    def staging(self, size: int) -> np.ndarray:
+        buffer = getattr(self._staging, "buffer", None)
+        if buffer is None or buffer.nbytes < size:
+            buffer = self._staging.buffer = np.empty(size, np.uint8)
+        return buffer[:size]
+
+    def prefetch(self, key, needed: int, fill) -> Future | None:
+        if self._prefetcher is None:
+            return None
+        return self._prefetcher.submit(self.pool.acquire, key, needed, fill, False)
 
 
 class KvContext:
     """Token ids, segments and per-layer KV of one context."""
 
-    def __init__(self, geometry: ModelGeometry, page_tokens: int, block_tokens: int) -> None:
+    def __init__(
+        self, geometry: ModelGeometry, page_tokens: int, block_tokens: int, tiers: Tiers
+    ) -> None:
         if block_tokens % page_tokens:
             raise ValueError("block_tokens must be a multiple of page_tokens")
         self.geometry = geometry
         self.page_tokens = page_tokens
         self.block_tokens = block_tokens
+        self.tiers = tiers
+        self.uid = next(_uids)
         self.token_ids: list[int] = []
         self.segment_ends: list[int] = []
+        self.stored_tokens = 0
+        self._stored_pages: list[Sequence[bytes]] = []  # per stored page: one hash per layer
         self._keys = [self._empty(0) for _ in range(geometry.num_layers)]
         self._values = [self._empty(0) for _ in range(geometry.num_layers)]
         self._chunk_start = 0
 
     def _empty(self, capacity: int) -> torch.Tensor:
-        return torch.zeros(self.geometry.kv_heads, capacity, self.geometry.head_dim)
+        # Live KV stays in host memory (pinned next to a GPU, for fast copies into slots).
+        pinned = self.tiers.pool.device.type == "cuda"
+        with torch.inference_mode(False):  # a normal tensor: writable on any thread
+            return torch.zeros(
+                self.geometry.kv_heads, capacity, self.geometry.head_dim, pin_memory=pinned
+            )
 
     @property
     def length(self) -> int:
         return len(self.token_ids)
 
     def _reserve(self, tokens: int) -> None:
+        live = tokens - self.stored_tokens
         capacity = self._keys[0].shape[1]
-        if tokens <= capacity:
+        if live <= capacity:
             return
-        grown = max(tokens, 2 * capacity, _GROWTH_TOKENS)
+        grown = max(live, 2 * capacity, _GROWTH_TOKENS)
         for buffers in (self._keys, self._values):
             for layer, old in enumerate(buffers):
                 new = self._empty(grown)
                 new[:, :capacity] = old
                 buffers[layer] = new
+
+    def __enter__(self) -> KvContext:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Forget this context's live blocks in the pool (stored ones may serve others)."""
+        blocks = -(-self.length // self.block_tokens)
+        self.tiers.pool.forget(
+            [
+                ("live", self.uid, layer, b)
+                for layer in range(self.geometry.num_layers)
+                for b in range(blocks)
+            ]
+        )
 
     # ------------------------------------------------------------------
     def begin_chunk(self, start: int, token_ids: list[int]) -> None:
@@ -112,11 +189,109 @@ class KvContext:
     ) -> torch.Tensor:
         """Store the chunk's k, v ([kv_heads, n, D]) for `layer`, then attend (q: [heads, n, D])."""
         start, n = self._chunk_start, k.shape[1]
-        self._keys[layer][:, start : start + n] = k
-        self._values[layer][:, start : start + n] = v
-        return blockwise_attention(
-            q, self._keys[layer], self._values[layer], start, self.block_tokens, scaling
-        )
+        live = start - self.stored_tokens
+        self._keys[layer][:, live : live + n] = k.to(self._keys[layer].device)
+        self._values[layer][:, live : live + n] = v.to(self._values[layer].device)
+        total = start + n
+        softmax = OnlineSoftmax(q, self.geometry.kv_heads, start, scaling)
+        plan = [self._block(layer, begin, total) for begin in range(0, total, self.block_tokens)]
+        pending: Future | None = None
+        for index, (key, needed, fill, _) in enumerate(plan):
+            slot: Slot | None = pending.result() if pending is not None else None
+            if slot is None:
+                slot = self.tiers.pool.acquire(key, needed, fill)
+            upcoming = plan[index + 1] if index + 1 < len(plan) else None
+            pending = self.tiers.prefetch(*upcoming[:3]) if upcoming and upcoming[3] else None
+            try:
+                softmax.add(
+                    slot.tensor[0, :, :needed],
+                    slot.tensor[1, :, :needed],
+                    index * self.block_tokens,
+                )
+            finally:
+                self.tiers.pool.release(slot)
+        return softmax.result()
+
+    def _block(self, layer: int, begin: int, total: int):
+        """(pool key, positions needed, fill, immutable) of the block starting at `begin`."""
+        needed = min(self.block_tokens, total - begin)
+        if begin < self.stored_tokens:
+            first = begin // self.page_tokens
+            digests = [
+                self._stored_pages[p][layer]
+                for p in range(first, first + needed // self.page_tokens)
+            ]
+            return ("stored", layer, *digests), needed, self._stored_fill(digests), True
+        keys, values = self._keys[layer], self._values[layer]
+        offset = begin - self.stored_tokens
+
+        def fill(slot: torch.Tensor, start: int, end: int) -> None:
+            slot[0, :, start:end].copy_(keys[:, offset + start : offset + end], non_blocking=True)
+            slot[1, :, start:end].copy_(values[:, offset + start : offset + end], non_blocking=True)
+
+        immutable = begin + needed <= self._chunk_start  # whole, and before this chunk
+        return ("live", self.uid, layer, begin // self.block_tokens), needed, fill, immutable
+
+    def _stored_fill(self, digests: list[bytes]):
+        kv_heads, dim, page = self.geometry.kv_heads, self.geometry.head_dim, self.page_tokens
+        page_bytes = 2 * kv_heads * page * dim * 4
+
+        def fill(slot: torch.Tensor, start: int, end: int) -> None:
+            staging = self.tiers.staging(len(digests) * page_bytes)
+            dests = [staging[i * page_bytes : (i + 1) * page_bytes] for i in range(len(digests))]
+            stored_bytes = len(self._stored_pages) * self.geometry.num_layers * page_bytes
+            admit = stored_bytes <= self.tiers.host.budget_bytes  # else a scan: don't churn
+            self.tiers.host.read_into(digests, dests, admit)
+            pages = (
+                torch.from_numpy(staging)
+                .view(torch.float32)
+                .view(len(digests), 2, kv_heads, page, dim)
+            )
+            # [pages, 2, kv_heads, page, D] -> [2, kv_heads, pages * page, D]
+            slot[:, :, : len(digests) * page].view(2, kv_heads, len(digests), page, dim).copy_(
+                pages.permute(1, 2, 0, 3, 4)
+            )
+
+        return fill
+
+    # ------------------------------------------------------------------
+    def attach(self, token_ids: Sequence[int], page_sha256: Sequence[bytes]) -> None:
+        """Graft stored pages (page-major hashes) with the KV of `token_ids` into an empty context.
+
+        Whole blocks stay in the store and stream in when attended; the rest is
+        copied into the live buffers.
+        """
+        assert self.length == 0, "grafts start from an empty context"
+        layers = self.geometry.num_layers
+        pages = [
+            page_sha256[p * layers : (p + 1) * layers] for p in range(len(page_sha256) // layers)
+        ]
+        self.stored_tokens = len(token_ids) // self.block_tokens * self.block_tokens
+        stored_pages = self.stored_tokens // self.page_tokens
+        self._stored_pages = pages[:stored_pages]
+        self._load_live(token_ids, pages[stored_pages:])
+        self.token_ids = list(token_ids)
+
+    def _load_live(self, token_ids: Sequence[int], pages: list[Sequence[bytes]]) -> None:
+        """Copy the pages after the stored blocks into the live buffers."""
+        self._reserve(len(token_ids))
+        kv_heads, dim = self.geometry.kv_heads, self.geometry.head_dim
+        spans = [
+            (
+                index * self.page_tokens,
+                min(
+                    self.page_tokens, len(token_ids) - self.stored_tokens - index * self.page_tokens
+                ),
+            )
+            for index in range(len(pages))
+        ]
+        for layer in range(self.geometry.num_layers):
+            dests = [np.empty(2 * kv_heads * tokens * dim * 4, np.uint8) for _, tokens in spans]
+            self.tiers.host.read_into([hashes[layer] for hashes in pages], dests, admit=False)
+            for (position, tokens), raw in zip(spans, dests, strict=True):
+                page = torch.from_numpy(raw).view(torch.float32).view(2, kv_heads, tokens, dim)
+                self._keys[layer][:, position : position + tokens] = page[0]
+                self._values[layer][:, position : position + tokens] = page[1]
 
     # ------------------------------------------------------------------
     def page_count(self) -> int:
@@ -126,30 +301,10 @@ class KvContext:
         """Page `page` of `layer` as stored: K then V, [kv_heads, t, D] each."""
         begin = page * self.page_tokens
         end = min(begin + self.page_tokens, self.length)
-        both = torch.stack((self._keys[layer][:, begin:end], self._values[layer][:, begin:end]))
-        return both.contiguous().numpy().tobytes()
-
-    def load_pages(self, token_ids: list[int], layer_pages: list[np.ndarray]) -> None:
-        """Graft the KV of `token_ids` (positions [0, len)), one uint8 array per layer.
-
-        layer_pages[l] holds layer l's pages back to back, each K then V.
-        """
-        assert self.length == 0, "grafts start from an empty context"
-        total = len(token_ids)
-        self._reserve(total)
-        kv_heads, dim, page = self.geometry.kv_heads, self.geometry.head_dim, self.page_tokens
-        whole = total // page
-        for layer, raw in enumerate(layer_pages):
-            flat = torch.from_numpy(raw).view(torch.float32)
-            # Whole pages in one strided copy per tensor: [pages, 2, kv_heads, page, D]
-            # -> [kv_heads, pages * page, D].
-            pages = flat[: whole * 2 * kv_heads * page * dim].view(whole, 2, kv_heads, page, dim)
-            for buffers, part in ((self._keys, 0), (self._values, 1)):
-                target = buffers[layer][:, : whole * page].view(kv_heads, whole, page, dim)
-                target.copy_(pages[:, part].transpose(0, 1))
-            tail = total - whole * page
-            if tail:
-                last = flat[whole * 2 * kv_heads * page * dim :].view(2, kv_heads, tail, dim)
-                self._keys[layer][:, whole * page : total] = last[0]
-                self._values[layer][:, whole * page : total] = last[1]
-        self.token_ids = list(token_ids)
+        if begin < self.stored_tokens:
+            data, _ = self.tiers.host.store.read_page(self._stored_pages[page][layer])
+            return data
+        live = begin - self.stored_tokens
+        keys = self._keys[layer][:, live : live + end - begin]
+        values = self._values[layer][:, live : live + end - begin]
+        return torch.stack((keys, values)).contiguous().numpy().tobytes()

@@ -91,10 +91,11 @@ class ModelAdapter:
             vocab_size=config.vocab_size,
         )
         self.eos_token_ids = _eos_ids(config, tokenizer)
+        self.device = torch.device("cpu")
 
     # ------------------------------------------------------------------
     @classmethod
-    def load(cls, source: str | None, cache_dir: Path) -> ModelAdapter:
+    def load(cls, source: str | None, cache_dir: Path, device: str = "cpu") -> ModelAdapter:
         """Load `source`: None (default model), 'tiny:SEED', a GGUF file or an HF directory."""
         started = time.monotonic()
         if source and source.startswith(TINY_PREFIX):
@@ -106,6 +107,9 @@ class ModelAdapter:
                     f"model {path} does not exist; pass a GGUF file or an HF directory"
                 )
             adapter = cls._load_path(path, cache_dir)
+        if device != "cpu":
+            adapter.model.to(device)
+        adapter.device = torch.device(device)
         log.info("model %s loaded in %.1f s", adapter.name, time.monotonic() - started)
         return adapter
 
@@ -171,8 +175,8 @@ class ModelAdapter:
     # ------------------------------------------------------------------
     def forward(self, token_ids: list[int], start: int, context: Any) -> torch.Tensor:
         """Logits [vocab] (float32) at the last of `token_ids`, placed at positions start..."""
-        ids = torch.tensor([token_ids], dtype=torch.long)
-        positions = torch.arange(start, start + len(token_ids), dtype=torch.long).unsqueeze(0)
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + len(token_ids), device=self.device).unsqueeze(0)
         with torch.inference_mode():
             out = self.model(
                 input_ids=ids,
@@ -181,7 +185,7 @@ class ModelAdapter:
                 logits_to_keep=1,
                 **{_CONTEXT_KWARG: context},
             )
-        return out.logits[0, -1].float()
+        return out.logits[0, -1].float().cpu()
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         if self.tokenizer is None:

@@ -1,0 +1,82 @@
+"""The host tier: verified copies of stored pages in RAM, least recently used first out.
+
+Reading a page from LMDB costs a lookup, a copy and an xxh3 check; a page
+kept here was checked when it came in and is handed out as it is. The cache
+holds at most `budget_bytes` of page bytes (0 disables it). A page larger
+than the budget, or any page while a reader streams more stored bytes than
+the budget could ever hold (`admit=False`), goes straight from the store to
+its destination: caching a scan larger than the cache only evicts what
+would have been hit. With CUDA present, cached pages live in pinned memory
+so host-to-device copies run at full speed.
+
+Thread-safe. Pages are immutable, so a cached copy is never stale.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from kvgraftd.device_pool import TierCounters
+from kvgraftd.store import Store
+
+
+class HostCache:
+    def __init__(self, store: Store, budget_bytes: int) -> None:
+        self.store = store
+        self.budget_bytes = budget_bytes
+        self.counters = TierCounters()
+        self._pages: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._pinned = torch.cuda.is_available()
+
+    @property
+    def used_bytes(self) -> int:
+        return self._bytes
+
+    def read_into(self, digests: list[bytes], dests: list[np.ndarray], admit: bool) -> None:
+        """Copy pages into `dests` (uint8), from RAM where cached, else from the store."""
+        missing: list[int] = []
+        with self._lock:
+            for index, digest in enumerate(digests):
+                cached = self._pages.get(digest)
+                if cached is None:
+                    missing.append(index)
+                    continue
+                self._pages.move_to_end(digest)
+                self.counters.hits += 1
+                dests[index][:] = cached
+        if not missing:
+            return
+        self.store.read_pages_into([digests[i] for i in missing], [dests[i] for i in missing])
+        with self._lock:
+            self.counters.misses += len(missing)
+            self.counters.bytes_streamed += sum(dests[i].nbytes for i in missing)
+        if admit and self.budget_bytes:
+            for index in missing:
+                self._admit(digests[index], dests[index])
+
+    def _admit(self, digest: bytes, data: np.ndarray) -> None:
+        if data.nbytes > self.budget_bytes:
+            return
+        copy = self._allocate(data.nbytes)
+        copy[:] = data
+        with self._lock:
+            if digest in self._pages:
+                return
+            while self._bytes + data.nbytes > self.budget_bytes and self._pages:
+                _, evicted = self._pages.popitem(last=False)
+                self._bytes -= evicted.nbytes
+                self.counters.evictions += 1
+            self._pages[digest] = copy
+            self._bytes += data.nbytes
+            self.counters.peak_bytes = max(self.counters.peak_bytes, self._bytes)
+
+    def _allocate(self, size: int) -> np.ndarray:
+        if self._pinned:
+            return torch.empty(size, dtype=torch.uint8, pin_memory=True).numpy()
+        return np.empty(size, np.uint8)
