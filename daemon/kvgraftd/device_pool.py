@@ -2,9 +2,11 @@
 
 Attention reads KV one block at a time (`block_tokens` positions of one
 layer); a slot holds one block, K then V: [2, kv_heads, block_tokens,
-head_dim]. Slots are allocated lazily up to `budget_bytes // slot_bytes` and
-never beyond: the pool's own byte count is the device memory attention uses,
-whatever the context length. On CPU the same code runs with CPU tensors.
+head_dim]. A bounded pool allocates its `budget_bytes // slot_bytes` slots
+up front and never more: the pool's own byte count is the device memory
+attention uses, whatever the context length. An unbounded pool (budget 0)
+allocates as it goes: everything stays resident. On CPU the same code runs
+with CPU tensors.
 
 A slot is cached under a key (a stored block's page hashes, or a context's
 live block) with the number of leading positions it holds, so a block that
@@ -79,17 +81,42 @@ class DevicePool:
         self._free: list[Slot] = []  # allocated, holding nothing
         self._allocated = 0
         self._cond = threading.Condition()
+        # A bounded pool is allocated whole up front: its device memory is fixed,
+        # the same for a short context as for ten million tokens.
+        for _ in range(self.capacity):
+            self._free.append(self._new_slot())
+
+    def _new_slot(self) -> Slot:
+        self._allocated += 1
+        self.counters.peak_bytes = max(self.counters.peak_bytes, self.used_bytes)
+        with torch.inference_mode(False):  # a normal tensor: writable on any thread
+            return Slot(torch.empty(self.slot_shape, dtype=self.dtype, device=self.device))
 
     @property
     def used_bytes(self) -> int:
         return self._allocated * self.slot_bytes
 
     # ------------------------------------------------------------------
-    def acquire(self, key: Hashable, needed: int, fill: Fill, wait: bool = True) -> Slot | None:
+    def acquire(
+        self, key: Hashable, needed: int, fill: Fill, wait: bool = True, cache: bool = True
+    ) -> Slot | None:
         """A pinned slot holding the block's first `needed` positions.
 
         With wait=False (prefetch), None instead of waiting for a slot to free up.
+        With cache=False (a scan of more blocks than the pool holds, where
+        caching only evicts what would have been hit), the slot goes back to
+        the free list on release; the free list is last in, first out, so a
+        scan keeps reusing the same few slots while they are warm in the CPU cache.
         """
+        if not cache:
+            with self._cond:
+                slot = self._take_slot(wait)
+                if slot is None:
+                    return None
+                slot.key, slot.valid, slot.pins = None, 0, 1
+                slot.filling.clear()
+            self._top_up(slot, needed, fill)
+            return slot
         with self._cond:
             slot = self._slots.get(key)
             if slot is not None:
@@ -121,7 +148,8 @@ class DevicePool:
                     self.counters.hits += 1
         except BaseException:
             with self._cond:  # a failed fill leaves nothing cached
-                self._slots.pop(slot.key, None)
+                if slot.key is not None:
+                    self._slots.pop(slot.key, None)
                 slot.key, slot.valid = None, 0
                 slot.pins -= 1
                 self._free.append(slot)
@@ -137,12 +165,8 @@ class DevicePool:
         while True:
             if self._free:
                 return self._free.pop()
-            if not self.capacity or self._allocated < self.capacity:
-                self._allocated += 1
-                self.counters.peak_bytes = max(self.counters.peak_bytes, self.used_bytes)
-                with torch.inference_mode(False):  # a normal tensor: writable on any thread
-                    tensor = torch.empty(self.slot_shape, dtype=self.dtype, device=self.device)
-                return Slot(tensor)
+            if not self.capacity:
+                return self._new_slot()
             for key, slot in self._slots.items():
                 if not slot.pins:
                     del self._slots[key]
@@ -155,6 +179,9 @@ class DevicePool:
     def release(self, slot: Slot) -> None:
         with self._cond:
             slot.pins -= 1
+            if slot.key is None and not slot.pins:  # a transient slot
+                slot.valid = 0
+                self._free.append(slot)
             self._cond.notify_all()
 
     def forget(self, keys: list[Hashable]) -> None:

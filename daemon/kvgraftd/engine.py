@@ -69,7 +69,7 @@ class Engine:
         self.block_tokens = block_tokens
         self.max_context_tokens = max_context_tokens
         self.fingerprint = adapter.fingerprint
-        self.profile = compute_profile(page_tokens, block_tokens)
+        self.profile = compute_profile(page_tokens, block_tokens, self.tiers.pool.device)
         self.layout = pb.KvLayout(
             num_layers=g.num_layers,
             kv_heads=g.kv_heads,
@@ -237,7 +237,7 @@ class Engine:
             if options.return_logits:
                 generated_logits.append(step)
             computed += 1
-            if token in self.adapter.eos_token_ids:
+            if token in self.adapter.eos_token_ids or token in options.stop_token_ids:
                 break
         receipt.generated_logits_sha256 = generated_digest.digest()
         artifact_id = self._deposit(context, receipt, options.labels) if options.deposit else ""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from array import array
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -106,10 +107,10 @@ class Tiers:
             buffer = self._staging.buffer = np.empty(size, np.uint8)
         return buffer[:size]
 
-    def prefetch(self, key, needed: int, fill) -> Future | None:
+    def prefetch(self, key, needed: int, fill, cache: bool) -> Future | None:
         if self._prefetcher is None:
             return None
-        return self._prefetcher.submit(self.pool.acquire, key, needed, fill, False)
+        return self._prefetcher.submit(self.pool.acquire, key, needed, fill, False, cache)
 
 
 class KvContext:
@@ -125,7 +126,7 @@ class KvContext:
         self.block_tokens = block_tokens
         self.tiers = tiers
         self.uid = next(_uids)
-        self.token_ids: list[int] = []
+        self.token_ids = array("I")  # compact: a context may hold millions
         self.segment_ends: list[int] = []
         self.stored_tokens = 0
         self._stored_pages: list[Sequence[bytes]] = []  # per stored page: one hash per layer
@@ -182,7 +183,7 @@ class KvContext:
         self._chunk_start = start
 
     def end_chunk(self, token_ids: list[int]) -> None:
-        self.token_ids += token_ids
+        self.token_ids.extend(token_ids)
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float
@@ -196,12 +197,19 @@ class KvContext:
         softmax = OnlineSoftmax(q, self.geometry.kv_heads, start, scaling)
         plan = [self._block(layer, begin, total) for begin in range(0, total, self.block_tokens)]
         pending: Future | None = None
+        # A stored region larger than the pool is a scan: its blocks pass through
+        # transient slots instead of evicting each other from the cache.
+        cache = self.stored_tokens // self.block_tokens < (self.tiers.pool.capacity or 1 << 62)
         for index, (key, needed, fill, _) in enumerate(plan):
             slot: Slot | None = pending.result() if pending is not None else None
+            stored = index * self.block_tokens < self.stored_tokens
             if slot is None:
-                slot = self.tiers.pool.acquire(key, needed, fill)
+                slot = self.tiers.pool.acquire(key, needed, fill, cache=cache or not stored)
             upcoming = plan[index + 1] if index + 1 < len(plan) else None
-            pending = self.tiers.prefetch(*upcoming[:3]) if upcoming and upcoming[3] else None
+            pending = None
+            if upcoming and upcoming[3]:  # immutable: safe to fetch ahead
+                ahead_stored = (index + 1) * self.block_tokens < self.stored_tokens
+                pending = self.tiers.prefetch(*upcoming[:3], cache or not ahead_stored)
             try:
                 softmax.add(
                     slot.tensor[0, :, :needed],
@@ -237,10 +245,14 @@ class KvContext:
         page_bytes = 2 * kv_heads * page * dim * 4
 
         def fill(slot: torch.Tensor, start: int, end: int) -> None:
-            staging = self.tiers.staging(len(digests) * page_bytes)
-            dests = [staging[i * page_bytes : (i + 1) * page_bytes] for i in range(len(digests))]
             stored_bytes = len(self._stored_pages) * self.geometry.num_layers * page_bytes
             admit = stored_bytes <= self.tiers.host.budget_bytes  # else a scan: don't churn
+            if len(digests) == 1 and slot.device.type == "cpu":  # a page is a block:
+                target = slot.view(-1).view(torch.uint8).numpy()[:page_bytes]  # same layout
+                self.tiers.host.read_into(digests, [target], admit)
+                return
+            staging = self.tiers.staging(len(digests) * page_bytes)
+            dests = [staging[i * page_bytes : (i + 1) * page_bytes] for i in range(len(digests))]
             self.tiers.host.read_into(digests, dests, admit)
             pages = (
                 torch.from_numpy(staging)
@@ -270,7 +282,7 @@ class KvContext:
         stored_pages = self.stored_tokens // self.page_tokens
         self._stored_pages = pages[:stored_pages]
         self._load_live(token_ids, pages[stored_pages:])
-        self.token_ids = list(token_ids)
+        self.token_ids = array("I", token_ids)
 
     def _load_live(self, token_ids: Sequence[int], pages: list[Sequence[bytes]]) -> None:
         """Copy the pages after the stored blocks into the live buffers."""

@@ -10,6 +10,7 @@ The compute profile names what must match for two runs to agree to the bit.
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import struct
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ ATTENTION = "kvgraft-blockwise-online-softmax/1"
 
 def pin_determinism() -> None:
     """The settings every exact run needs (DESIGN.md); asserted, not assumed."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
     torch.use_deterministic_algorithms(True)
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -43,11 +45,17 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def compute_profile(page_tokens: int, block_tokens: int) -> pb.ComputeProfile:
+_CPU = torch.device("cpu")
+
+
+def compute_profile(
+    page_tokens: int, block_tokens: int, device: torch.device = _CPU
+) -> pb.ComputeProfile:
+    on_cuda = device.type == "cuda"
     return pb.ComputeProfile(
         torch_version=torch.__version__,
-        device_kind="cpu",
-        device_name=cpu_name(),
+        device_kind=device.type,
+        device_name=torch.cuda.get_device_name(device) if on_cuda else cpu_name(),
         compute_dtype="float32",
         attention=f"{ATTENTION} block={block_tokens}",
         page_tokens=page_tokens,

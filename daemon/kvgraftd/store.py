@@ -77,7 +77,7 @@ Framer = Callable[[int, bytes, bytes, int], bytes]
 
 def page_record(data: bytes | memoryview) -> bytes:
     """The stored form of a page: its xxh3-128 then its bytes (one copy)."""
-    return xxhash.xxh3_128_digest(data) + data
+    return b"".join((xxhash.xxh3_128_digest(data), data))
 
 
 class _ResizeGate:
@@ -390,12 +390,14 @@ class Store:
         result = self._write(needed, body)
         if not result.already_present:
             self._notify_change()
-            log.info(
-                "artifact %s committed: %d pages written (%d bytes), sequence %d",
+            log.info(  # one logfmt line per artifact written: machines read it
+                "event=artifact_written artifact_id=%s sequence=%d pages_written=%d "
+                "bytes_written=%d tokens=%d",
                 result.artifact_id,
+                result.sequence,
                 result.pages_written,
                 result.bytes_written,
-                result.sequence,
+                len(manifest.token_ids),
             )
         return result
 
@@ -521,7 +523,12 @@ class Store:
 
         freed, freed_bytes = self._write(0, body)
         self._notify_change()
-        log.info("artifact %s deleted: %d pages freed (%d bytes)", artifact_id, freed, freed_bytes)
+        log.info(  # one logfmt line per artifact deleted
+            "event=artifact_deleted artifact_id=%s pages_freed=%d bytes_freed=%d",
+            artifact_id,
+            freed,
+            freed_bytes,
+        )
         return freed, freed_bytes
 
     def set_pinned(self, artifact_id: str, pinned: bool) -> ArtifactRecord:
