@@ -11,6 +11,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install serve test test-slow check lint proto proto-check bench clean
+.PHONY: install-service service-config
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -53,6 +54,16 @@ check: lint proto-check test ## lint, stale generated code, tests
 
 bench: $(STAMP) ## run the benchmarks (each ends with one JSON line)
 	$(BIN)/python bench/store_bench.py
+	$(BIN)/python bench/replication_bench.py
+	$(BIN)/python bench/remote_bench.py
+
+install-service: ## (as root) install kvgraftd as a systemd service: /opt/kvgraft, /etc/kvgraft, the unit
+	sh daemon/systemd/install.sh
+
+service-config: $(STAMP) ## regenerate daemon/systemd/kvgraftd.toml from kvgraftd --print-config
+	{ sed '/^$$/q' daemon/systemd/kvgraftd.toml; \
+	  $(BIN)/kvgraftd --data /var/lib/kvgraft --print-config; } > daemon/systemd/kvgraftd.toml.new
+	mv daemon/systemd/kvgraftd.toml.new daemon/systemd/kvgraftd.toml
 
 clean: ## remove the virtual environment and caches (keeps ./kvgraft-data)
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -21,10 +21,17 @@ _SERVING = re.compile(r"serving on (\S+:\d+)")
 
 
 class DaemonProcess:
-    def __init__(self, data_dir: Path, extra_args: list[str], env: dict[str, str] | None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        extra_args: list[str],
+        env: dict[str, str] | None,
+        prefix: list[str] | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.extra_args = extra_args
         self.env = env
+        self.prefix = list(prefix or [])  # e.g. ["ip", "netns", "exec", NAME]
         self.address = ""
         self.log_lines: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
@@ -36,8 +43,9 @@ class DaemonProcess:
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         timeout_s: float = 60.0,
+        prefix: list[str] | None = None,
     ) -> DaemonProcess:
-        daemon = cls(data_dir, list(extra_args or []), env)
+        daemon = cls(data_dir, list(extra_args or []), env, prefix)
         daemon.launch(timeout_s)
         return daemon
 
@@ -49,6 +57,7 @@ class DaemonProcess:
         self.log_lines = []
         self.proc = subprocess.Popen(
             [
+                *self.prefix,
                 sys.executable,
                 "-m",
                 "kvgraftd",

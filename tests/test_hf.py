@@ -43,9 +43,7 @@ def test_dynamic_cache_holds_the_stored_bytes_and_continues(start_daemon, tmp_pa
     model = ModelAdapter.load("tiny:0", tmp_path).model
     model.set_attn_implementation("eager")
     with torch.inference_mode():
-        out = model(
-            torch.tensor([[7]]), position_ids=torch.tensor([[len(prompt)]]), cache=cache
-        )
+        out = model(torch.tensor([[7]]), position_ids=torch.tensor([[len(prompt)]]), cache=cache)
     assert int(out.logits[0, -1].argmax()) == engine_next.receipt.generated_token_ids[0]
 
 

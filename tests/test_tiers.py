@@ -163,7 +163,6 @@ def test_real_model_2048_tokens_with_less_device_memory_than_one_layer(real_mode
     streamed = _result(small.generate(prompt, options))
     resident = _result(large.generate(prompt, options))
     _same(streamed, resident)
-    print(
-        f"device peak {small.tiers.pool.counters.peak_bytes} bytes, budget {budget}, one layer {one_layer}"
-    )
+    peak = small.tiers.pool.counters.peak_bytes
+    print(f"device peak {peak} bytes, budget {budget}, one layer {one_layer}")
     assert small.tiers.pool.counters.peak_bytes <= budget

@@ -2,8 +2,9 @@
 
     kvgraft [--server ADDR] [--json] [--timeout S] COMMAND ...
 
-Commands: serve, info, ls, stat, rm, pin, export, import, and the engine's
-deposit, generate, graft, verify, lookup (`kvgraft COMMAND --help` for each).
+Commands: serve, info, ls, stat, rm, pin, export, import, replicate, remote, and the
+engine's deposit, generate, graft, verify, lookup, and the knowledge library's
+library add|ls|rm|import and ask (`kvgraft COMMAND --help`).
 The server defaults to $KVGRAFT_SERVER, then 127.0.0.1:50551. With --json
 every command prints one JSON document on stdout (errors too: {"error":
 {"code", "message"}}); otherwise plain text.
@@ -22,9 +23,13 @@ from pathlib import Path
 
 from kvgraft import __version__
 from kvgraft.client import Client, default_server
+from kvgraft.connection_cli import add_connection_arguments, connection_options
 from kvgraft.engine_cli import ENGINE_COMMANDS, add_engine_arguments
 from kvgraft.errors import InvalidArgument, KvgraftError
+from kvgraft.library_cli import LIBRARY_COMMANDS, add_library_arguments
+from kvgraft.remote_cli import add_remote_arguments, cmd_remote
 from kvgraft.render import emit, human_bytes, message_to_json, table
+from kvgraft.replication_cli import add_replicate_arguments, cmd_replicate
 
 
 def _progress(args: argparse.Namespace, total: int, description: str):
@@ -171,7 +176,10 @@ COMMANDS: dict[str, tuple[Callable[[Client, argparse.Namespace], None], str]] = 
     "pin": (cmd_pin, "pin an artifact (it cannot be deleted) or unpin it with --off"),
     "export": (cmd_export, "write an artifact to a safetensors bundle"),
     "import": (cmd_import, "store the artifact of a safetensors bundle"),
+    "replicate": (cmd_replicate, "copy a daemon's artifacts and deletes to another (--follow)"),
+    "remote": (cmd_remote, "the remote tier (S3 bucket): status, or sync (push up, pull down)"),
     **ENGINE_COMMANDS,
+    **LIBRARY_COMMANDS,
 }
 
 
@@ -185,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
     parser.add_argument("--version", action="version", version=f"kvgraft {__version__}")
+    add_connection_arguments(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # prefix_chars="+": every argument after `serve`, --flags included, belongs to
     # kvgraftd; argparse would otherwise reject them (REMAINDER skips leading options).
@@ -216,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parsers["import"].add_argument("file", type=Path, metavar="FILE.safetensors")
     add_engine_arguments(parsers)
+    add_library_arguments(parsers)
+    add_replicate_arguments(parsers["replicate"])
+    add_remote_arguments(parsers["remote"])
     return parser
 
 
@@ -229,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     handler, _ = COMMANDS[args.command]
     try:
-        with Client(args.server, timeout_s=args.timeout) as client:
+        with Client(args.server, timeout_s=args.timeout, **connection_options(args)) as client:
             handler(client, args)
     except KvgraftError as exc:
         if args.json:

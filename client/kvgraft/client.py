@@ -4,7 +4,8 @@ Every call carries a deadline (`timeout_s` for small calls, `transfer_timeout_s`
 for whole transfers). gRPC errors are mapped to the kvgraft.errors taxonomy
 in one place (`_mapped`), so callers catch `kvgraft.errors.NotFound` and
 friends, never grpc.RpcError. The bulk RPCs use the hand encoding of
-kvgraft.wire. Use it as a context manager to close the channel.
+kvgraft.wire. Use it as a context manager to close the channel. TLS, mutual
+TLS and the bearer token are kvgraft.channel's (arguments or KVGRAFT_* variables).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 import xxhash
@@ -22,15 +23,28 @@ import xxhash
 from kvgraft import wire
 from kvgraft.artifact import MAX_PAGE_BYTES, Artifact, page_sizes, parse_manifest
 from kvgraft.bundle import read_bundle, write_bundle
+from kvgraft.channel import Security
 from kvgraft.errors import ERRORS_BY_CODE, DataLoss, InvalidArgument, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraft.v1 import kvgraft_pb2_grpc as pb_grpc
 
+if TYPE_CHECKING:
+    from kvgraft.replication import ReplicationSummary
+
 DEFAULT_SERVER = "127.0.0.1:50551"
 MISSING_QUERY_BATCH = 100_000
 # What gRPC says when no connection could be made (as opposed to a daemon that
-# answered UNAVAILABLE itself, e.g. while its model loads or it shuts down).
+# answered UNAVAILABLE itself, e.g. while its model loads or it shuts down) ...
 _UNREACHABLE = ("failed to connect", "Connection refused", "DNS resolution failed", "unreachable")
+# ... and when a connection closed under a call: a daemon that stopped, a network
+# that cut, or (when it happens at once) a failed TLS handshake.
+_CLOSED = ("Socket closed", "Ssl handshake failed")
+_TLS_HINT = {
+    True: "; over TLS the same happens when the handshake fails: check --tls-ca (the CA of "
+    "the daemon's certificate) and, if it requires one, the client certificate "
+    "(--tls-cert, --tls-key)",
+    False: "; if the daemon serves TLS, give --tls-ca (KVGRAFT_TLS_CA)",
+}
 PUT_ATTEMPTS = 3  # a put whose held pages a concurrent Delete freed is sent again
 T = TypeVar("T")
 
@@ -48,11 +62,28 @@ class Client:
         *,
         timeout_s: float = 30.0,
         transfer_timeout_s: float = 3600.0,
+        token: str | None = None,
+        token_file: str | os.PathLike | None = None,
+        tls: bool | None = None,
+        tls_ca: str | os.PathLike | None = None,
+        tls_cert: str | os.PathLike | None = None,
+        tls_key: str | os.PathLike | None = None,
+        tls_server_name: str | None = None,
     ) -> None:
         self.address = address or default_server()
         self.timeout_s = timeout_s
         self.transfer_timeout_s = transfer_timeout_s
-        self._channel = grpc.insecure_channel(self.address, options=wire.CHANNEL_OPTIONS)
+        security = Security.resolve(
+            token=token,
+            token_file=token_file,
+            tls=tls,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_server_name=tls_server_name,
+        )
+        self._tls = security.tls
+        self._channel = security.channel(self.address, wire.CHANNEL_OPTIONS)
         self._stub = pb_grpc.KvgraftStub(self._channel)
         method = f"/{pb.DESCRIPTOR.services_by_name['Kvgraft'].full_name}/"
         self._put = self._channel.stream_unary(
@@ -89,6 +120,18 @@ class Client:
                 details = (
                     f"cannot reach kvgraftd at {self.address} ({details}); is it running? "
                     "Start it with `make serve` or `kvgraft serve`, or set --server/KVGRAFT_SERVER"
+                    + _TLS_HINT[self._tls]
+                )
+            elif cls is Unavailable and any(sign in details for sign in _CLOSED):
+                details = (
+                    f"the connection to kvgraftd at {self.address} closed ({details}): the daemon "
+                    "stopped or the network cut the call; retry. If it closes at once, "
+                    + (
+                        "the TLS handshake failed: check --tls-ca and the client certificate "
+                        "(--tls-cert, --tls-key)"
+                        if self._tls
+                        else "the daemon may serve TLS: give --tls-ca (KVGRAFT_TLS_CA)"
+                    )
                 )
             raise cls(details) from None
 
@@ -150,9 +193,9 @@ class Client:
                 yield message
                 if progress:
                     progress(sum(len(c.data) for c in chunks))
-            yield wire.encode_submessage(
-                wire.PUT_MANIFEST, manifest.SerializeToString(deterministic=True)
-            )
+            canonical = manifest.SerializeToString(deterministic=True)
+            # The expected id: the daemon refuses a manifest altered on the way.
+            yield wire.encode_put_manifest(canonical, hashlib.sha256(canonical).hexdigest())
 
         with self._mapped():
             return self._put(requests(), timeout=self.transfer_timeout_s)
@@ -231,10 +274,46 @@ class Client:
             self._stub.Pin, pb.PinRequest(artifact_id=artifact_id, pinned=pinned)
         ).info
 
-    def watch(self, from_sequence: int = 1, *, follow: bool = False) -> Iterator[pb.ChangeRecord]:
+    def watch(self, from_sequence: int = 1, *, follow: bool = False) -> Stream[pb.ChangeRecord]:
+        """The change feed from `from_sequence`; with `follow` it waits for new records
+        until `cancel()` is called on the returned iterator."""
         request = pb.WatchRequest(from_sequence=from_sequence, follow=follow)
         timeout = None if follow else self.timeout_s
-        return self._stream(self._stub.Watch(request, timeout=timeout))
+        call = self._stub.Watch(request, timeout=timeout)
+        return Stream(self._stream(call), call.cancel)
+
+    # ------------------------------------------------------------------
+    # replication (kvgraft.replication)
+    def get_artifact_messages(
+        self, artifact_id: str, *, manifest_only: bool = False, only_pages: Iterable[bytes] = ()
+    ) -> Stream[bytes]:
+        """GetArtifact as raw GetArtifactResponse messages, for kvgraft.wire to parse.
+
+        Replication forwards pages without assembling artifacts. The caller
+        checks the pages (get_artifact does it for you) and may `cancel()`.
+        """
+        request = pb.GetArtifactRequest(
+            artifact_id=artifact_id, manifest_only=manifest_only, only_pages=list(only_pages)
+        )
+        call = self._get(request, timeout=self.transfer_timeout_s)
+        return Stream(self._stream(call), call.cancel)
+
+    def put_artifact_messages(self, messages: Iterable[bytes]) -> pb.PutArtifactResponse:
+        """PutArtifact from encoded PutArtifactRequest messages: pages, then the manifest."""
+        with self._mapped():
+            return self._put(iter(messages), timeout=self.transfer_timeout_s)
+
+    def replicate_to(self, target: Client | str, **options) -> ReplicationSummary:
+        """Make `target` hold this daemon's artifacts, deletes too (kvgraft.replication)."""
+        from kvgraft.replication import replicate
+
+        return replicate(self, target, **options)
+
+    def replicate_from(self, source: Client | str, **options) -> ReplicationSummary:
+        """Make this daemon hold `source`'s artifacts, deletes too (kvgraft.replication)."""
+        from kvgraft.replication import replicate
+
+        return replicate(source, self, **options)
 
     # ------------------------------------------------------------------
     def export_bundle(self, artifact_id: str, path: Path, progress=None) -> str:
@@ -310,6 +389,88 @@ class Client:
             return self._stub.Verify(
                 pb.VerifyRequest(artifact_id=artifact_id), timeout=self.transfer_timeout_s
             )
+
+    # ------------------------------------------------------------------
+    # knowledge library (kvgraftd.library)
+    def library_add(
+        self,
+        problem: str,
+        solution: str,
+        answer: str,
+        *,
+        verified_by: str = "",
+        tags: Iterable[str] = (),
+    ) -> pb.LibraryAddResponse:
+        """Deposit a verified solution; an identical entry is reported as already present."""
+        request = pb.LibraryAddRequest(
+            problem=problem,
+            solution=solution,
+            answer=answer,
+            verified_by=verified_by,
+            tags=list(tags),
+        )
+        with self._mapped():
+            return self._stub.LibraryAdd(request, timeout=self.transfer_timeout_s)
+
+    def library_list(self, tag: str = "") -> list[pb.LibraryEntry]:
+        """The served model's library entries (of one tag), ordered by id."""
+        return list(self._unary(self._stub.LibraryList, pb.LibraryListRequest(tag=tag)).entries)
+
+    def library_remove(self, artifact_id: str) -> pb.LibraryRemoveResponse:
+        """Remove one library entry (id or unique prefix); other artifacts are refused."""
+        request = pb.LibraryRemoveRequest(artifact_id=artifact_id)
+        return self._unary(self._stub.LibraryRemove, request)
+
+    def ask(
+        self,
+        text: str,
+        *,
+        max_new_tokens: int = 0,
+        library_tag: str = "",
+        no_recall: bool = False,
+    ) -> pb.AskResponse:
+        """Answer a problem: recall from the library, or generate (with a tag's library)."""
+        request = pb.AskRequest(
+            text=text,
+            max_new_tokens=max_new_tokens,
+            library_tag=library_tag,
+            no_recall=no_recall,
+        )
+        with self._mapped():
+            return self._stub.Ask(request, timeout=self.transfer_timeout_s)
+
+    # ------------------------------------------------------------------
+    # remote tier (kvgraftd.remote)
+    def remote_status(self) -> pb.RemoteStatusResponse:
+        """The daemon's remote tier: configuration, reachability, backlog, counters."""
+        return self._unary(self._stub.RemoteStatus, pb.RemoteStatusRequest())
+
+    def remote_sync(self, *, push: bool = True, pull: bool = True) -> pb.RemoteSyncResponse:
+        """Push local artifacts the bucket lacks and/or pull the bucket's missing ones."""
+        request = pb.RemoteSyncRequest(push=push, pull=pull)
+        with self._mapped():
+            return self._stub.RemoteSync(request, timeout=self.transfer_timeout_s)
+
+
+class Stream(Iterator[T]):
+    """The messages of a server stream, and `cancel()` to end it early (from any thread)."""
+
+    def __init__(self, messages: Iterator[T], cancel: Callable[[], object]) -> None:
+        self._messages = messages
+        self._cancel = cancel
+
+    def __next__(self) -> T:
+        return next(self._messages)
+
+    def cancel(self) -> None:
+        self._cancel()  # a no-op once the call has ended
+
+    def close(self) -> None:
+        """Cancel the call and close the iterator (as for a generator)."""
+        self._cancel()
+        close = getattr(self._messages, "close", None)
+        if close is not None:
+            close()
 
 
 def _assemble(partial: dict[bytes, bytearray], chunk: wire.Chunk) -> bytearray | None:

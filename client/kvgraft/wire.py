@@ -120,6 +120,14 @@ def encode_submessage(field: int, payload: bytes) -> bytes:
     return envelope_prefix(field, len(payload)) + payload
 
 
+def encode_put_manifest(manifest: bytes, expected_artifact_id: str = "") -> bytes:
+    """The last PutArtifactRequest: the manifest, and the id the sender expects it to have."""
+    message = encode_submessage(PUT_MANIFEST, manifest)
+    if expected_artifact_id:
+        message += encode_submessage(PUT_EXPECTED_ID, expected_artifact_id.encode("ascii"))
+    return message
+
+
 def chunk_overhead_bytes(page_bytes: int) -> int:
     """Upper bound of the framing bytes one chunk adds to a block."""
     return len(chunk_prefix(b"\0" * 32, page_bytes, page_bytes, page_bytes, b"\0" * 16))
@@ -258,5 +266,5 @@ def decode_envelope(
 
 
 # Field numbers of the two envelopes (proto/kvgraft/v1/kvgraft.proto).
-PUT_PAGES, PUT_MANIFEST = 1, 2  # PutArtifactRequest
+PUT_PAGES, PUT_MANIFEST, PUT_EXPECTED_ID = 1, 2, 3  # PutArtifactRequest
 GET_MANIFEST, GET_PAGES = 1, 2  # GetArtifactResponse

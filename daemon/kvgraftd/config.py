@@ -3,7 +3,8 @@
 Every field is both a command-line flag (`--map-initial-bytes`) and a key of
 the TOML file (`map_initial_bytes = "1GiB"`); flags win over the file, the file
 over the defaults. Unknown keys are an error that names the key. Byte sizes
-take plain integers or strings with a unit ("64MiB", "2GB").
+take plain integers or strings with a unit ("64MiB", "2GB"). A TOML table
+prefixes its keys: `[replication] follow = [...]` is `replication_follow`.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class DaemonConfig:
     listen: str = _opt(DEFAULT_LISTEN, "address to serve gRPC on (host:port; port 0 picks one)")
     data: Path = _opt(Path("./kvgraft-data"), "data directory (the store and caches)")
     log_level: str = _opt("info", "debug, info, warning or error")
-    workers: int = _opt(16, "threads serving RPCs")
+    workers: int = _opt(16, "calls that run at once; more wait, up to max_concurrent_rpcs")
     drain_s: float = _opt(30.0, "seconds in-flight calls may take to finish on shutdown")
     map_initial_bytes: int = _opt(1 << 30, "initial LMDB map size; it grows by itself")
     min_free_bytes: int = _opt(256 << 20, "disk space kept free: writes beyond it are refused")
@@ -60,6 +61,52 @@ class DaemonConfig:
     page_tokens: int = _opt(64, "tokens per KV page")
     block_tokens: int = _opt(4096, "keys per attention block (a multiple of page_tokens)")
     max_context_tokens: int = _opt(32768, "longest context one request may build")
+    # Tiers (kvgraftd.device_pool, kvgraftd.host_cache).
+    device: str = _opt("auto", "where attention runs: cpu, cuda or auto (cuda when present)")
+    device_budget_bytes: int = _opt(
+        2 << 30, "device memory for attention blocks; KV beyond it streams in as needed"
+    )
+    host_budget_bytes: int = _opt(4 << 30, "RAM for checked copies of stored pages (0: none)")
+    # Exposure (kvgraftd.security): a non-loopback listen needs TLS or a token, or insecure.
+    insecure: bool = _opt(False, "allow a non-loopback listen address without TLS or a token")
+    tls_cert: str = _opt("", "PEM certificate (chain) to serve TLS with; needs tls_key")
+    tls_key: str = _opt("", "PEM private key of tls_cert")
+    tls_client_ca: str = _opt(
+        "", "PEM CA certificates: clients must present a certificate they signed (mutual TLS)"
+    )
+    token_file: str = _opt(
+        "", "file holding the bearer token every call must carry (health Check excepted)"
+    )
+    # Limits (kvgraftd.limits).
+    max_concurrent_rpcs: int = _opt(
+        64,
+        "calls in progress at once, running or waiting for a worker; more are refused at "
+        "once with RESOURCE_EXHAUSTED",
+    )
+    max_streams_per_connection: int = _opt(
+        100, "calls one client connection may carry at once (HTTP/2 streams)"
+    )
+    max_request_bytes: int = _opt(4 << 20, "largest request message accepted")
+    max_call_s: float = _opt(
+        3600.0, "longest a call may run, checked between stream messages (Watch exempt)"
+    )
+    keepalive_s: float = _opt(60.0, "seconds between pings that notice a vanished client")
+    keepalive_timeout_s: float = _opt(20.0, "seconds a ping may go unanswered before hanging up")
+    metrics_listen: str = _opt("", "host:port serving Prometheus metrics at /metrics; empty: off")
+    # Replication (kvgraftd.follower). TOML: [replication] follow = ["host:port", ...].
+    replication_follow: tuple[str, ...] = _opt(
+        (), "peers (host:port, comma-separated) whose artifacts and deletes this daemon copies"
+    )
+    # Remote tier (kvgraftd.remote). TOML: [remote] endpoint, bucket, prefix, write, ...
+    # Credentials: the standard AWS variables or credentials file, never this file.
+    remote_endpoint: str = _opt("", "S3 endpoint URL of the remote tier (empty: AWS S3)")
+    remote_bucket: str = _opt("", "S3 bucket of the remote tier (empty: no remote tier)")
+    remote_prefix: str = _opt("kvgraft", "key prefix in the bucket (objects: PREFIX/MODEL/...)")
+    remote_write: str = _opt(
+        "through", "through: commits upload before returning; back: uploads queue and drain later"
+    )
+    remote_timeout_s: float = _opt(10.0, "seconds one S3 request may take to connect or answer")
+    remote_connections: int = _opt(8, "S3 requests in flight at once")
 
     def __post_init__(self) -> None:
         if self.log_level not in ("debug", "info", "warning", "error"):
@@ -68,11 +115,47 @@ class DaemonConfig:
             raise ConfigError(f"listen {self.listen!r}: use host:port, e.g. {DEFAULT_LISTEN}")
         if self.workers < 1:
             raise ConfigError("workers must be at least 1")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"device {self.device!r}: use cpu, cuda or auto")
         if self.page_tokens < 1 or self.block_tokens % self.page_tokens:
             raise ConfigError("page_tokens must be >= 1 and block_tokens a multiple of it")
         for name in ("map_initial_bytes", "spill_bytes"):
             if getattr(self, name) < 1 << 20:
                 raise ConfigError(f"{name} must be at least 1MiB")
+        _check_exposure_fields(self)
+        for peer in self.replication_follow:
+            if ":" not in peer:
+                raise ConfigError(f"replication_follow {peer!r}: use host:port")
+        if self.remote_write not in ("through", "back"):
+            raise ConfigError(f"remote_write {self.remote_write!r}: use through or back")
+        if not self.remote_prefix.strip("/") or not self.remote_timeout_s > 0:
+            raise ConfigError("remote_prefix must not be empty and remote_timeout_s positive")
+        if self.remote_connections < 1:
+            raise ConfigError("remote_connections must be at least 1")
+
+
+def _check_exposure_fields(config: DaemonConfig) -> None:
+    """The security and limit fields (the exposure rule itself is kvgraftd.security's)."""
+    if bool(config.tls_cert) != bool(config.tls_key):
+        raise ConfigError("tls_cert and tls_key go together: give both, or neither")
+    if config.tls_client_ca and not config.tls_cert:
+        raise ConfigError("tls_client_ca needs TLS: give tls_cert and tls_key too")
+    if config.max_concurrent_rpcs < config.workers:
+        raise ConfigError(
+            f"max_concurrent_rpcs ({config.max_concurrent_rpcs}) must be at least workers "
+            f"({config.workers})"
+        )
+    if config.max_streams_per_connection < 1:
+        raise ConfigError("max_streams_per_connection must be at least 1")
+    if config.max_request_bytes < 4 << 20:
+        raise ConfigError("max_request_bytes must be at least 4MiB (PutArtifact's message size)")
+    for name in ("max_call_s", "keepalive_s", "keepalive_timeout_s"):
+        if not getattr(config, name) > 0:
+            raise ConfigError(f"{name} must be positive")
+    if config.metrics_listen and ":" not in config.metrics_listen:
+        raise ConfigError(
+            f"metrics_listen {config.metrics_listen!r}: use host:port, e.g. 127.0.0.1:9551"
+        )
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(DaemonConfig)}
@@ -94,6 +177,15 @@ def _coerce(name: str, value: Any) -> Any:
             return parse_bytes(value, name)
         if kind == "Path":
             return Path(value)
+        if kind == "bool":
+            if not isinstance(value, bool):
+                raise ConfigError(f"{name} = {value!r}: expected true or false")
+            return value
+        if kind == "tuple[str, ...]":
+            items = value.replace(",", " ").split() if isinstance(value, str) else value
+            if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+                raise ConfigError(f"{name} = {value!r}: expected a list of strings")
+            return tuple(items)
         if kind == "int":
             return int(value)
         if kind == "float":
@@ -120,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
             dest=name,
             default=None,
             help=f"{spec.metadata['help']} (default: {spec.default})",
+            **({"action": argparse.BooleanOptionalAction} if spec.type == "bool" else {}),
         )
     return parser
 
@@ -144,7 +237,12 @@ def read_toml(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     values: dict[str, Any] = {}
-    for key, value in raw.items():
+    flat = {
+        f"{key}_{sub}" if isinstance(value, dict) else key: item
+        for key, value in raw.items()
+        for sub, item in (value.items() if isinstance(value, dict) else [("", value)])
+    }
+    for key, value in flat.items():
         if key not in _FIELDS:
             known = ", ".join(sorted(_FIELDS))
             raise ConfigError(f"config file {path}: unknown key {key!r} (known keys: {known})")
@@ -161,6 +259,13 @@ def to_toml(config: DaemonConfig) -> str:
     lines = []
     for name, spec in _FIELDS.items():
         value = getattr(config, name)
-        rendered = _toml_string(str(value)) if isinstance(value, str | Path) else repr(value)
+        if isinstance(value, bool):
+            rendered = "true" if value else "false"
+        elif isinstance(value, str | Path):
+            rendered = _toml_string(str(value))
+        elif isinstance(value, tuple):
+            rendered = "[" + ", ".join(_toml_string(item) for item in value) + "]"
+        else:
+            rendered = repr(value)
         lines.append(f"# {spec.metadata['help']}\n{name} = {rendered}")
     return "\n".join(lines) + "\n"

@@ -18,6 +18,8 @@ class DecodeOptions:
     deposit: bool = False  # store the finished context
     return_logits: bool = False  # hand back the logits vectors with the result
     labels: Mapping[str, str] = field(default_factory=dict)
+    # Also end after generating one of these (it is kept and counted), besides EOS.
+    stop_token_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,38 @@ class EngineService:
             response.profile.CopyFrom(engine.profile)
             response.page_tokens = engine.page_tokens
 
+    def tier_infos(self) -> list[pb.TierInfo]:
+        """The device and host tiers of a ready engine (none before)."""
+        if self._engine is None:
+            return []
+        tiers = self._engine.tiers
+        out = []
+        for name, tier, capacity in (
+            ("device", tiers.pool, tiers.pool.budget_bytes),
+            ("host", tiers.host, tiers.host.budget_bytes),
+        ):
+            c = tier.counters
+            out.append(
+                pb.TierInfo(
+                    name=name,
+                    capacity_bytes=capacity,
+                    used_bytes=tier.used_bytes,
+                    hits=c.hits,
+                    misses=c.misses,
+                    evictions=c.evictions,
+                    bytes_streamed=c.bytes_streamed,
+                    peak_bytes=c.peak_bytes,
+                )
+            )
+        return out
+
+    def device_max_allocated_bytes(self) -> int:
+        if self._engine is None or self._engine.tiers.pool.device.type != "cuda":
+            return 0
+        import torch
+
+        return torch.cuda.max_memory_allocated(self._engine.tiers.pool.device)
+
     def _tokens(self, prompt: pb.Prompt, what: str) -> list[int]:
         engine = self.engine()
         kind = prompt.WhichOneof("input")

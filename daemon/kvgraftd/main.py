@@ -1,10 +1,16 @@
 """kvgraftd's composition root: build everything from one frozen config, run, drain.
 
-Start order: config -> logging -> data-directory lock -> store -> service ->
-server -> health SERVING. Stop order on SIGTERM/SIGINT: health NOT_SERVING ->
-follow Watch streams end (UNAVAILABLE) -> server stops taking calls and drains
-in-flight ones (up to drain_s) -> store
-closes -> lock released -> exit 0. Nothing else constructs these objects.
+Start order: config -> exposure check (kvgraftd.security) -> logging ->
+data-directory lock -> store -> remote tier (kvgraftd.remote_service) ->
+service -> server (limits, TLS, token) ->
+metrics endpoint -> health SERVING -> followers of [replication] peers
+(kvgraftd.follower) -> READY=1 to systemd once a real health probe answers
+(kvgraftd.readiness; then WATCHDOG=1 after each probe). Stop order on
+SIGTERM/SIGINT: watchdog pings stop, STOPPING=1 -> health NOT_SERVING ->
+follow Watch streams end (UNAVAILABLE) -> followers stop -> server stops taking
+calls and drains in-flight ones (up to drain_s) -> the remote write-back drain
+stops -> metrics endpoint closes ->
+store closes -> lock released -> exit 0. Nothing else constructs these objects.
 """
 
 from __future__ import annotations
@@ -18,10 +24,17 @@ from typing import TYPE_CHECKING
 
 from kvgraft import __version__
 from kvgraft.errors import KvgraftError
+from kvgraftd import security
 from kvgraftd.config import ConfigError, DaemonConfig, build_parser, load_config, to_toml
 from kvgraftd.engine_service import EngineService
+from kvgraftd.follower import start_followers
+from kvgraftd.limits import CallLimiter, server_options
 from kvgraftd.lockfile import DataDirLock
-from kvgraftd.server import create_server, set_serving
+from kvgraftd.metrics import KvgraftCollector, MetricsServer
+from kvgraftd.notify import Notifier
+from kvgraftd.readiness import HealthProbe, Readiness, probe_target
+from kvgraftd.remote_service import RemoteService
+from kvgraftd.server import ServerSettings, create_server, set_serving, stats_response
 from kvgraftd.service import ServiceLimits, StoreService
 from kvgraftd.store import Store
 
@@ -43,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(to_toml(config), end="")
         return 0
+    try:
+        security.check(config)
+    except ConfigError as exc:
+        print(f"kvgraftd: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=config.log_level.upper(),
         stream=sys.stderr,
@@ -82,42 +100,110 @@ def build_engine(config: DaemonConfig, store: Store) -> Engine:
 
     Imported here so that a store-only daemon (--model none) never loads torch.
     """
+    import torch
+
+    from kvgraftd.device_pool import DevicePool
     from kvgraftd.engine import Engine
+    from kvgraftd.host_cache import HostCache
+    from kvgraftd.kv_context import Tiers
     from kvgraftd.model_adapter import ModelAdapter
 
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     cache = Path(config.model_cache) if config.model_cache else config.data / "models"
-    adapter = ModelAdapter.load(config.model or None, cache)
+    adapter = ModelAdapter.load(config.model or None, cache, device=device)
+    geometry = adapter.geometry
+    pool = DevicePool(
+        config.device_budget_bytes,
+        (2, geometry.kv_heads, config.block_tokens, geometry.head_dim),
+        device=device,
+    )
+    tiers = Tiers(pool, HostCache(store, config.host_budget_bytes))
     engine = Engine(
         adapter,
         store,
         page_tokens=config.page_tokens,
         block_tokens=config.block_tokens,
         max_context_tokens=config.max_context_tokens,
+        tiers=tiers,
     )
     log.info(
-        "engine ready: %s, fingerprint %s, page_tokens %d",
+        "engine ready: %s on %s, fingerprint %s, page_tokens %d, device pool %d slots of %d bytes",
         adapter.name,
+        device,
         engine.fingerprint.hex()[:16],
         config.page_tokens,
+        pool.capacity,
+        pool.slot_bytes,
     )
     return engine
 
 
+def server_settings(config: DaemonConfig, notifier: Notifier) -> ServerSettings:
+    """Limits, TLS, token and (TLS under systemd only) the health probe socket."""
+    probe_socket = ""
+    if notifier.enabled and config.tls_cert and not config.listen.startswith("unix"):
+        path = security.probe_socket_path(config.data)
+        if len(str(path)) > 100:
+            raise OSError(f"the health probe socket path {path} is too long: shorten --data")
+        probe_socket = f"unix:{path}"
+    return ServerSettings(
+        limiter=CallLimiter.from_config(config),
+        options=server_options(config),
+        credentials=security.server_credentials(config),
+        token_check=security.TokenCheck(security.load_token(config.token_file))
+        if config.token_file
+        else None,
+        probe_socket=probe_socket,
+    )
+
+
 def serve(config: DaemonConfig, store: Store, stop: threading.Event) -> None:
     store.collect_staged(config.staged_ttl_s)
-    service = StoreService(store, ServiceLimits(spill_bytes=config.spill_bytes))
-    engine = EngineService(None if config.model == "none" else lambda: build_engine(config, store))
-    server, port, health_servicer = create_server(
-        service, engine, config.listen, workers=config.workers
+    # The remote tier ([remote]): bad credentials stop the daemon here, before it serves.
+    remote = RemoteService.open(config, store)
+    service = StoreService(
+        remote.view(store, read_through=False), ServiceLimits(spill_bytes=config.spill_bytes)
     )
+    engine_store = remote.view(store, read_through=True)
+    engine = EngineService(
+        None if config.model == "none" else lambda: build_engine(config, engine_store)
+    )
+    notifier = Notifier.from_environment()
+    settings = server_settings(config, notifier)
+    server, port, health_servicer = create_server(
+        service, engine, config.listen, workers=config.workers, settings=settings, remote=remote
+    )
+    metrics = None
+    if config.metrics_listen:
+        stats = lambda: stats_response(service, engine, settings.counter, remote)  # noqa: E731
+        collector = KvgraftCollector(
+            settings.counter.snapshot, stats, settings.telemetry, settings.limiter
+        )
+        metrics = MetricsServer.start(config, collector)
     server.start()
     set_serving(health_servicer, True)
     host = config.listen.rsplit(":", 1)[0]
     log.info("kvgraftd %s serving on %s:%d (data %s)", __version__, host, port, config.data)
+    followers = start_followers(config.replication_follow, service, store, config.data)
+    readiness = None
+    if notifier.enabled:
+        probe = HealthProbe(probe_target(config.listen, port, settings.probe_socket))
+        readiness = Readiness(notifier, probe, f"serving on {host}:{port}")
+        readiness.start()
     while not stop.wait(HOUSEKEEPING_INTERVAL_S):
         store.collect_staged(config.staged_ttl_s)
     log.info("shutting down: draining in-flight calls (up to %.0f s)", config.drain_s)
+    if readiness is not None:
+        readiness.stop()  # no watchdog ping may follow STOPPING=1
+    notifier.stopping(f"draining in-flight calls (up to {config.drain_s:g} s)")
     set_serving(health_servicer, False)
     service.stop_watches()
+    followers.stop(config.drain_s)  # they write through the service: before the store closes
     server.stop(grace=config.drain_s).wait()
     log.info("server stopped")
+    remote.stop()  # the write-back drain reads the store: before it closes
+    if metrics is not None:
+        metrics.stop()
+    notifier.close()

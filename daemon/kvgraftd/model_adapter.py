@@ -201,6 +201,14 @@ class ModelAdapter:
             return self.tokenizer.encode(rendered, add_special_tokens=False)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        """A conversation ({"role", "content"} dicts) as the chat template's text."""
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidArgument(f"model {self.name} has no chat template; send plain text")
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
     def decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:  # test models: show the ids
             return "".join(f" {token}" for token in token_ids)

@@ -6,6 +6,11 @@ runs through `_guard`, which maps the kvgraft.errors taxonomy to status codes
 and counts calls by method and code. The bulk RPCs (PutArtifact,
 GetArtifact) carry hand-encoded bytes (kvgraft.wire); every other RPC uses the
 generated protobuf classes.
+
+Before a call reaches its handler it passes the access interceptor
+(kvgraftd.security: bearer token, probe socket) and the thread lanes
+(kvgraftd.limits); `_guard` then admits it under the call limits
+(kvgraftd.limits.CallLimiter), and Telemetry counts its bytes and receipts.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -25,7 +33,12 @@ from kvgraft import wire
 from kvgraft.errors import InvalidArgument, KvgraftError
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine_service import EngineService
+from kvgraftd.library import LibraryService
+from kvgraftd.limits import CallLimiter, Lanes
+from kvgraftd.remote_service import RemoteService
+from kvgraftd.security import AccessInterceptor, TokenCheck
 from kvgraftd.service import StoreService
+from kvgraftd.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -55,19 +68,34 @@ def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the daemon log"
 
 
-def _guard(method: str, fn: Callable, counter: CallCounter, streaming: bool) -> Callable:
-    """Wrap a handler so errors map to status codes in one place."""
+def _guard(
+    method: str,
+    fn: Callable,
+    counter: CallCounter,
+    streaming: bool,
+    *,
+    limiter: CallLimiter | None = None,
+    request_streaming: bool = False,
+) -> Callable:
+    """Wrap a handler so errors map to status codes in one place, within the limits."""
 
     def abort(context: grpc.ServicerContext, exc: BaseException):
         code, message = _status(exc)
         counter.add(method, code)
         context.abort(code, message)
 
+    def admitted(context: grpc.ServicerContext):
+        return limiter.admitted(method, context.is_active) if limiter else nullcontext()
+
+    def bounded(messages):
+        return limiter.bounded(method, messages) if limiter else messages
+
     if streaming:
 
         def stream_handler(request, context: grpc.ServicerContext) -> Iterator:
             try:
-                yield from fn(request, context)
+                with admitted(context):
+                    yield from bounded(fn(request, context))
             except grpc.RpcError:
                 counter.add(method, grpc.StatusCode.CANCELLED)
                 raise
@@ -79,7 +107,8 @@ def _guard(method: str, fn: Callable, counter: CallCounter, streaming: bool) -> 
 
     def unary_handler(request, context: grpc.ServicerContext):
         try:
-            response = fn(request, context)
+            with admitted(context):
+                response = fn(bounded(request) if request_streaming else request, context)
         except grpc.RpcError:
             counter.add(method, grpc.StatusCode.CANCELLED)
             raise
@@ -109,27 +138,32 @@ def _parsed(fn: Callable, request_cls) -> Callable:
 
 
 def _method_table(
-    service: StoreService, engine: EngineService, counter: CallCounter
+    service: StoreService,
+    engine: EngineService,
+    counter: CallCounter,
+    limiter: CallLimiter | None = None,
+    remote: RemoteService | None = None,
 ) -> dict[str, grpc.RpcMethodHandler]:
     def serialize(message) -> bytes:
         return message.SerializeToString()
 
     def unary(name: str, fn: Callable, request_cls) -> grpc.RpcMethodHandler:
         return grpc.unary_unary_rpc_method_handler(
-            _guard(name, _parsed(fn, request_cls), counter, streaming=False),
+            _guard(name, _parsed(fn, request_cls), counter, streaming=False, limiter=limiter),
             request_deserializer=None,  # parsed by _parsed, inside the guard
             response_serializer=serialize,
         )
 
     def streaming(name: str, fn: Callable, request_cls, serializer=None) -> grpc.RpcMethodHandler:
         return grpc.unary_stream_rpc_method_handler(
-            _guard(name, _parsed(fn, request_cls), counter, streaming=True),
+            _guard(name, _parsed(fn, request_cls), counter, streaming=True, limiter=limiter),
             request_deserializer=None,  # parsed by _parsed, inside the guard
             response_serializer=serializer,  # None: the handler yields wire bytes
         )
 
+    remote = remote or RemoteService(None)  # the remote tier (kvgraftd.remote_service)
     table = {
-        "Info": unary("Info", lambda r, c: _info(service, engine, r), pb.InfoRequest),
+        "Info": unary("Info", lambda r, c: _info(service, engine, r, remote), pb.InfoRequest),
         "MissingPages": unary(
             "MissingPages", lambda r, c: service.missing_pages(r), pb.MissingPagesRequest
         ),
@@ -137,7 +171,13 @@ def _method_table(
         "Stat": unary("Stat", lambda r, c: service.stat(r), pb.StatRequest),
         "Delete": unary("Delete", lambda r, c: service.delete(r), pb.DeleteRequest),
         "Pin": unary("Pin", lambda r, c: service.pin(r), pb.PinRequest),
-        "Stats": unary("Stats", lambda r, c: _stats(service, counter, r), pb.StatsRequest),
+        "Stats": unary(
+            "Stats", lambda r, c: _stats(service, engine, counter, r, remote), pb.StatsRequest
+        ),
+        "RemoteStatus": unary(
+            "RemoteStatus", lambda r, c: remote.status(r), pb.RemoteStatusRequest
+        ),
+        "RemoteSync": unary("RemoteSync", lambda r, c: remote.sync(r), pb.RemoteSyncRequest),
         "GetArtifact": streaming(
             "GetArtifact", lambda r, c: service.get_artifact(r), pb.GetArtifactRequest
         ),
@@ -145,7 +185,14 @@ def _method_table(
             "Watch", lambda r, c: service.watch(r, c.is_active), pb.WatchRequest, serialize
         ),
         "PutArtifact": grpc.stream_unary_rpc_method_handler(
-            _guard("PutArtifact", lambda it, c: service.put_artifact(it), counter, streaming=False),
+            _guard(
+                "PutArtifact",
+                lambda it, c: service.put_artifact(it),
+                counter,
+                streaming=False,
+                limiter=limiter,
+                request_streaming=True,
+            ),
             request_deserializer=None,  # raw bytes, parsed by kvgraft.wire
             response_serializer=serialize,
         ),
@@ -159,38 +206,132 @@ def _method_table(
         ),
         Graft=streaming("Graft", lambda r, c: engine.graft(r), pb.GraftRequest, serialize),
     )
+    library = LibraryService(engine)  # the knowledge library (kvgraftd.library)
+    table.update(
+        LibraryAdd=unary("LibraryAdd", lambda r, c: library.add(r), pb.LibraryAddRequest),
+        LibraryList=unary("LibraryList", lambda r, c: library.list(r), pb.LibraryListRequest),
+        LibraryRemove=unary(
+            "LibraryRemove", lambda r, c: library.remove(r), pb.LibraryRemoveRequest
+        ),
+        Ask=unary("Ask", lambda r, c: library.ask(r), pb.AskRequest),
+    )
     return table
 
 
-def _info(service: StoreService, engine: EngineService, request: pb.InfoRequest) -> pb.InfoResponse:
+def _info(
+    service: StoreService,
+    engine: EngineService,
+    request: pb.InfoRequest,
+    remote: RemoteService,
+) -> pb.InfoResponse:
     response = service.info(request)
     engine.describe(response)
+    _prepend_tiers(response, engine.tier_infos())
+    response.tiers.extend(remote.tier_infos())  # the remote tier is looked up last
     return response
 
 
 def _stats(
-    service: StoreService, counter: CallCounter, request: pb.StatsRequest
+    service: StoreService,
+    engine: EngineService,
+    counter: CallCounter,
+    request: pb.StatsRequest,
+    remote: RemoteService,
 ) -> pb.StatsResponse:
     response = service.stats(request)
     response.rpc_calls.update(counter.snapshot())
+    _prepend_tiers(response, engine.tier_infos())
+    response.tiers.extend(remote.tier_infos())
+    response.rss_anon_bytes = rss_anon_bytes()
+    response.device_max_allocated_bytes = engine.device_max_allocated_bytes()
     return response
 
 
+def stats_response(
+    service: StoreService,
+    engine: EngineService,
+    counter: CallCounter,
+    remote: RemoteService | None = None,
+) -> pb.StatsResponse:
+    """What Stats answers; the metrics endpoint (kvgraftd.metrics) reads the same figures."""
+    return _stats(service, engine, counter, pb.StatsRequest(), remote or RemoteService(None))
+
+
+def _prepend_tiers(response, tiers: list[pb.TierInfo]) -> None:
+    """Tiers in lookup order: the engine's device and host tiers, then the store's."""
+    stored = list(response.tiers)
+    del response.tiers[:]
+    response.tiers.extend([*tiers, *stored])
+
+
+def rss_anon_bytes() -> int:
+    """This process's anonymous resident memory: its heap, not the LMDB map's page cache."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the server enforces and counts besides its method table (built by kvgraftd.main)."""
+
+    limiter: CallLimiter | None = None
+    options: list[tuple[str, int]] = field(
+        default_factory=lambda: [("grpc.so_reuseport", 0), *wire.CHANNEL_OPTIONS]
+    )
+    credentials: grpc.ServerCredentials | None = None  # None: plaintext
+    token_check: TokenCheck | None = None
+    probe_socket: str = ""  # "unix:PATH" for kvgraftd.readiness when TLS is on; "": none
+    counter: CallCounter = field(default_factory=CallCounter)
+    telemetry: Telemetry = field(default_factory=Telemetry)
+
+
+def _aborter(counter: CallCounter) -> Callable[[grpc.ServicerContext, str, KvgraftError], NoReturn]:
+    """How the access interceptor ends a call it refuses: counted, with the error's code."""
+
+    def abort(context: grpc.ServicerContext, method: str, exc: KvgraftError) -> NoReturn:
+        code, message = _status(exc)
+        counter.add(method.removeprefix(f"/{SERVICE_NAME}/").lstrip("/"), code)
+        context.abort(code, message)
+        raise AssertionError("context.abort returns only by raising")
+
+    return abort
+
+
 def create_server(
-    service: StoreService, engine: EngineService, listen: str, *, workers: int = 16
+    service: StoreService,
+    engine: EngineService,
+    listen: str,
+    *,
+    workers: int = 16,
+    settings: ServerSettings | None = None,
+    remote: RemoteService | None = None,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Build (not start) the server; returns it, the bound port and the health servicer."""
+    settings = settings or ServerSettings()
+    limiter = settings.limiter
+    counter = settings.counter
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
-        options=[("grpc.so_reuseport", 0), *wire.CHANNEL_OPTIONS],
-    )
-    counter = CallCounter()
-    server.add_generic_rpc_handlers(
-        (
-            grpc.method_handlers_generic_handler(
-                SERVICE_NAME, _method_table(service, engine, counter)
+        futures.ThreadPoolExecutor(
+            max_workers=limiter.pool_threads() if limiter else workers, thread_name_prefix="rpc"
+        ),
+        options=settings.options,
+        interceptors=[
+            Lanes(),  # first: it moves the final behavior, refusals included
+            AccessInterceptor(
+                settings.token_check, _aborter(counter), probe_socket=bool(settings.probe_socket)
             ),
-        )
+        ],
+    )
+    table = _method_table(service, engine, counter, limiter, remote)
+    instrumented = {name: settings.telemetry.instrument(name, h) for name, h in table.items()}
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE_NAME, instrumented),)
     )
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -199,7 +340,12 @@ def create_server(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     try:
-        port = server.add_insecure_port(listen)
+        if settings.credentials is not None:
+            port = server.add_secure_port(listen, settings.credentials)
+        else:
+            port = server.add_insecure_port(listen)
+        if settings.probe_socket and not server.add_insecure_port(settings.probe_socket):
+            raise OSError(f"cannot open the health probe socket {settings.probe_socket}")
     except RuntimeError:
         port = 0
     if port == 0:

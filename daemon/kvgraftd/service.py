@@ -12,9 +12,11 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from google.protobuf.message import DecodeError
+
 from kvgraft import __version__, wire
-from kvgraft.artifact import DIGEST_BYTES, page_sizes, parse_manifest
-from kvgraft.errors import InvalidArgument, KvgraftError, Unavailable
+from kvgraft.artifact import DIGEST_BYTES, artifact_id, page_sizes, parse_manifest
+from kvgraft.errors import DataLoss, InvalidArgument, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.catalog import artifact_info
 from kvgraftd.intake import PageIntake
@@ -81,10 +83,13 @@ class StoreService:
         """Receive pages then a manifest; commit them together.
 
         Verified pages of a stream that is cut (the iterator raises something
-        other than a kvgraft error) are staged so a retry need not resend them.
+        other than a kvgraft error) are staged so a retry need not resend them;
+        so are those of a manifest that does not hash to the sender's
+        expected_artifact_id (altered on the way: DATA_LOSS).
         """
         intake = PageIntake(self._store, self._limits.spill_bytes)
         manifest: pb.Manifest | None = None
+        expected_id = ""
         try:
             for raw in messages:
                 if manifest is not None:
@@ -94,6 +99,7 @@ class StoreService:
                 )
                 if manifest_bytes is not None:
                     manifest = parse_manifest(manifest_bytes)
+                    expected_id = _expected_artifact_id(raw)
                 for chunk in chunks:
                     intake.add(chunk)
         except KvgraftError:
@@ -106,6 +112,12 @@ class StoreService:
             raise InvalidArgument(
                 "PutArtifact ended without a manifest; no artifact was stored (the pages sent "
                 "are kept for a retry): send the manifest as the last message"
+            )
+        if expected_id and artifact_id(manifest) != expected_id:
+            intake.stage()  # the pages were verified; only the manifest is in doubt
+            raise DataLoss(
+                f"the manifest arrived altered: it hashes to {artifact_id(manifest)[:16]}, not "
+                f"to the expected {expected_id[:16]}; no artifact was stored: resend it"
             )
         intake.check_against(manifest)
         result = self._store.commit_artifact(manifest, intake.records)
@@ -238,6 +250,17 @@ class StoreService:
                     "once it is back"
                 )
             self._store.wait_for_change(WATCH_POLL_S)
+
+
+def _expected_artifact_id(raw: bytes) -> str:
+    """PutArtifactRequest.expected_artifact_id of the manifest's message ('' when unset)."""
+    try:
+        expected = pb.PutArtifactRequest.FromString(raw).expected_artifact_id
+    except DecodeError:
+        raise InvalidArgument("the manifest's PutArtifactRequest does not parse") from None
+    if expected and (len(expected) != 64 or expected.strip("0123456789abcdef")):
+        raise InvalidArgument("expected_artifact_id must be 64 lowercase hex characters")
+    return expected
 
 
 def _decode_page_token(token: str) -> bytes:

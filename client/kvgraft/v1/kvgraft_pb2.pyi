@@ -13,10 +13,21 @@ class KvDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     KV_DTYPE_FLOAT32: _ClassVar[KvDtype]
     KV_DTYPE_FLOAT16: _ClassVar[KvDtype]
     KV_DTYPE_BFLOAT16: _ClassVar[KvDtype]
+
+class AskPath(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ASK_PATH_UNSPECIFIED: _ClassVar[AskPath]
+    ASK_PATH_RECALL: _ClassVar[AskPath]
+    ASK_PATH_GENERATE: _ClassVar[AskPath]
+    ASK_PATH_LIBRARY: _ClassVar[AskPath]
 KV_DTYPE_UNSPECIFIED: KvDtype
 KV_DTYPE_FLOAT32: KvDtype
 KV_DTYPE_FLOAT16: KvDtype
 KV_DTYPE_BFLOAT16: KvDtype
+ASK_PATH_UNSPECIFIED: AskPath
+ASK_PATH_RECALL: AskPath
+ASK_PATH_GENERATE: AskPath
+ASK_PATH_LIBRARY: AskPath
 
 class KvLayout(_message.Message):
     __slots__ = ("num_layers", "kv_heads", "head_dim", "kv_dtype")
@@ -118,12 +129,14 @@ class PageBlock(_message.Message):
     def __init__(self, chunks: _Optional[_Iterable[_Union[PageChunk, _Mapping]]] = ...) -> None: ...
 
 class PutArtifactRequest(_message.Message):
-    __slots__ = ("pages", "manifest")
+    __slots__ = ("pages", "manifest", "expected_artifact_id")
     PAGES_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
     pages: PageBlock
     manifest: Manifest
-    def __init__(self, pages: _Optional[_Union[PageBlock, _Mapping]] = ..., manifest: _Optional[_Union[Manifest, _Mapping]] = ...) -> None: ...
+    expected_artifact_id: str
+    def __init__(self, pages: _Optional[_Union[PageBlock, _Mapping]] = ..., manifest: _Optional[_Union[Manifest, _Mapping]] = ..., expected_artifact_id: _Optional[str] = ...) -> None: ...
 
 class PutArtifactResponse(_message.Message):
     __slots__ = ("artifact_id", "already_present", "pages_written", "bytes_written")
@@ -444,7 +457,7 @@ class InfoResponse(_message.Message):
     def __init__(self, version: _Optional[str] = ..., store_format_version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., model_name: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., model_state: _Optional[str] = ...) -> None: ...
 
 class TierInfo(_message.Message):
-    __slots__ = ("name", "capacity_bytes", "used_bytes", "hits", "misses", "evictions", "bytes_streamed", "peak_bytes")
+    __slots__ = ("name", "capacity_bytes", "used_bytes", "hits", "misses", "evictions", "bytes_streamed", "peak_bytes", "backlog_artifacts")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -453,6 +466,7 @@ class TierInfo(_message.Message):
     EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     BYTES_STREAMED_FIELD_NUMBER: _ClassVar[int]
     PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BACKLOG_ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     capacity_bytes: int
     used_bytes: int
@@ -461,14 +475,15 @@ class TierInfo(_message.Message):
     evictions: int
     bytes_streamed: int
     peak_bytes: int
-    def __init__(self, name: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., bytes_streamed: _Optional[int] = ..., peak_bytes: _Optional[int] = ...) -> None: ...
+    backlog_artifacts: int
+    def __init__(self, name: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., bytes_streamed: _Optional[int] = ..., peak_bytes: _Optional[int] = ..., backlog_artifacts: _Optional[int] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("artifacts", "pages", "page_bytes", "staged_pages", "map_size_bytes", "map_used_bytes", "disk_free_bytes", "last_sequence", "tiers", "rpc_calls")
+    __slots__ = ("artifacts", "pages", "page_bytes", "staged_pages", "map_size_bytes", "map_used_bytes", "disk_free_bytes", "last_sequence", "tiers", "rpc_calls", "rss_anon_bytes", "device_max_allocated_bytes")
     class RpcCallsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -486,6 +501,8 @@ class StatsResponse(_message.Message):
     LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     RPC_CALLS_FIELD_NUMBER: _ClassVar[int]
+    RSS_ANON_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_MAX_ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
     artifacts: int
     pages: int
     page_bytes: int
@@ -496,7 +513,9 @@ class StatsResponse(_message.Message):
     last_sequence: int
     tiers: _containers.RepeatedCompositeFieldContainer[TierInfo]
     rpc_calls: _containers.ScalarMap[str, int]
-    def __init__(self, artifacts: _Optional[int] = ..., pages: _Optional[int] = ..., page_bytes: _Optional[int] = ..., staged_pages: _Optional[int] = ..., map_size_bytes: _Optional[int] = ..., map_used_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., last_sequence: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., rpc_calls: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    rss_anon_bytes: int
+    device_max_allocated_bytes: int
+    def __init__(self, artifacts: _Optional[int] = ..., pages: _Optional[int] = ..., page_bytes: _Optional[int] = ..., staged_pages: _Optional[int] = ..., map_size_bytes: _Optional[int] = ..., map_used_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., last_sequence: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., rpc_calls: _Optional[_Mapping[str, int]] = ..., rss_anon_bytes: _Optional[int] = ..., device_max_allocated_bytes: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("from_sequence", "follow")
@@ -525,3 +544,189 @@ class ChangeRecord(_message.Message):
     artifact_id: str
     unix_ms: int
     def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[ChangeRecord.Kind, str]] = ..., artifact_id: _Optional[str] = ..., unix_ms: _Optional[int] = ...) -> None: ...
+
+class LibraryAddRequest(_message.Message):
+    __slots__ = ("problem", "solution", "answer", "verified_by", "tags")
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    SOLUTION_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_BY_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    problem: str
+    solution: str
+    answer: str
+    verified_by: str
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, problem: _Optional[str] = ..., solution: _Optional[str] = ..., answer: _Optional[str] = ..., verified_by: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LibraryAddResponse(_message.Message):
+    __slots__ = ("entry", "receipt", "already_present")
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    entry: LibraryEntry
+    receipt: Receipt
+    already_present: bool
+    def __init__(self, entry: _Optional[_Union[LibraryEntry, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., already_present: _Optional[bool] = ...) -> None: ...
+
+class LibraryEntry(_message.Message):
+    __slots__ = ("artifact_id", "problem", "answer", "verified_by", "tags", "problem_tokens", "num_tokens", "created_unix_ms", "solution")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_BY_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    SOLUTION_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    problem: str
+    answer: str
+    verified_by: str
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    problem_tokens: int
+    num_tokens: int
+    created_unix_ms: int
+    solution: str
+    def __init__(self, artifact_id: _Optional[str] = ..., problem: _Optional[str] = ..., answer: _Optional[str] = ..., verified_by: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., problem_tokens: _Optional[int] = ..., num_tokens: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., solution: _Optional[str] = ...) -> None: ...
+
+class LibraryListRequest(_message.Message):
+    __slots__ = ("tag",)
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    tag: str
+    def __init__(self, tag: _Optional[str] = ...) -> None: ...
+
+class LibraryListResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[LibraryEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[LibraryEntry, _Mapping]]] = ...) -> None: ...
+
+class LibraryRemoveRequest(_message.Message):
+    __slots__ = ("artifact_id",)
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    def __init__(self, artifact_id: _Optional[str] = ...) -> None: ...
+
+class LibraryRemoveResponse(_message.Message):
+    __slots__ = ("artifact_id", "pages_freed", "bytes_freed")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FREED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FREED_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    pages_freed: int
+    bytes_freed: int
+    def __init__(self, artifact_id: _Optional[str] = ..., pages_freed: _Optional[int] = ..., bytes_freed: _Optional[int] = ...) -> None: ...
+
+class AskRequest(_message.Message):
+    __slots__ = ("text", "max_new_tokens", "library_tag", "no_recall")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LIBRARY_TAG_FIELD_NUMBER: _ClassVar[int]
+    NO_RECALL_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    max_new_tokens: int
+    library_tag: str
+    no_recall: bool
+    def __init__(self, text: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., library_tag: _Optional[str] = ..., no_recall: _Optional[bool] = ...) -> None: ...
+
+class AskResponse(_message.Message):
+    __slots__ = ("answer", "path", "entry_id", "verified_answer", "matches_verified", "decode_tokens", "receipt", "wall_s", "cpu_s", "library_artifact_id", "library_built")
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_ANSWER_FIELD_NUMBER: _ClassVar[int]
+    MATCHES_VERIFIED_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_FIELD_NUMBER: _ClassVar[int]
+    CPU_S_FIELD_NUMBER: _ClassVar[int]
+    LIBRARY_ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    LIBRARY_BUILT_FIELD_NUMBER: _ClassVar[int]
+    answer: str
+    path: AskPath
+    entry_id: str
+    verified_answer: str
+    matches_verified: bool
+    decode_tokens: int
+    receipt: Receipt
+    wall_s: float
+    cpu_s: float
+    library_artifact_id: str
+    library_built: bool
+    def __init__(self, answer: _Optional[str] = ..., path: _Optional[_Union[AskPath, str]] = ..., entry_id: _Optional[str] = ..., verified_answer: _Optional[str] = ..., matches_verified: _Optional[bool] = ..., decode_tokens: _Optional[int] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., wall_s: _Optional[float] = ..., cpu_s: _Optional[float] = ..., library_artifact_id: _Optional[str] = ..., library_built: _Optional[bool] = ...) -> None: ...
+
+class RemoteStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RemoteStatusResponse(_message.Message):
+    __slots__ = ("enabled", "endpoint", "bucket", "prefix", "write_mode", "reachable", "backlog_artifacts", "uploaded_artifacts", "uploaded_pages", "uploaded_bytes", "downloaded_pages", "downloaded_bytes", "hits", "misses", "corrupt_objects", "last_error", "last_error_unix_ms", "retry_in_s")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    WRITE_MODE_FIELD_NUMBER: _ClassVar[int]
+    REACHABLE_FIELD_NUMBER: _ClassVar[int]
+    BACKLOG_ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DOWNLOADED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    DOWNLOADED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_IN_S_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    endpoint: str
+    bucket: str
+    prefix: str
+    write_mode: str
+    reachable: bool
+    backlog_artifacts: int
+    uploaded_artifacts: int
+    uploaded_pages: int
+    uploaded_bytes: int
+    downloaded_pages: int
+    downloaded_bytes: int
+    hits: int
+    misses: int
+    corrupt_objects: int
+    last_error: str
+    last_error_unix_ms: int
+    retry_in_s: float
+    def __init__(self, enabled: _Optional[bool] = ..., endpoint: _Optional[str] = ..., bucket: _Optional[str] = ..., prefix: _Optional[str] = ..., write_mode: _Optional[str] = ..., reachable: _Optional[bool] = ..., backlog_artifacts: _Optional[int] = ..., uploaded_artifacts: _Optional[int] = ..., uploaded_pages: _Optional[int] = ..., uploaded_bytes: _Optional[int] = ..., downloaded_pages: _Optional[int] = ..., downloaded_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., corrupt_objects: _Optional[int] = ..., last_error: _Optional[str] = ..., last_error_unix_ms: _Optional[int] = ..., retry_in_s: _Optional[float] = ...) -> None: ...
+
+class RemoteSyncRequest(_message.Message):
+    __slots__ = ("push", "pull")
+    PUSH_FIELD_NUMBER: _ClassVar[int]
+    PULL_FIELD_NUMBER: _ClassVar[int]
+    push: bool
+    pull: bool
+    def __init__(self, push: _Optional[bool] = ..., pull: _Optional[bool] = ...) -> None: ...
+
+class RemoteSyncResponse(_message.Message):
+    __slots__ = ("pushed_artifacts", "pushed_pages", "pushed_bytes", "pulled_artifacts", "pulled_pages", "pulled_bytes", "in_both", "failures", "backlog_artifacts")
+    PUSHED_ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    PUSHED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    PUSHED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PULLED_ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    PULLED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    PULLED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IN_BOTH_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    BACKLOG_ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    pushed_artifacts: int
+    pushed_pages: int
+    pushed_bytes: int
+    pulled_artifacts: int
+    pulled_pages: int
+    pulled_bytes: int
+    in_both: int
+    failures: _containers.RepeatedScalarFieldContainer[str]
+    backlog_artifacts: int
+    def __init__(self, pushed_artifacts: _Optional[int] = ..., pushed_pages: _Optional[int] = ..., pushed_bytes: _Optional[int] = ..., pulled_artifacts: _Optional[int] = ..., pulled_pages: _Optional[int] = ..., pulled_bytes: _Optional[int] = ..., in_both: _Optional[int] = ..., failures: _Optional[_Iterable[str]] = ..., backlog_artifacts: _Optional[int] = ...) -> None: ...

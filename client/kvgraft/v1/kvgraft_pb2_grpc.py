@@ -110,6 +110,36 @@ class KvgraftStub:
                 request_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.WatchRequest.SerializeToString,
                 response_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.ChangeRecord.FromString,
                 _registered_method=True)
+        self.LibraryAdd = channel.unary_unary(
+                '/kvgraft.v1.Kvgraft/LibraryAdd',
+                request_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.LibraryAddRequest.SerializeToString,
+                response_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.LibraryAddResponse.FromString,
+                _registered_method=True)
+        self.LibraryList = channel.unary_unary(
+                '/kvgraft.v1.Kvgraft/LibraryList',
+                request_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.LibraryListRequest.SerializeToString,
+                response_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.LibraryListResponse.FromString,
+                _registered_method=True)
+        self.LibraryRemove = channel.unary_unary(
+                '/kvgraft.v1.Kvgraft/LibraryRemove',
+                request_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.LibraryRemoveRequest.SerializeToString,
+                response_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.LibraryRemoveResponse.FromString,
+                _registered_method=True)
+        self.Ask = channel.unary_unary(
+                '/kvgraft.v1.Kvgraft/Ask',
+                request_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.AskRequest.SerializeToString,
+                response_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.AskResponse.FromString,
+                _registered_method=True)
+        self.RemoteStatus = channel.unary_unary(
+                '/kvgraft.v1.Kvgraft/RemoteStatus',
+                request_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.RemoteStatusRequest.SerializeToString,
+                response_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.RemoteStatusResponse.FromString,
+                _registered_method=True)
+        self.RemoteSync = channel.unary_unary(
+                '/kvgraft.v1.Kvgraft/RemoteSync',
+                request_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.RemoteSyncRequest.SerializeToString,
+                response_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.RemoteSyncResponse.FromString,
+                _registered_method=True)
 
 
 class KvgraftServicer:
@@ -229,6 +259,57 @@ class KvgraftServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LibraryAdd(self, request, context):
+        """Deposit a verified solution in the knowledge library: the daemon
+        computes the context "problem + verified solution" in the model's chat
+        format and stores it with the answer, verifier and tags as labels.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LibraryList(self, request, context):
+        """The library entries of the served model, optionally of one tag.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LibraryRemove(self, request, context):
+        """Remove one library entry (only library entries: other artifacts stay).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Ask(self, request, context):
+        """Answer a problem: recall from a token-exact library entry in a few
+        decode tokens, or generate (optionally with a tag's library grafted as
+        context). One response with the answer, the path taken and the receipt.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoteStatus(self, request, context):
+        """The remote tier (an S3 bucket shared by a fleet of daemons): its
+        configuration, reachability, write-back backlog, counters and last error.
+        Answers enabled = false when the daemon has none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoteSync(self, request, context):
+        """Make this store and the remote tier agree: push uploads the local
+        artifacts the bucket lacks (the write-back queue first); pull imports the
+        bucket's artifacts this store lacks, every byte verified. FAILED_PRECONDITION
+        without a remote tier; UNAVAILABLE while its server cannot be reached.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KvgraftServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -306,6 +387,36 @@ def add_KvgraftServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.WatchRequest.FromString,
                     response_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.ChangeRecord.SerializeToString,
+            ),
+            'LibraryAdd': grpc.unary_unary_rpc_method_handler(
+                    servicer.LibraryAdd,
+                    request_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.LibraryAddRequest.FromString,
+                    response_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.LibraryAddResponse.SerializeToString,
+            ),
+            'LibraryList': grpc.unary_unary_rpc_method_handler(
+                    servicer.LibraryList,
+                    request_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.LibraryListRequest.FromString,
+                    response_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.LibraryListResponse.SerializeToString,
+            ),
+            'LibraryRemove': grpc.unary_unary_rpc_method_handler(
+                    servicer.LibraryRemove,
+                    request_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.LibraryRemoveRequest.FromString,
+                    response_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.LibraryRemoveResponse.SerializeToString,
+            ),
+            'Ask': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ask,
+                    request_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.AskRequest.FromString,
+                    response_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.AskResponse.SerializeToString,
+            ),
+            'RemoteStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoteStatus,
+                    request_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.RemoteStatusRequest.FromString,
+                    response_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.RemoteStatusResponse.SerializeToString,
+            ),
+            'RemoteSync': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoteSync,
+                    request_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.RemoteSyncRequest.FromString,
+                    response_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.RemoteSyncResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -714,6 +825,168 @@ class Kvgraft:
             '/kvgraft.v1.Kvgraft/Watch',
             kvgraft_dot_v1_dot_kvgraft__pb2.WatchRequest.SerializeToString,
             kvgraft_dot_v1_dot_kvgraft__pb2.ChangeRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LibraryAdd(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvgraft.v1.Kvgraft/LibraryAdd',
+            kvgraft_dot_v1_dot_kvgraft__pb2.LibraryAddRequest.SerializeToString,
+            kvgraft_dot_v1_dot_kvgraft__pb2.LibraryAddResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LibraryList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvgraft.v1.Kvgraft/LibraryList',
+            kvgraft_dot_v1_dot_kvgraft__pb2.LibraryListRequest.SerializeToString,
+            kvgraft_dot_v1_dot_kvgraft__pb2.LibraryListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LibraryRemove(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvgraft.v1.Kvgraft/LibraryRemove',
+            kvgraft_dot_v1_dot_kvgraft__pb2.LibraryRemoveRequest.SerializeToString,
+            kvgraft_dot_v1_dot_kvgraft__pb2.LibraryRemoveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvgraft.v1.Kvgraft/Ask',
+            kvgraft_dot_v1_dot_kvgraft__pb2.AskRequest.SerializeToString,
+            kvgraft_dot_v1_dot_kvgraft__pb2.AskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoteStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvgraft.v1.Kvgraft/RemoteStatus',
+            kvgraft_dot_v1_dot_kvgraft__pb2.RemoteStatusRequest.SerializeToString,
+            kvgraft_dot_v1_dot_kvgraft__pb2.RemoteStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoteSync(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvgraft.v1.Kvgraft/RemoteSync',
+            kvgraft_dot_v1_dot_kvgraft__pb2.RemoteSyncRequest.SerializeToString,
+            kvgraft_dot_v1_dot_kvgraft__pb2.RemoteSyncResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,115 @@
+"""Relaying one artifact's pages from a source's GetArtifact into a target's PutArtifact.
+
+The relay checks every chunk as it passes: a page that was asked for, at its
+size, its pieces in order; each whole page against the xxh3-128 the source
+sends (SHA-256 when it sends none; a page larger than one message is hashed
+piece by piece). Each message is then framed anew as a PutArtifactRequest and
+forwarded, and the manifest goes last with the id it must hash to. The
+target recomputes SHA-256 of everything anyway: the check here stops a
+corrupt page before it travels further, and says which side failed.
+
+A failure on the source side (a cut stream, a corrupt or missing page) is
+kept in `source_error` and ends the put without a manifest, so the target
+stages the pages it verified instead of committing anything, and a retry
+sends only the rest. Memory: the message in hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+
+import xxhash
+
+from kvgraft import wire
+from kvgraft.client import Stream
+from kvgraft.errors import DataLoss, KvgraftError
+
+# on_message(page bytes forwarded, digests of the pages that message completed)
+MessageHook = Callable[[int, list[bytes]], None]
+
+
+class PageRelay:
+    """The PutArtifact stream of one copy attempt."""
+
+    def __init__(
+        self,
+        artifact_id: str,
+        manifest_bytes: bytes,
+        sizes: dict[bytes, int],
+        wanted: list[bytes],
+        stream: Stream[bytes] | None,
+        on_message: MessageHook,
+    ) -> None:
+        self._artifact_id = artifact_id
+        self._manifest_bytes = manifest_bytes
+        self._sizes = sizes
+        self._pending = set(wanted)
+        self._partial: dict[bytes, tuple[object, int]] = {}  # digest -> (hasher, bytes so far)
+        self._stream = stream  # GetArtifact(only_pages=wanted); None when nothing is wanted
+        self._on_message = on_message
+        self.source_error: KvgraftError | None = None
+
+    def messages(self) -> Iterator[bytes]:
+        """PutArtifactRequest messages: the wanted pages, then the manifest."""
+        if self._stream is not None:
+            try:
+                yield from self._pages(self._stream)
+            except KvgraftError as exc:
+                self.source_error = exc
+                return
+        yield wire.encode_put_manifest(self._manifest_bytes, self._artifact_id)
+
+    def _pages(self, stream: Stream[bytes]) -> Iterator[bytes]:
+        if manifest_of(next(stream, None), self._artifact_id) != self._manifest_bytes:
+            raise DataLoss(f"the manifest of {self._artifact_id[:16]} changed between two reads")
+        for raw in stream:
+            chunks, manifest = wire.decode_envelope(raw, wire.GET_PAGES, wire.GET_MANIFEST)
+            if manifest is not None:
+                raise DataLoss("GetArtifact sent a second manifest")
+            done = [digest for digest in map(self._check, chunks) if digest is not None]
+            yield wire.encode_page_block(wire.PUT_PAGES, chunks)
+            self._on_message(sum(len(c.data) for c in chunks), done)
+        if self._pending:
+            raise DataLoss(
+                f"GetArtifact of {self._artifact_id[:16]} ended without page "
+                f"{next(iter(self._pending)).hex()[:16]}"
+            )
+
+    def _check(self, chunk: wire.Chunk) -> bytes | None:
+        """Check one chunk on arrival; the digest once its page is complete and intact."""
+        digest = chunk.sha256
+        if digest not in self._pending or chunk.page_bytes != self._sizes[digest]:
+            raise DataLoss(f"GetArtifact sent page {digest.hex()[:16]} unasked or misframed")
+        if chunk.offset == 0 and len(chunk.data) == chunk.page_bytes:
+            intact = (
+                xxhash.xxh3_128_digest(chunk.data) == chunk.xxh3
+                if chunk.xxh3
+                else hashlib.sha256(chunk.data).digest() == digest
+            )
+        else:  # a page larger than one message: hash its pieces as they pass
+            hasher, received = self._partial.pop(digest, (None, 0))
+            if chunk.offset != received or received + len(chunk.data) > chunk.page_bytes:
+                raise DataLoss(f"page {digest.hex()[:16]} arrived in pieces out of order")
+            if hasher is None:
+                hasher = xxhash.xxh3_128() if chunk.xxh3 else hashlib.sha256()
+            hasher.update(chunk.data)
+            received += len(chunk.data)
+            if received < chunk.page_bytes:
+                self._partial[digest] = (hasher, received)
+                return None
+            intact = hasher.digest() == (chunk.xxh3 or digest)
+        if not intact:
+            raise DataLoss(f"page {digest.hex()[:16]} arrived corrupt from the source")
+        self._pending.discard(digest)
+        return digest
+
+
+def manifest_of(raw: bytes | None, artifact_id: str) -> bytes:
+    """The manifest bytes of GetArtifact's first message, checked against the id."""
+    if raw is None:
+        raise DataLoss(f"GetArtifact {artifact_id[:16]} sent no manifest")
+    _, manifest = wire.decode_envelope(raw, wire.GET_PAGES, wire.GET_MANIFEST)
+    if manifest is None or hashlib.sha256(manifest).hexdigest() != artifact_id:
+        raise DataLoss(f"the manifest of {artifact_id[:16]} arrived altered")
+    return manifest

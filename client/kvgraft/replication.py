@@ -1,0 +1,554 @@
+"""Replication: make a target store hold what a source store holds, byte for byte, verified.
+
+Artifacts are immutable and content-addressed, so replication is set
+reconciliation plus verified transfer (DESIGN.md, Replication), all over the
+daemons' ordinary gRPC API:
+
+* What to do. The source's change feed (Watch, from a sequence number to its
+  end) gives each artifact's last change; List adds every artifact the source
+  holds that the target lacks, so a change record lost or altered in transit
+  is healed by the next pass. The source is the truth: an artifact is copied
+  when the source holds it, and deleted on the target only when the source,
+  asked again, does not.
+* Copying one artifact. Fetch its manifest (its SHA-256 must be the id), ask
+  the target MissingPages, and stream just those pages from the source's
+  GetArtifact into the target's PutArtifact as they arrive (a message or two
+  in memory per worker), the manifest last with its expected id. Pages are
+  checked here on arrival (the xxh3-128 the source sends) and again, SHA-256,
+  by the target, which commits pages and manifest in one transaction: a
+  partial artifact is never visible and a wrong byte is never accepted.
+* Faults. Any failure (a cut connection, a corrupt page, an altered manifest
+  or feed record) retries the artifact with backoff. When the source stream
+  breaks, the put is ended without a manifest, so the target keeps (stages)
+  the verified pages it has received and the retry sends only what is still
+  missing: of what had arrived, at most the messages in flight are sent
+  again (gRPC hands a server whole messages only). A connection that goes
+  silent is noticed by kvgraft.stream_guard and replaced.
+
+Deletes: an artifact the source deleted is deleted on the target unless the
+target pinned it (an operator's explicit protection there, counted in
+`deletes_kept_pinned`). Pins are not replicated. Replicating twice, or from
+two sources at once, leaves one copy: puts are idempotent and pages shared.
+
+The target is anything with the `Target` methods: `ClientTarget` (another
+daemon over gRPC) here, or the daemon's own store in its follow mode
+(kvgraftd.follower). This module must not import the daemon.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from kvgraft.artifact import page_sizes, parse_manifest
+from kvgraft.client import Client
+from kvgraft.errors import (
+    DataLoss,
+    FailedPrecondition,
+    KvgraftError,
+    NotFound,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+    Unimplemented,
+)
+from kvgraft.page_relay import PageRelay, manifest_of
+from kvgraft.replication_target import ClientTarget, Target
+from kvgraft.stream_guard import StreamGuard
+from kvgraft.v1 import kvgraft_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+ADDED, DELETED = pb.ChangeRecord.KIND_ADDED, pb.ChangeRecord.KIND_DELETED
+# Errors a retry cannot fix; anything else (a cut, a corrupt byte) is retried.
+FATAL_ERRORS = (FailedPrecondition, ResourceExhausted, Unauthenticated, Unimplemented)
+MAX_REASONS = 20  # retry reasons kept in a summary
+FOLLOW_MIN_BACKOFF_S = 0.5  # follow mode reconnects after 0.5 s, 1 s, 2 s, ... 30 s
+FOLLOW_MAX_BACKOFF_S = 30.0
+
+
+@dataclass
+class ReplicationSummary:
+    """What a replication did. Bytes are page bytes; `*_moved` counts every send."""
+
+    source: str = ""
+    target: str = ""
+    artifacts_added: int = 0  # committed on the target by this replication
+    artifacts_present: int = 0  # the target held them already
+    artifacts_deleted: int = 0
+    deletes_kept_pinned: int = 0  # deleted on the source, pinned on the target: kept
+    artifacts_vanished: int = 0  # deleted on the source before they could be copied
+    artifacts_failed: int = 0  # gave up after max_attempts (see failures)
+    pages_moved: int = 0  # pages forwarded to the target, resends included
+    bytes_moved: int = 0
+    pages_resent: int = 0  # pages forwarded again by a retry of the same artifact
+    bytes_resent: int = 0
+    pages_written: int = 0  # pages the target stored anew at commit (staged ones excluded)
+    bytes_written: int = 0
+    retries: int = 0
+    last_sequence: int = 0  # the source's feed is applied up to here
+    elapsed_s: float = 0.0
+    retry_reasons: list[str] = field(default_factory=list)  # the last few
+    failures: dict[str, str] = field(default_factory=dict)  # artifact id -> last error
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Replicator:
+    """Copies artifacts and deletes from a source daemon to a target.
+
+    `workers` artifacts are copied at once during a catch-up (on 2 cores, 2
+    keep the source, this process and the target busy while one artifact
+    commits). `progress` is an object with tqdm's `total` and `update(n)`;
+    `on_change(outcome, artifact_id)` hears of every artifact handled.
+    """
+
+    def __init__(
+        self,
+        source: Client,
+        target: Target,
+        *,
+        workers: int = 2,
+        max_attempts: int = 8,
+        backoff_s: float = 0.05,
+        max_backoff_s: float = 5.0,
+        progress=None,
+        on_change: Callable[[str, str], None] | None = None,
+        probe_interval_s: float = 20.0,
+    ) -> None:
+        self.source = source
+        self.target = target
+        self.workers = max(1, workers)
+        self.max_attempts = max(1, max_attempts)
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.progress = progress
+        self.on_change = on_change
+        self.probe_interval_s = probe_interval_s
+        self.summary = ReplicationSummary(source=source.address)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        # Open source streams: stop, or a stall (a connection gone silent), cancels them.
+        self._guard = StreamGuard(
+            self._behind,
+            self._progress_marker,
+            probe_interval_s,
+            f"replication from {source.address}",
+        )
+        self._opened = self._guard.opened
+
+    # ------------------------------------------------------------------
+    # modes
+
+    def sync(self, from_sequence: int = 1) -> ReplicationSummary:
+        """One pass: the source's feed from `from_sequence` to its end, plus its listing."""
+        began = time.monotonic()
+        done = threading.Event()
+        self._guard.watch(done)
+        try:
+            for attempt in range(1, self.max_attempts + 1):
+                try:
+                    position, _ = self._catch_up(from_sequence)
+                    self._set_position(position)
+                    break
+                except FATAL_ERRORS:
+                    raise
+                except KvgraftError as exc:
+                    if attempt == self.max_attempts:
+                        raise
+                    self._note_retry("the feed", exc)
+                    time.sleep(self._backoff(attempt))
+        finally:
+            done.set()
+        self.summary.elapsed_s = round(time.monotonic() - began, 3)
+        return self.summary
+
+    def follow(
+        self,
+        from_sequence: int = 1,
+        *,
+        stop: threading.Event,
+        on_position: Callable[[int], None] | None = None,
+        max_failures: int | None = None,
+    ) -> ReplicationSummary:
+        """Catch up, then apply the source's changes as they happen, until `stop` is set.
+
+        After an error it backs off (0.5 s, doubling to 30 s) and resumes from
+        the last sequence applied, which `on_position(sequence)` hears of (save
+        it to resume there after a restart); after `max_failures` errors in a
+        row it raises instead, so the caller can open a fresh connection. A
+        connection gone silent (no progress while the source is ahead, probed
+        every probe_interval_s) counts as an error.
+        """
+        self._stop = stop
+        began = time.monotonic()
+        position = max(from_sequence, 1) - 1
+        self._guard.watch(stop)
+        failures = 0
+        while not stop.is_set():
+            try:
+                position, failed = self._catch_up(position + 1)
+                self._set_position(position, on_position)
+                if failed:
+                    raise KvgraftError(f"{failed} artifacts could not be copied yet")
+                failures = 0
+                with self._opened(self.source.watch(position + 1, follow=True)) as feed:
+                    for record in feed:
+                        if stop.is_set():
+                            break
+                        _check_record(record, position + 1)
+                        self._apply(record)
+                        position = record.sequence
+                        self._set_position(position, on_position)
+                    else:
+                        raise Unavailable(f"the change feed of {self.source.address} ended")
+            except KvgraftError as exc:  # fatal ones too: a full disk may be freed
+                if stop.is_set():
+                    break
+                failures += 1
+                if max_failures is not None and failures >= max_failures:
+                    raise
+                delay = min(FOLLOW_MAX_BACKOFF_S, FOLLOW_MIN_BACKOFF_S * 2 ** (failures - 1))
+                log.warning(
+                    "replication from %s: %s; resuming from sequence %d in %.1f s",
+                    self.source.address,
+                    exc,
+                    position + 1,
+                    delay,
+                )
+                stop.wait(delay)
+        self.summary.elapsed_s = round(time.monotonic() - began, 3)
+        return self.summary
+
+    # ------------------------------------------------------------------
+    # passes
+
+    def _catch_up(self, from_sequence: int) -> tuple[int, int]:
+        """Apply the feed from `from_sequence` to its end and copy whatever the source
+        lists and the target lacks. Returns (last sequence applied, artifacts failed)."""
+        last = self.source.stats().last_sequence
+        if from_sequence > last + 1:
+            log.warning(
+                "the feed of %s ends at sequence %d, before %d: its store was replaced; "
+                "replicating it from the start",
+                self.source.address,
+                last,
+                from_sequence,
+            )
+            from_sequence = 1
+        listed = {info.artifact_id: info.page_bytes for info in self.source.list_artifacts()}
+        if not all(map(_is_artifact_id, listed)):
+            raise DataLoss(f"the listing of {self.source.address} arrived altered")
+        records = self._read_feed(from_sequence)
+        present = set(self.target.list_ids())
+        latest: dict[str, int] = {}  # artifact id -> kind of its last record, in feed order
+        for record in records:
+            latest.pop(record.artifact_id, None)
+            latest[record.artifact_id] = record.kind
+        wanted = [a for a, kind in latest.items() if kind == ADDED]
+        wanted += [a for a in listed if a not in latest]
+        adds = [a for a in wanted if a not in present]
+        self._count(artifacts_present=len(wanted) - len(adds))
+        # The feed touched these, and the target holds them or the source no longer
+        # lists them: deleted on the source, unless the source, asked again, has them.
+        deletes = [
+            a
+            for a, kind in latest.items()
+            if (kind == DELETED and (a in present or a in listed))
+            or (kind == ADDED and a in present and a not in listed)
+        ]
+        if self.progress is not None:
+            self.progress.total = (self.progress.total or 0) + sum(listed.get(a, 0) for a in adds)
+        failed = 0
+        jobs = [(self._copy_job, a, listed.get(a, 0)) for a in adds]
+        jobs += [(self._delete_job, a, 0) for a in deletes]
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="replicate") as pool:
+            for ok in pool.map(lambda job: job[0](job[1], job[2]), jobs):
+                failed += not ok
+        position = records[-1].sequence if records else from_sequence - 1
+        return (from_sequence - 1 if failed else position), failed
+
+    def _read_feed(self, from_sequence: int) -> list[pb.ChangeRecord]:
+        """The feed from `from_sequence` to its end, read twice: a record altered in
+        transit (another artifact id) would otherwise copy or delete the wrong one."""
+        records = list(self.source.watch(from_sequence))
+        again = list(self.source.watch(from_sequence))
+        if again[: len(records)] != records:
+            raise DataLoss(f"two reads of the change feed of {self.source.address} differ")
+        if records and records[0].sequence > from_sequence:
+            # Only a feed whose start was trimmed does this; the listing covers additions.
+            log.warning(
+                "the feed of %s starts at sequence %d, after %d: deletes in between are not "
+                "known here",
+                self.source.address,
+                records[0].sequence,
+                from_sequence,
+            )
+        for previous, record in itertools.pairwise(records):
+            _check_record(record, previous.sequence + 1)
+        if records:
+            _check_record(records[0], records[0].sequence)
+        return records
+
+    def _apply(self, record: pb.ChangeRecord) -> None:
+        if record.kind == ADDED:
+            outcome = self.copy_artifact(record.artifact_id)
+        else:
+            outcome = self.apply_delete(record.artifact_id)
+        if outcome in ("vanished", "absent"):
+            # Usual after quick changes on the source; also what a record whose id was
+            # altered in transit looks like: read it again before moving past it.
+            with self._opened(self.source.watch(record.sequence)) as stream:
+                again = next(stream, None)
+            if again != record:
+                raise DataLoss(f"change record {record.sequence} differs when read again")
+
+    def _copy_job(self, artifact_id: str, planned_bytes: int) -> bool:
+        return self._job(lambda: self.copy_artifact(artifact_id, planned_bytes), artifact_id)
+
+    def _delete_job(self, artifact_id: str, _: int) -> bool:
+        return self._job(lambda: self.apply_delete(artifact_id), artifact_id)
+
+    def _job(self, run: Callable[[], str], artifact_id: str) -> bool:
+        try:
+            run()
+        except KvgraftError as exc:
+            with self._lock:
+                self.summary.artifacts_failed += 1
+                self.summary.failures[artifact_id] = f"{exc.code}: {exc}"
+            log.warning("artifact %s was not replicated: %s", artifact_id[:16], exc)
+            self._changed("failed", artifact_id)
+            return False
+        return True
+
+    # ------------------------------------------------------------------
+    # one artifact
+
+    def copy_artifact(self, artifact_id: str, planned_bytes: int = 0) -> str:
+        """Make the target hold the artifact: "added", "present" or "vanished".
+
+        Retries up to max_attempts, then raises the last error.
+        """
+        sent: set[bytes] = set()  # pages forwarded by earlier attempts
+        moved = [0]  # page bytes forwarded for this artifact
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                outcome = self._copy_once(artifact_id, sent, moved)
+                break
+            except NotFound as exc:
+                if not self._source_has(artifact_id):
+                    outcome = "vanished"
+                    break
+                error: KvgraftError = exc
+            except FATAL_ERRORS:
+                raise
+            except KvgraftError as exc:
+                error = exc
+            if attempt == self.max_attempts or self._stop.is_set():
+                raise error
+            self._note_retry(artifact_id, error)
+            time.sleep(self._backoff(attempt))
+        if self.progress is not None and planned_bytes > moved[0]:
+            with self._lock:
+                self.progress.update(planned_bytes - moved[0])
+        counter = {"added": "artifacts_added", "present": "artifacts_present"}
+        self._count(**{counter.get(outcome, "artifacts_vanished"): 1})
+        self._changed(outcome, artifact_id)
+        return outcome
+
+    def _copy_once(self, artifact_id: str, sent: set[bytes], moved: list[int]) -> str:
+        manifest_bytes = self._fetch_manifest(artifact_id)
+        sizes = page_sizes(parse_manifest(manifest_bytes))
+        missing = self.target.missing_pages(list(sizes))
+        if not set(missing) <= sizes.keys():
+            raise DataLoss("MissingPages answered hashes that were not asked; asking again")
+        stream = (
+            self.source.get_artifact_messages(artifact_id, only_pages=missing) if missing else None
+        )
+
+        def forwarded(data_bytes: int, done: list[bytes]) -> None:
+            again = [digest for digest in done if digest in sent]
+            sent.update(done)
+            moved[0] += data_bytes
+            self._moved(data_bytes, len(done), len(again), sum(sizes[d] for d in again))
+
+        relay = PageRelay(artifact_id, manifest_bytes, sizes, missing, stream, forwarded)
+        try:
+            with self._opened(stream):
+                response = self.target.put_artifact_messages(relay.messages())
+        except KvgraftError:
+            if relay.source_error is not None:
+                raise relay.source_error from None  # the cause; the put only ended early
+            raise
+        if relay.source_error is not None:
+            raise relay.source_error
+        if response.artifact_id != artifact_id:
+            raise DataLoss(
+                f"the target stored {response.artifact_id[:16]} for {artifact_id[:16]}; "
+                "the put response was altered on the way"
+            )
+        self._count(pages_written=response.pages_written, bytes_written=response.bytes_written)
+        return "present" if response.already_present else "added"
+
+    def _fetch_manifest(self, artifact_id: str) -> bytes:
+        with self._opened(self.source.get_artifact_messages(artifact_id, manifest_only=True)) as s:
+            first = next(s, None)
+        return manifest_of(first, artifact_id)
+
+    def apply_delete(self, artifact_id: str) -> str:
+        """Delete the artifact on the target, if the source no longer holds it.
+
+        Returns "deleted", "absent", "kept-pinned", or what copy_artifact
+        returns when the source holds it after all.
+        """
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                if self._source_has(artifact_id):  # re-added since, or the record was altered
+                    return self.copy_artifact(artifact_id)
+                outcome = self.target.delete_artifact(artifact_id)
+                if outcome != "pinned" and self.target.has_artifact(artifact_id):
+                    raise DataLoss(f"artifact {artifact_id[:16]} is still on the target")
+                break
+            except FATAL_ERRORS:
+                raise
+            except KvgraftError as exc:
+                if attempt == self.max_attempts or self._stop.is_set():
+                    raise
+                self._note_retry(artifact_id, exc)
+                time.sleep(self._backoff(attempt))
+        if outcome == "pinned":
+            outcome = "kept-pinned"
+            log.info("artifact %s was deleted on the source but is pinned here: kept", artifact_id)
+        counter = {"deleted": "artifacts_deleted", "kept-pinned": "deletes_kept_pinned"}
+        if outcome in counter:
+            self._count(**{counter[outcome]: 1})
+        self._changed(outcome, artifact_id)
+        return outcome
+
+    def _source_has(self, artifact_id: str) -> bool:
+        try:
+            self.source.stat(artifact_id)
+        except NotFound:
+            return False
+        return True
+
+    # ------------------------------------------------------------------
+    # streams
+
+    def _behind(self) -> bool:
+        """The source holds changes not applied yet, or does not answer."""
+        try:
+            return self.source.stats().last_sequence > self.summary.last_sequence
+        except KvgraftError:
+            return True
+
+    def _progress_marker(self) -> tuple[int, ...]:
+        s = self.summary
+        return (
+            s.last_sequence,
+            s.bytes_moved,
+            s.retries,
+            s.artifacts_added + s.artifacts_present + s.artifacts_vanished,
+            s.artifacts_deleted + s.deletes_kept_pinned + s.artifacts_failed,
+        )
+
+    # ------------------------------------------------------------------
+    # bookkeeping
+
+    def _count(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self.summary, name, getattr(self.summary, name) + delta)
+
+    def _moved(self, page_bytes: int, pages: int, resent_pages: int, resent_bytes: int) -> None:
+        with self._lock:
+            s = self.summary
+            s.bytes_moved += page_bytes
+            s.pages_moved += pages
+            s.pages_resent += resent_pages
+            s.bytes_resent += resent_bytes
+            if self.progress is not None:
+                self.progress.update(page_bytes)
+
+    def _note_retry(self, what: str, error: KvgraftError) -> None:
+        reason = f"{what[:16]}: {error.code}: {error}"
+        log.info("retrying %s", reason)
+        with self._lock:
+            self.summary.retries += 1
+            self.summary.retry_reasons = [*self.summary.retry_reasons, reason][-MAX_REASONS:]
+
+    def _set_position(self, sequence: int, on_position=None) -> None:
+        with self._lock:
+            self.summary.last_sequence = sequence
+        if on_position is not None:
+            on_position(sequence)
+
+    def _changed(self, outcome: str, artifact_id: str) -> None:
+        if self.on_change is not None:
+            self.on_change(outcome, artifact_id)
+
+    def _backoff(self, attempt: int) -> float:
+        base = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+        return base * (0.5 + random.random())
+
+
+def _is_artifact_id(text: str) -> bool:
+    return len(text) == 64 and not text.strip("0123456789abcdef")
+
+
+def _check_record(record: pb.ChangeRecord, sequence: int) -> None:
+    """A change record must be the next one and name an artifact: else it was altered."""
+    if (
+        record.sequence != sequence
+        or record.kind not in (ADDED, DELETED)
+        or not _is_artifact_id(record.artifact_id)
+    ):
+        raise DataLoss(f"change record {record.sequence} is not the expected {sequence}")
+
+
+def replicate(
+    source: Client | str,
+    target: Client | str,
+    *,
+    follow: bool = False,
+    from_sequence: int = 1,
+    stop: threading.Event | None = None,
+    on_position: Callable[[int], None] | None = None,
+    client_options: dict | None = None,
+    **replicator_options,
+) -> ReplicationSummary:
+    """Make `target` hold what `source` holds (see the module docstring).
+
+    Either may be a Client (TLS and tokens as the caller set them up) or an
+    address, opened with `client_options` and closed at the end. One pass by
+    default (the feed from `from_sequence`); with `follow`, catch up, then keep
+    applying changes until `stop` is set. Options of Replicator: workers,
+    max_attempts, progress, on_change.
+    """
+    opened: list[Client] = []
+
+    def client_for(endpoint: Client | str) -> Client:
+        if isinstance(endpoint, Client):
+            return endpoint
+        opened.append(Client(endpoint, **(client_options or {})))
+        return opened[-1]
+
+    try:
+        source_client, target_client = client_for(source), client_for(target)
+        replicator = Replicator(source_client, ClientTarget(target_client), **replicator_options)
+        replicator.summary.target = target_client.address
+        if follow:
+            return replicator.follow(
+                from_sequence, stop=stop or threading.Event(), on_position=on_position
+            )
+        return replicator.sync(from_sequence)
+    finally:
+        for client in opened:
+            client.close()

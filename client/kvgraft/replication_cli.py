@@ -1,0 +1,100 @@
+"""`kvgraft replicate`: make one daemon hold another's artifacts, once or continuously.
+
+    kvgraft replicate --from A [--to B] [--follow] [--from-sequence N] [--workers N]
+
+--to defaults to --server; both connections use the same TLS and token flags.
+One pass by default: a progress bar on stderr when interactive, then a
+summary of artifacts, pages and bytes moved. --follow then keeps applying
+the source's changes, one line per artifact, until Ctrl-C, and prints the
+summary. With --json the summary is one JSON document. Exit status 1 when
+an artifact could not be replicated (the summary names it and why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+
+from kvgraft.client import Client
+from kvgraft.connection_cli import connection_options
+from kvgraft.render import emit, human_bytes
+from kvgraft.replication import ClientTarget, ReplicationSummary, Replicator
+
+
+def cmd_replicate(client: Client, args: argparse.Namespace) -> None:
+    options = {"timeout_s": args.timeout, **connection_options(args)}
+    with Client(args.source, **options) as source:
+        if args.to is None:
+            _replicate(source, client, args)
+        else:
+            with Client(args.to, **options) as target:
+                _replicate(source, target, args)
+
+
+def _replicate(source: Client, target: Client, args: argparse.Namespace) -> None:
+    bar = None
+    if not args.json and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=0, unit="B", unit_scale=True, desc="replicate", file=sys.stderr)
+
+    def changed(outcome: str, artifact_id: str) -> None:
+        if args.follow and not args.json:
+            print(f"{outcome} {artifact_id}", flush=True)
+
+    replicator = Replicator(
+        source, ClientTarget(target), workers=args.workers, progress=bar, on_change=changed
+    )
+    replicator.summary.target = target.address
+    try:
+        if args.follow:
+            stop = threading.Event()
+            try:
+                replicator.follow(args.from_sequence, stop=stop)
+            except KeyboardInterrupt:
+                stop.set()
+        else:
+            replicator.sync(args.from_sequence)
+    finally:
+        if bar is not None:
+            bar.close()
+    summary = replicator.summary
+    emit(args.json, summary.as_dict(), summary_text(summary))
+    if summary.artifacts_failed:
+        raise SystemExit(1)
+
+
+def summary_text(s: ReplicationSummary) -> str:
+    rate = s.bytes_moved / s.elapsed_s / 1e9 if s.elapsed_s else 0.0
+    lines = [
+        f"replicated {s.source} -> {s.target} in {s.elapsed_s:.1f} s",
+        f"artifacts: {s.artifacts_added} added, {s.artifacts_present} already there, "
+        f"{s.artifacts_deleted} deleted, {s.deletes_kept_pinned} kept (pinned here), "
+        f"{s.artifacts_vanished} vanished, {s.artifacts_failed} failed",
+        f"pages: {s.pages_moved} moved ({human_bytes(s.bytes_moved)}, {rate:.2f} GB/s), "
+        f"{s.pages_resent} resent ({human_bytes(s.bytes_resent)}), {s.retries} retries",
+        f"source feed applied up to sequence {s.last_sequence} "
+        f"(continue with --from-sequence {s.last_sequence + 1})",
+    ]
+    lines += [f"failed {aid}: {why}" for aid, why in s.failures.items()]
+    return "\n".join(lines)
+
+
+def add_replicate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from", dest="source", required=True, metavar="ADDR", help="source")
+    parser.add_argument("--to", default=None, metavar="ADDR", help="target (default: --server)")
+    parser.add_argument(
+        "--follow", action="store_true", help="keep applying the source's changes until Ctrl-C"
+    )
+    parser.add_argument(
+        "--from-sequence",
+        type=int,
+        default=1,
+        metavar="N",
+        help="start in the source's change feed (default 1: all of it; anything the source "
+        "holds is copied in any case, N only limits which deletes are replayed)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=2, help="artifacts copied at once (default 2)"
+    )

@@ -1,0 +1,59 @@
+"""Where replication copies to: the `Target` protocol, and `ClientTarget` (a daemon over gRPC).
+
+kvgraftd's follow mode has its own target, its local store
+(kvgraftd.follower.LocalTarget). Deletes answer "deleted", "absent" (nothing
+to delete) or "pinned" (kept: a pinned artifact cannot be deleted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Protocol
+
+from kvgraft.client import Client
+from kvgraft.errors import FailedPrecondition, NotFound
+from kvgraft.v1 import kvgraft_pb2 as pb
+
+
+class Target(Protocol):
+    """Where artifacts are copied to."""
+
+    def list_ids(self) -> Iterable[str]: ...
+    def has_artifact(self, artifact_id: str) -> bool: ...
+    def missing_pages(self, digests: list[bytes]) -> list[bytes]: ...
+    def put_artifact_messages(self, messages: Iterator[bytes]) -> pb.PutArtifactResponse: ...
+    def delete_artifact(self, artifact_id: str) -> str: ...  # "deleted", "absent", "pinned"
+
+
+class ClientTarget:
+    """A daemon reached through a kvgraft.Client."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def list_ids(self) -> Iterable[str]:
+        return (info.artifact_id for info in self.client.list_artifacts())
+
+    def has_artifact(self, artifact_id: str) -> bool:
+        try:
+            self.client.stat(artifact_id)
+        except NotFound:
+            return False
+        return True
+
+    def missing_pages(self, digests: list[bytes]) -> list[bytes]:
+        return self.client.missing_pages(digests)
+
+    def put_artifact_messages(self, messages: Iterator[bytes]) -> pb.PutArtifactResponse:
+        return self.client.put_artifact_messages(messages)
+
+    def delete_artifact(self, artifact_id: str) -> str:
+        try:
+            self.client.delete(artifact_id)
+        except NotFound:
+            return "absent"
+        except FailedPrecondition:
+            if self.client.stat(artifact_id).info.pinned:
+                return "pinned"
+            raise
+        return "deleted"

@@ -1,0 +1,211 @@
+"""The knowledge library's formats: labels, recall key, chat rendering, answer cue.
+
+A library entry is an ordinary artifact whose context is one chat exchange,
+
+    <chat prompt of the problem> <verified solution + "\\nFinal answer: <answer>"> <end of turn>
+
+and whose manifest labels say what it is (all strings, since labels are a
+map<string, string>):
+
+    kind=library-entry        library-format=1
+    problem, solution, answer the texts as deposited (solution without the final line)
+    verified-by               who verified it (absent when nobody was named)
+    tag:<name>=1              one label per tag, so `List` selects a tag exactly
+    problem-tokens            how many leading tokens are the chat prompt of the problem
+    problem-sha256            SHA-256 of those token ids: the recall key
+
+Recall is token-exact: a question's chat prompt tokens hash to the key, and
+the entry's leading `problem-tokens` ids are compared too. The context is
+built by concatenating token ids (prompt ids + ids of the rest of the
+rendered conversation), so its first tokens are exactly what the question
+tokenizes to, whatever the tokenizer does at the boundary.
+
+The answer cue is the template's assistant-turn opening followed by
+"Final answer:". The stored solution always ends with the same words and the
+verified answer (the daemon appends that line), so the model reads its answer
+off the line above it: on SmolLM2-135M-Instruct it decodes the answer's
+tokens and the end-of-turn token, i.e. answer length + 1 tokens (measured in
+bench/flywheel.py). Decoding stops at EOS, at any token holding a newline, or
+after RECALL_MAX_NEW_TOKENS.
+
+A tag's library context is one artifact: a multi-turn conversation of all
+the tag's entries (ordered by artifact id), labelled kind=library-context,
+tag=<name>, library-key=SHA-256 of the sorted entry ids. The question is
+appended as the next user turn plus the assistant-turn opening.
+
+Nothing here computes or stores: kvgraftd.library does, with these formats.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+from kvgraft.errors import FailedPrecondition, InvalidArgument
+
+FORMAT_VERSION = "1"
+KIND_ENTRY = "library-entry"
+KIND_CONTEXT = "library-context"
+TAG_PREFIX = "tag:"
+FINAL_LINE = "\nFinal answer: {answer}"
+ANSWER_CUE = "Final answer:"
+RECALL_MAX_NEW_TOKENS = 16
+MAX_TEXT_CHARS = 16_384
+_TAG = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_FRAME = " \t\"'`*_.,;:!?()[]{}"
+
+
+class ChatModel(Protocol):
+    """What the formats need of kvgraftd.model_adapter.ModelAdapter."""
+
+    def encode(self, text: str, chat: bool = False) -> list[int]: ...
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str: ...
+
+
+# ----------------------------------------------------------------------
+# validation and labels
+
+
+def check_entry(problem: str, solution: str, answer: str, tags: Iterable[str]) -> list[str]:
+    """Validate a deposit; returns its tags, sorted and unique."""
+    for name, text in (("problem", problem), ("solution", solution), ("answer", answer)):
+        if not text.strip():
+            raise InvalidArgument(f"the {name} is empty: a library entry needs all three texts")
+        if len(text) > MAX_TEXT_CHARS:
+            raise InvalidArgument(f"the {name} exceeds {MAX_TEXT_CHARS} characters; shorten it")
+    if "\n" in answer.strip():
+        raise InvalidArgument("the answer must be one line (it is read back in a few tokens)")
+    return check_tags(tags)
+
+
+def check_tags(tags: Iterable[str]) -> list[str]:
+    unique = sorted(set(tags))
+    bad = next((tag for tag in unique if not _TAG.fullmatch(tag)), None)
+    if bad is not None:
+        raise InvalidArgument(
+            f"tag {bad!r} is not valid: use 1-64 letters, digits, '.', '_' or '-'"
+        )
+    return unique
+
+
+def problem_key(problem_ids: Sequence[int]) -> str:
+    """The recall key: hex SHA-256 of the chat prompt's token ids (u32 little-endian)."""
+    digest = hashlib.sha256(b"kvgraft-library-problem/1\0")
+    digest.update(struct.pack(f"<{len(problem_ids)}I", *problem_ids))
+    return digest.hexdigest()
+
+
+def library_key(entry_ids: Iterable[str]) -> str:
+    """Identity of a tag's library context: hex SHA-256 of its sorted entry ids."""
+    return hashlib.sha256("\n".join(sorted(entry_ids)).encode()).hexdigest()
+
+
+def entry_labels(
+    problem: str,
+    solution: str,
+    answer: str,
+    verified_by: str,
+    tags: Sequence[str],
+    problem_ids: Sequence[int],
+) -> dict[str, str]:
+    labels = {
+        "kind": KIND_ENTRY,
+        "library-format": FORMAT_VERSION,
+        "problem": problem,
+        "solution": solution,
+        "answer": answer.strip(),
+        "problem-tokens": str(len(problem_ids)),
+        "problem-sha256": problem_key(problem_ids),
+    }
+    if verified_by:
+        labels["verified-by"] = verified_by
+    labels.update({TAG_PREFIX + tag: "1" for tag in tags})
+    return labels
+
+
+def tags_of(labels: Mapping[str, str]) -> list[str]:
+    return sorted(key[len(TAG_PREFIX) :] for key in labels if key.startswith(TAG_PREFIX))
+
+
+def normalize_answer(text: str) -> str:
+    """Compare answers without case, spacing, framing punctuation or a leading "the"."""
+    words = text.strip().strip(_FRAME).lower().split()
+    if len(words) > 1 and words[0] == "the":
+        words = words[1:]
+    return " ".join(words).replace(",", "") if _numeric(words) else " ".join(words)
+
+
+def _numeric(words: list[str]) -> bool:
+    return len(words) == 1 and bool(re.fullmatch(r"-?[\d,]+(\.\d+)?", words[0]))
+
+
+# ----------------------------------------------------------------------
+# token sequences
+
+
+def _user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def _assistant(text: str) -> dict[str, str]:
+    return {"role": "assistant", "content": text}
+
+
+def stored_solution(solution: str, answer: str) -> str:
+    """The assistant turn of an entry: the solution, then its final-answer line."""
+    return solution.rstrip() + FINAL_LINE.format(answer=answer.strip())
+
+
+def _extension(model: ChatModel, before: str, after: str) -> str:
+    if not after.startswith(before):
+        raise FailedPrecondition(
+            "the model's chat template does not render a longer conversation as an extension "
+            "of a shorter one; the knowledge library cannot serve this model"
+        )
+    return after[len(before) :]
+
+
+def problem_tokens(model: ChatModel, problem: str) -> list[int]:
+    """The chat prompt of a question (what Ask and the recall key use)."""
+    return model.encode(problem, chat=True)
+
+
+def entry_tokens(model: ChatModel, problem: str, solution: str, answer: str) -> list[int]:
+    """The stored context of an entry; it starts with problem_tokens(problem)."""
+    prompt = model.render_chat([_user(problem)], True)
+    full = model.render_chat([_user(problem), _assistant(stored_solution(solution, answer))], False)
+    return problem_tokens(model, problem) + model.encode(_extension(model, prompt, full))
+
+
+def cue_tokens(model: ChatModel) -> list[int]:
+    """The answer cue grafted after an entry: a new assistant turn opening with ANSWER_CUE."""
+    probe = [_user("?")]
+    opening = _extension(model, model.render_chat(probe, False), model.render_chat(probe, True))
+    return model.encode(opening + ANSWER_CUE)
+
+
+def _conversation(entries: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+    messages: list[dict[str, str]] = []
+    for labels in entries:
+        solution = stored_solution(labels["solution"], labels["answer"])
+        messages += [_user(labels["problem"]), _assistant(solution)]
+    return messages
+
+
+def library_tokens(model: ChatModel, entries: Sequence[Mapping[str, str]]) -> list[int]:
+    """A tag's library context: all its entries (labels) as one conversation."""
+    return model.encode(model.render_chat(_conversation(entries), False))
+
+
+def question_tokens(
+    model: ChatModel, entries: Sequence[Mapping[str, str]], question: str
+) -> list[int]:
+    """The continuation after a library context: the question's user turn, then the
+    assistant-turn opening."""
+    messages = _conversation(entries)
+    before = model.render_chat(messages, False)
+    after = model.render_chat([*messages, _user(question)], True)
+    return model.encode(_extension(model, before, after))

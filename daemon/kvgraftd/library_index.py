@@ -1,0 +1,149 @@
+"""The knowledge library's index: entries and library contexts, kept from the change feed.
+
+The store's change feed (`log` sub-database: every artifact added or
+deleted, in order, never truncated) is the single source of truth. The index
+replays it from the last sequence it saw before every library request, reading
+the manifest of each added artifact once, so it follows artifacts written by
+any path: LibraryAdd, Deposit with the labels, PutArtifact, replication,
+Delete, `kvgraft rm`. No sub-database is added to the store and nothing is
+written: a restart rebuilds the index by one replay (one manifest read per
+artifact ever added).
+
+Entries are kept per (model fingerprint, recall key); library contexts per
+(fingerprint, tag, library key). When two entries share a recall key (two
+deposits of one problem with different solutions, e.g. replicated from
+elsewhere), the earliest added wins, deterministically.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from kvgraft.errors import NotFound
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.library_format import KIND_CONTEXT, KIND_ENTRY, tags_of
+from kvgraftd.store import Store
+
+
+@dataclass(frozen=True)
+class IndexedEntry:
+    artifact_id: str
+    fingerprint: bytes
+    key: str  # problem-sha256
+    problem_tokens: int
+    num_tokens: int
+    sequence: int
+    created_unix_ms: int
+    labels: dict[str, str]
+
+    @property
+    def tags(self) -> list[str]:
+        return tags_of(self.labels)
+
+    def to_proto(self) -> pb.LibraryEntry:
+        return pb.LibraryEntry(
+            artifact_id=self.artifact_id,
+            problem=self.labels.get("problem", ""),
+            answer=self.labels.get("answer", ""),
+            verified_by=self.labels.get("verified-by", ""),
+            tags=self.tags,
+            problem_tokens=self.problem_tokens,
+            num_tokens=self.num_tokens,
+            created_unix_ms=self.created_unix_ms,
+            solution=self.labels.get("solution", ""),
+        )
+
+
+@dataclass(frozen=True)
+class IndexedContext:
+    artifact_id: str
+    fingerprint: bytes
+    tag: str
+    key: str  # library-key
+    sequence: int
+
+
+class LibraryIndex:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._next_sequence = 1
+        self._entries: dict[str, IndexedEntry] = {}  # by artifact id
+        self._by_key: dict[tuple[bytes, str], set[str]] = {}  # (fingerprint, key) -> ids
+        self._contexts: dict[str, IndexedContext] = {}  # by artifact id
+
+    def refresh(self) -> None:
+        """Apply the change records added since the last refresh."""
+        with self._lock:
+            while records := self._store.changes_since(self._next_sequence):
+                for record in records:
+                    self._apply(record)
+                self._next_sequence = records[-1].sequence + 1
+
+    def _apply(self, record: pb.ChangeRecord) -> None:
+        aid = record.artifact_id
+        if record.kind == pb.ChangeRecord.KIND_DELETED:
+            gone = self._entries.pop(aid, None)
+            if gone is not None:
+                self._by_key[(gone.fingerprint, gone.key)].discard(aid)
+            self._contexts.pop(aid, None)
+            return
+        try:
+            stored = self._store.get_record(aid)
+        except NotFound:  # deleted later in the feed
+            return
+        manifest = stored.manifest()
+        labels = dict(manifest.labels)
+        kind = labels.get("kind")
+        if kind == KIND_ENTRY and labels.get("problem-tokens", "").isdigit():
+            entry = self._entries[aid] = IndexedEntry(
+                artifact_id=aid,
+                fingerprint=manifest.model_fingerprint,
+                key=labels.get("problem-sha256", ""),
+                problem_tokens=int(labels["problem-tokens"]),
+                num_tokens=len(manifest.token_ids),
+                sequence=record.sequence,
+                created_unix_ms=stored.created_unix_ms,
+                labels=labels,
+            )
+            self._by_key.setdefault((entry.fingerprint, entry.key), set()).add(aid)
+        elif kind == KIND_CONTEXT:
+            self._contexts[aid] = IndexedContext(
+                artifact_id=aid,
+                fingerprint=manifest.model_fingerprint,
+                tag=labels.get("tag", ""),
+                key=labels.get("library-key", ""),
+                sequence=record.sequence,
+            )
+
+    # ------------------------------------------------------------------
+    def entries(self, fingerprint: bytes, tag: str = "") -> list[IndexedEntry]:
+        """Entries of one model (and tag), ordered by artifact id."""
+        with self._lock:
+            found = [
+                entry
+                for entry in self._entries.values()
+                if entry.fingerprint == fingerprint and (not tag or tag in entry.tags)
+            ]
+        return sorted(found, key=lambda entry: entry.artifact_id)
+
+    def entry(self, artifact_id: str) -> IndexedEntry | None:
+        with self._lock:
+            return self._entries.get(artifact_id)
+
+    def match(self, fingerprint: bytes, key: str) -> IndexedEntry | None:
+        """The earliest-added entry of this model with this recall key."""
+        with self._lock:
+            found = [self._entries[aid] for aid in self._by_key.get((fingerprint, key), ())]
+        return min(found, key=lambda entry: entry.sequence, default=None)
+
+    def contexts(self, fingerprint: bytes, tag: str) -> list[IndexedContext]:
+        """Library contexts of one model and tag, newest last."""
+        with self._lock:
+            found = [
+                context
+                for context in self._contexts.values()
+                if context.fingerprint == fingerprint and context.tag == tag
+            ]
+        return sorted(found, key=lambda context: context.sequence)

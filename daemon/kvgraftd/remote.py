@@ -1,0 +1,495 @@
+"""The remote tier: pages, manifests and chain entries as objects of an S3 bucket.
+
+A fleet of daemons that outgrows one machine shares one bucket of an existing
+S3 server (Ceph RGW, AWS S3, SeaweedFS, ...), never a home-made cluster.
+Content addressing maps straight onto object keys, one prefix per model
+fingerprint:
+
+    PREFIX/FINGERPRINT/pages/SHA256       the page's bytes
+    PREFIX/FINGERPRINT/manifests/ID       the artifact's canonical manifest bytes
+    PREFIX/FINGERPRINT/chains/CHAINKEY    the id (hex) of an artifact holding that whole page
+
+(all hex). Pages and manifests are written with `If-None-Match: *` (a
+conditional put: a second writer of the same hash gets 412 and that is a
+success) and `x-amz-checksum-sha256` (the server refuses bytes damaged on
+the way up; it is the object's own key, so it costs nothing to compute).
+Chain objects are hints, overwritten freely: whatever they name is verified.
+
+Nothing read from the bucket is trusted: a page is used only if its bytes
+hash to its key, a manifest only if it hashes to its id (kvgraftd.remote_store
+then checks that it really holds the chain key asked for). An object that
+fails is logged as DATA_LOSS, counted, and read as a miss; never served.
+
+Faults: every request has connect/read timeouts and botocore's standard
+retries (exponential backoff with jitter). A request that still fails opens a
+breaker: for a backoff that doubles up to BREAKER_MAX_S, reads are misses at
+once (local serving never waits on a dead server); the failure is logged once
+per outage, not per request. Writes are always attempted (they are explicit:
+a write-through commit, the write-back drain with its own backoff, a sync)
+and fail with Unavailable, so a server that is back is used at once.
+Credentials come from the standard AWS chain (AWS_ACCESS_KEY_ID /
+AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_SHARED_CREDENTIALS_FILE,
+AWS_PROFILE); they are never logged, and botocore's own loggers are held at
+WARNING so its debug output (request headers) never reaches the daemon log.
+
+This is the only module that imports boto3. It knows nothing of LMDB or gRPC.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+from kvgraft.errors import FailedPrecondition, Unauthenticated, Unavailable
+
+log = logging.getLogger(__name__)
+
+BREAKER_MIN_S = 1.0
+BREAKER_MAX_S = 30.0
+KNOWN_PAGES = 1 << 18  # page hashes remembered as present in the bucket
+_MISSING = ("404", "NoSuchKey", "NotFound")
+_EXISTS = ("412", "PreconditionFailed")
+_AUTH = ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken")
+
+for _name in ("boto3", "botocore", "s3transfer", "urllib3"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    endpoint: str  # "" : AWS S3 of the configured region
+    bucket: str
+    prefix: str
+    write: str  # "through" or "back"
+    timeout_s: float = 10.0
+    connections: int = 8
+
+
+class RemoteCounters:
+    """What the tier did since the daemon started (`add` from any thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.hits = self.misses = self.corrupt = 0  # object reads: chains, manifests, pages
+        self.page_misses = 0  # page reads that found no intact page
+        self.pages_up = self.bytes_up = self.artifacts_up = 0
+        self.pages_down = self.bytes_down = 0
+        self.last_error = ""
+        self.last_error_unix_ms = 0
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+
+class RemoteTier:
+    def __init__(self, settings: RemoteSettings, client=None) -> None:
+        self.settings = settings
+        self.counters = RemoteCounters()
+        self._s3 = client if client is not None else _client(settings)
+        self._bucket = settings.bucket
+        self._prefix = settings.prefix.strip("/")
+        self._pool = ThreadPoolExecutor(settings.connections, thread_name_prefix="remote")
+        self._lock = threading.Lock()
+        self._down_until = 0.0
+        self._backoff_s = BREAKER_MIN_S
+        self._known: OrderedDict[bytes, None] = OrderedDict()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------
+    # keys
+
+    def key(self, fingerprint: bytes, kind: str, name: bytes | str) -> str:
+        text = name.hex() if isinstance(name, bytes) else name
+        return f"{self._prefix}/{fingerprint.hex()}/{kind}/{text}"
+
+    # ------------------------------------------------------------------
+    # health
+
+    def check(self) -> bool:
+        """At start: True if the bucket answers; raise on bad credentials or no bucket.
+
+        A server that cannot be reached is not an error here (local serving
+        goes on; reads are misses until it is back): False, and logged.
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        where = f"bucket {self._bucket!r} at {self.settings.endpoint or 'AWS S3'}"
+        try:
+            self._s3.list_objects_v2(Bucket=self._bucket, Prefix=self._prefix + "/", MaxKeys=1)
+        except ClientError as exc:
+            code = _code(exc)
+            if code in _AUTH:
+                raise Unauthenticated(
+                    f"the remote tier's S3 server refused the credentials for {where} ({code}). "
+                    "Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a credentials file: "
+                    "AWS_SHARED_CREDENTIALS_FILE, AWS_PROFILE) to a key with read, write and "
+                    "list rights on that bucket"
+                ) from None
+            if code in ("NoSuchBucket", "404"):
+                raise FailedPrecondition(
+                    f"the remote tier's {where} does not exist: create it (e.g. `aws s3 mb "
+                    f"s3://{self._bucket}`) or fix [remote] bucket"
+                ) from None
+            self._failed("check", exc)
+            return False
+        except BotoCoreError as exc:
+            self._failed("check", exc)
+            return False
+        self._succeeded()
+        return True
+
+    def available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def retry_in_s(self) -> float:
+        return max(0.0, self._down_until - time.monotonic())
+
+    def require(self) -> None:
+        """Raise Unavailable while the breaker is open."""
+        if not self.available():
+            raise Unavailable(
+                f"the remote tier ({self._bucket} at {self.settings.endpoint or 'AWS S3'}) is "
+                f"unreachable ({self.counters.last_error}); next attempt in "
+                f"{self.retry_in_s():.0f} s"
+            )
+
+    def _succeeded(self) -> None:
+        if self._down_until:
+            with self._lock:
+                if self._down_until:
+                    log.info("the remote tier answers again")
+                self._down_until = 0.0
+                self._backoff_s = BREAKER_MIN_S
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        detail = _describe(exc)
+        with self._lock:
+            first = not self._down_until
+            self._down_until = time.monotonic() + self._backoff_s
+            self._backoff_s = min(BREAKER_MAX_S, 2 * self._backoff_s)
+            self.counters.last_error = f"{what}: {detail}"
+            self.counters.last_error_unix_ms = int(time.time() * 1000)
+        if first:  # once per outage; the status RPC shows the latest
+            log.warning(
+                "the remote tier failed (%s: %s); reads are misses and writes wait until it "
+                "answers again",
+                what,
+                detail,
+            )
+
+    def _remember(self, digest: bytes) -> None:
+        with self._lock:
+            self._known[digest] = None
+            self._known.move_to_end(digest)
+            while len(self._known) > KNOWN_PAGES:
+                self._known.popitem(last=False)
+
+    def known(self, digest: bytes) -> bool:
+        with self._lock:
+            return digest in self._known
+
+    # ------------------------------------------------------------------
+    # reads: None is a miss (absent, unreachable or corrupt), never an exception
+
+    def _get(self, key: str) -> bytes | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if not self.available():
+            self.counters.add(misses=1)
+            return None
+        try:
+            body = self._s3.get_object(Bucket=self._bucket, Key=key)["Body"].read()
+        except ClientError as exc:
+            if _code(exc) in _MISSING:
+                self._succeeded()
+                self.counters.add(misses=1)
+                return None
+            self._failed(f"GET {key}", exc)
+            self.counters.add(misses=1)
+            return None
+        except BotoCoreError as exc:
+            self._failed(f"GET {key}", exc)
+            self.counters.add(misses=1)
+            return None
+        self._succeeded()
+        return body
+
+    def _corrupt(self, key: str, actual: bytes) -> None:
+        self.counters.add(corrupt=1, misses=1)
+        log.error(
+            "event=remote_data_loss key=%s actual_sha256=%s: the object's bytes do not hash to "
+            "its name; it was not used (the next deposit of the same content rewrites it)",
+            key,
+            actual.hex(),
+        )
+
+    def get_page(self, fingerprint: bytes, digest: bytes) -> bytes | None:
+        key = self.key(fingerprint, "pages", digest)
+        data = self._get(key)
+        if data is None:
+            self.counters.add(page_misses=1)
+            return None
+        actual = hashlib.sha256(data).digest()
+        if actual != digest:
+            self._corrupt(key, actual)
+            self.counters.add(page_misses=1)
+            return None
+        self.counters.add(hits=1, pages_down=1, bytes_down=len(data))
+        self._remember(digest)
+        return data
+
+    def get_pages(
+        self, fingerprint: bytes, digests: Sequence[bytes], timeout_s: float | None = None
+    ) -> dict[bytes, bytes]:
+        """The pages that could be fetched and verified within `timeout_s` (the rest are misses)."""
+        futures = {self._pool.submit(self.get_page, fingerprint, d): d for d in digests}
+        done, pending = wait(futures, timeout=timeout_s)
+        for future in pending:
+            future.cancel()
+        return {
+            futures[f]: f.result() for f in done if not f.cancelled() and f.result() is not None
+        }
+
+    def get_manifest(self, fingerprint: bytes, artifact_id: str) -> bytes | None:
+        """The canonical manifest bytes of `artifact_id`, verified against the id."""
+        key = self.key(fingerprint, "manifests", artifact_id)
+        data = self._get(key)
+        if data is None:
+            return None
+        actual = hashlib.sha256(data).digest()
+        if actual.hex() != artifact_id:
+            self._corrupt(key, actual)
+            return None
+        self.counters.add(hits=1)
+        return data
+
+    def get_chain(self, fingerprint: bytes, chain_key: bytes) -> str | None:
+        """The artifact id a chain object names (a hint: the caller verifies it)."""
+        data = self._get(self.key(fingerprint, "chains", chain_key))
+        if data is None:
+            return None
+        text = data.decode("ascii", "replace").strip()
+        if len(text) != 64 or text.strip("0123456789abcdef"):
+            self._corrupt(self.key(fingerprint, "chains", chain_key), hashlib.sha256(data).digest())
+            return None
+        self.counters.add(hits=1)
+        return text
+
+    # ------------------------------------------------------------------
+    # writes: raise Unavailable (or Unauthenticated) when the object could not be written
+
+    def _put(self, key: str, body: bytes | memoryview, digest: bytes, conditional: bool) -> bool:
+        """Write one object; False if it was there already (conditional puts only)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        extra = {"IfNoneMatch": "*"} if conditional else {}
+        try:
+            self._s3.put_object(
+                Bucket=self._bucket,
+                Key=key,
+                Body=bytes(body) if isinstance(body, memoryview) else body,
+                ChecksumSHA256=base64.b64encode(digest).decode("ascii"),
+                **extra,
+            )
+        except ClientError as exc:
+            if conditional and _code(exc) in _EXISTS:
+                self._succeeded()
+                return False
+            self._failed(f"PUT {key}", exc)
+            raise _write_error(key, exc) from None
+        except BotoCoreError as exc:
+            self._failed(f"PUT {key}", exc)
+            raise _write_error(key, exc) from None
+        self._succeeded()
+        return True
+
+    def put_page(self, fingerprint: bytes, digest: bytes, data: bytes | memoryview) -> int:
+        """Upload a page unless known present; the bytes written (0 if it was there)."""
+        if self.known(digest):
+            return 0
+        written = self._put(self.key(fingerprint, "pages", digest), data, digest, True)
+        self._remember(digest)
+        if not written:
+            return 0
+        self.counters.add(pages_up=1, bytes_up=len(data))
+        return len(data)
+
+    def put_pages(self, fingerprint: bytes, pages: Iterable[tuple[bytes, object]]) -> list[int]:
+        """Upload pages in parallel; `pages` yields (digest, bytes or a callable giving them).
+
+        At most 2 x `connections` pages are read ahead of the uploads, so
+        memory stays bounded whatever the artifact's size. The first failure
+        is raised once the uploads in flight have ended.
+        """
+        results: list[int] = []
+        window = 2 * self.settings.connections
+        inflight: set[Future] = set()
+
+        def one(digest: bytes, source) -> int:
+            if self.known(digest):
+                return 0
+            return self.put_page(fingerprint, digest, source() if callable(source) else source)
+
+        try:
+            for digest, source in pages:
+                if len(inflight) >= window:
+                    done, inflight = wait(inflight, return_when=FIRST_COMPLETED)
+                    results += _results(done)
+                inflight.add(self._pool.submit(one, digest, source))
+            done, inflight = wait(inflight)
+            results += _results(done)
+        except BaseException:
+            for future in inflight:
+                future.cancel()
+            wait(inflight)
+            raise
+        return results
+
+    def put_manifest(self, fingerprint: bytes, artifact_id: str, canonical: bytes) -> bool:
+        digest = bytes.fromhex(artifact_id)
+        return self._put(self.key(fingerprint, "manifests", artifact_id), canonical, digest, True)
+
+    def put_chains(self, fingerprint: bytes, chain_keys: Iterable[bytes], artifact_id: str) -> None:
+        """Point chain keys at an artifact whose pages are all uploaded (last writer wins)."""
+        body = artifact_id.encode("ascii")
+        digest = hashlib.sha256(body).digest()
+        futures = [
+            self._pool.submit(self._put, self.key(fingerprint, "chains", k), body, digest, False)
+            for k in chain_keys
+        ]
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((f for f in done if f.exception() is not None), None)
+        if failed is not None:
+            for future in pending:
+                future.cancel()
+            wait(pending)
+            raise failed.exception()
+
+    def has_manifest(self, fingerprint: bytes, artifact_id: str) -> bool:
+        """Whether the bucket holds the manifest (raises Unavailable when it cannot tell)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = self.key(fingerprint, "manifests", artifact_id)
+        try:
+            self._s3.head_object(Bucket=self._bucket, Key=key)
+        except ClientError as exc:
+            if _code(exc) in _MISSING:
+                self._succeeded()
+                return False
+            self._failed(f"HEAD {key}", exc)
+            raise _write_error(key, exc) from None
+        except BotoCoreError as exc:
+            self._failed(f"HEAD {key}", exc)
+            raise _write_error(key, exc) from None
+        self._succeeded()
+        return True
+
+    # ------------------------------------------------------------------
+    # listing (sync)
+
+    def _list(self, prefix: str, delimiter: str = "") -> Iterator[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        pages = self._s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self._bucket, Prefix=prefix, **({"Delimiter": delimiter} if delimiter else {})
+        )
+        try:
+            for page in pages:
+                for common in page.get("CommonPrefixes", ()):
+                    yield common["Prefix"][len(prefix) :].rstrip("/")
+                for item in page.get("Contents", ()):
+                    yield item["Key"][len(prefix) :]
+        except (ClientError, BotoCoreError) as exc:
+            self._failed(f"LIST {prefix}", exc)
+            raise _write_error(prefix, exc) from None
+        self._succeeded()
+
+    def fingerprints(self) -> list[bytes]:
+        """The model fingerprints that have objects under the prefix."""
+        out = []
+        for name in self._list(self._prefix + "/", delimiter="/"):
+            try:
+                out.append(bytes.fromhex(name))
+            except ValueError:
+                continue  # not ours
+        return out
+
+    def manifest_ids(self, fingerprint: bytes, id_prefix: str = "") -> Iterator[str]:
+        prefix = f"{self._prefix}/{fingerprint.hex()}/manifests/"
+        for name in self._list(prefix + id_prefix):
+            full = id_prefix + name
+            if len(full) == 64 and not full.strip("0123456789abcdef"):
+                yield full
+
+
+def _results(done: Iterable[Future]) -> list:
+    """The results of finished futures; the first failure is raised."""
+    for future in done:
+        if future.exception() is not None:
+            raise future.exception()
+    return [future.result() for future in done]
+
+
+def _client(settings: RemoteSettings):
+    import boto3
+    from botocore.config import Config
+
+    session = boto3.session.Session()
+    if session.get_credentials() is None:
+        raise Unauthenticated(
+            "the remote tier has no S3 credentials: set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, or a credentials file (AWS_SHARED_CREDENTIALS_FILE, "
+            "AWS_PROFILE), in kvgraftd's environment"
+        )
+    config = Config(
+        connect_timeout=settings.timeout_s,
+        read_timeout=settings.timeout_s,
+        retries={"mode": "standard", "max_attempts": 3},
+        max_pool_connections=settings.connections,
+        # The SHA-256 of every page and manifest is its key: it travels as
+        # x-amz-checksum-sha256 and the server checks the bytes against it, so
+        # signing the payload (hashing it a second time on this side) adds nothing.
+        # Path-style for an explicit endpoint (Ceph RGW, SeaweedFS: no wildcard DNS).
+        s3={
+            "addressing_style": "path" if settings.endpoint else "auto",
+            "payload_signing_enabled": False,
+        },
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    return session.client(
+        "s3",
+        endpoint_url=settings.endpoint or None,
+        region_name=session.region_name or "us-east-1",
+        config=config,
+    )
+
+
+def _code(exc) -> str:
+    return str(exc.response.get("Error", {}).get("Code", "")) if hasattr(exc, "response") else ""
+
+
+def _describe(exc: BaseException) -> str:
+    code = _code(exc)
+    text = str(exc)
+    return f"{code}: {text}" if code and code not in text else text
+
+
+def _write_error(key: str, exc: BaseException) -> Exception:
+    if _code(exc) in _AUTH:
+        return Unauthenticated(
+            f"the remote tier refused {key} ({_code(exc)}): check the S3 credentials and the "
+            "key's rights on the bucket"
+        )
+    return Unavailable(f"the remote tier could not write or list {key} ({_describe(exc)})")
