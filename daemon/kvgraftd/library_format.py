@@ -2,13 +2,13 @@
 
 A library entry is an ordinary artifact whose context is one chat exchange,
 
-    <chat prompt of the problem> <verified solution + "\\nFinal answer: <answer>"> <end of turn>
+    <chat prompt of the problem> <"Final answer: <answer>\n\n<verified solution>"> <end of turn>
 
 and whose manifest labels say what it is (all strings, since labels are a
 map<string, string>):
 
     kind=library-entry        library-format=1
-    problem, solution, answer the texts as deposited (solution without the final line)
+    problem, solution, answer the texts as deposited
     verified-by               who verified it (absent when nobody was named)
     tag:<name>=1              one label per tag, so `List` selects a tag exactly
     problem-tokens            how many leading tokens are the chat prompt of the problem
@@ -20,18 +20,23 @@ built by concatenating token ids (prompt ids + ids of the rest of the
 rendered conversation), so its first tokens are exactly what the question
 tokenizes to, whatever the tokenizer does at the boundary.
 
-The answer cue is the template's assistant-turn opening followed by
-"Final answer:". The stored solution always ends with the same words and the
-verified answer (the daemon appends that line), so the model reads its answer
-off the line above it: on SmolLM2-135M-Instruct it decodes the answer's
-tokens and the end-of-turn token, i.e. answer length + 1 tokens (measured in
-bench/flywheel.py). Decoding stops at EOS, at any token holding a newline, or
-after RECALL_MAX_NEW_TOKENS.
+The answer cue is a new assistant turn opening with "Final answer:" (the
+template's assistant-turn opening, then ANSWER_CUE). The entry's assistant
+turn opens with the very same tokens followed by the verified answer, so the
+model continues the cue as it continued them: it copies the answer, then the
+blank line, and decoding stops at EOS, at any token holding a newline, or
+after RECALL_MAX_NEW_TOKENS: answer tokens + 1. Measured on
+SmolLM2-135M-Instruct: an answer put last ("...\nFinal answer: X") behind a
+cue "Final answer:" was read back 28 times in 30 (the model restated the
+question or picked an intermediate number); put first, 28 in 28 on the
+problems that failed that way and every problem of the tests and bench.
 
 A tag's library context is one artifact: a multi-turn conversation of all
-the tag's entries (ordered by artifact id), labelled kind=library-context,
-tag=<name>, library-key=SHA-256 of the sorted entry ids. The question is
-appended as the next user turn plus the assistant-turn opening.
+the tag's entries (ordered by artifact id), each assistant turn in reasoning
+order (the solution, then "Final answer: <answer>", what the model should
+imitate on a new problem), labelled kind=library-context, tag=<name>,
+library-key=SHA-256 of the sorted entry ids. The question is appended as the
+next user turn plus the assistant-turn opening.
 
 Nothing here computes or stores: kvgraftd.library does, with these formats.
 """
@@ -50,7 +55,8 @@ FORMAT_VERSION = "1"
 KIND_ENTRY = "library-entry"
 KIND_CONTEXT = "library-context"
 TAG_PREFIX = "tag:"
-FINAL_LINE = "\nFinal answer: {answer}"
+ENTRY_TURN = "Final answer: {answer}\n\n{solution}"  # recall: the answer first
+LIBRARY_TURN = "{solution}\nFinal answer: {answer}"  # library context: reasoning first
 ANSWER_CUE = "Final answer:"
 RECALL_MAX_NEW_TOKENS = 16
 MAX_TEXT_CHARS = 16_384
@@ -154,9 +160,14 @@ def _assistant(text: str) -> dict[str, str]:
     return {"role": "assistant", "content": text}
 
 
-def stored_solution(solution: str, answer: str) -> str:
-    """The assistant turn of an entry: the solution, then its final-answer line."""
-    return solution.rstrip() + FINAL_LINE.format(answer=answer.strip())
+def entry_turn(solution: str, answer: str) -> str:
+    """The assistant turn of an entry: the final-answer line, then the solution."""
+    return ENTRY_TURN.format(answer=answer.strip(), solution=solution.strip())
+
+
+def library_turn(solution: str, answer: str) -> str:
+    """An entry's assistant turn in a library context: the solution, then the answer."""
+    return LIBRARY_TURN.format(answer=answer.strip(), solution=solution.strip())
 
 
 def _extension(model: ChatModel, before: str, after: str) -> str:
@@ -176,7 +187,7 @@ def problem_tokens(model: ChatModel, problem: str) -> list[int]:
 def entry_tokens(model: ChatModel, problem: str, solution: str, answer: str) -> list[int]:
     """The stored context of an entry; it starts with problem_tokens(problem)."""
     prompt = model.render_chat([_user(problem)], True)
-    full = model.render_chat([_user(problem), _assistant(stored_solution(solution, answer))], False)
+    full = model.render_chat([_user(problem), _assistant(entry_turn(solution, answer))], False)
     return problem_tokens(model, problem) + model.encode(_extension(model, prompt, full))
 
 
@@ -190,7 +201,7 @@ def cue_tokens(model: ChatModel) -> list[int]:
 def _conversation(entries: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
     messages: list[dict[str, str]] = []
     for labels in entries:
-        solution = stored_solution(labels["solution"], labels["answer"])
+        solution = library_turn(labels["solution"], labels["answer"])
         messages += [_user(labels["problem"]), _assistant(solution)]
     return messages
 

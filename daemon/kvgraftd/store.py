@@ -193,7 +193,9 @@ class Store:
             self._check_free_space(needed_bytes)
             while True:
                 try:
-                    with self._gate.open_txn(), self._env.begin(write=True) as txn:
+                    # buffers=True: reads inside a write return views, not copies of pages;
+                    # every body uses a view before its next write in the transaction.
+                    with self._gate.open_txn(), self._env.begin(write=True, buffers=True) as txn:
                         return body(txn)
                 except lmdb.MapFullError:
                     self._grow_map(needed_bytes)
