@@ -120,7 +120,7 @@ def test_add_stores_the_chat_context_with_labels(library: LibraryService, engine
     assert entry.problem_tokens == len(problem_ids)
     assert list(manifest.token_ids[: len(problem_ids)]) == problem_ids
     assert engine.adapter.decode(list(manifest.token_ids)) == (
-        "<|u|>What is six times seven?<|e|>\n<|a|>Final answer: 42\n\nWorked out: 42.<|e|>\n"
+        "<|u|>What is six times seven?<|e|>\n<|a|>Worked out: 42.\n" + "Final answer: 42\n" * 8
     )
     labels = dict(manifest.labels)
     assert labels["kind"] == "library-entry" and labels["verified-by"] == "python"

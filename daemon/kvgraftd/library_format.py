@@ -1,8 +1,10 @@
 """The knowledge library's formats: labels, recall key, chat rendering, answer cue.
 
-A library entry is an ordinary artifact whose context is one chat exchange,
+A library entry is an ordinary artifact whose context is the chat prompt of
+the problem and an open assistant turn holding the verified solution, then
+the final-answer line repeated RECALL_REPEATS times:
 
-    <chat prompt of the problem> <"Final answer: <answer>\n\n<verified solution>"> <end of turn>
+    <chat prompt of the problem> <solution> "\n" ("Final answer: <answer>\n" x 8)
 
 and whose manifest labels say what it is (all strings, since labels are a
 map<string, string>):
@@ -12,24 +14,25 @@ map<string, string>):
     verified-by               who verified it (absent when nobody was named)
     tag:<name>=1              one label per tag, so `List` selects a tag exactly
     problem-tokens            how many leading tokens are the chat prompt of the problem
-    problem-sha256            SHA-256 of those token ids: the recall key
+    problem-sha256            the recall key: SHA-256 of those tokens (problem_key)
 
-Recall is token-exact: a question's chat prompt tokens hash to the key, and
-the entry's leading `problem-tokens` ids are compared too. The context is
-built by concatenating token ids (prompt ids + ids of the rest of the
-rendered conversation), so its first tokens are exactly what the question
-tokenizes to, whatever the tokenizer does at the boundary.
+Recall is token-exact: the question's chat prompt must equal the entry's
+first problem-tokens tokens. To make that hold by construction, the entry is
+built by concatenating token ids (prompt ids + ids of the assistant text),
+so its first tokens are exactly what the question tokenizes to, whatever the
+tokenizer does at the boundary.
 
-The answer cue is a new assistant turn opening with "Final answer:" (the
-template's assistant-turn opening, then ANSWER_CUE). The entry's assistant
-turn opens with the very same tokens followed by the verified answer, so the
-model continues the cue as it continued them: it copies the answer, then the
-blank line, and decoding stops at EOS, at any token holding a newline, or
-after RECALL_MAX_NEW_TOKENS: answer tokens + 1. Measured on
-SmolLM2-135M-Instruct: an answer put last ("...\nFinal answer: X") behind a
-cue "Final answer:" was read back 28 times in 30 (the model restated the
-question or picked an intermediate number); put first, 28 in 28 on the
-problems that failed that way and every problem of the tests and bench.
+The answer cue is ANSWER_CUE ("Final answer:"), grafted right after the
+entry: the model continues the periodic answer lines, so it copies the
+verified answer and then a newline, and decoding stops at EOS, at any token
+holding a newline, or after RECALL_MAX_NEW_TOKENS: answer tokens + 1. The
+repetition is what makes the copy reliable on a small model. Measured on
+SmolLM2-135M-Instruct (Q4_1), greedy, on generated problems (seeds 3, 7, 11,
+none of them the test's or the bench's): one answer line behind the solution
+and a cue opening a new assistant turn was read back 111 times in 120 (the
+model re-solved the problem); the answer first, 112 in 120; one line repeated
+once inside the turn, 105 in 120; three times, 479 in 480; eight times, 600
+in 600.
 
 A tag's library context is one artifact: a multi-turn conversation of all
 the tag's entries (ordered by artifact id), each assistant turn in reasoning
@@ -55,9 +58,10 @@ FORMAT_VERSION = "1"
 KIND_ENTRY = "library-entry"
 KIND_CONTEXT = "library-context"
 TAG_PREFIX = "tag:"
-ENTRY_TURN = "Final answer: {answer}\n\n{solution}"  # recall: the answer first
-LIBRARY_TURN = "{solution}\nFinal answer: {answer}"  # library context: reasoning first
 ANSWER_CUE = "Final answer:"
+ANSWER_LINE = ANSWER_CUE + " {answer}\n"
+RECALL_REPEATS = 8
+LIBRARY_TURN = "{solution}\n" + ANSWER_CUE + " {answer}"  # library context: reasoning first
 RECALL_MAX_NEW_TOKENS = 16
 MAX_TEXT_CHARS = 16_384
 _TAG = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -160,9 +164,9 @@ def _assistant(text: str) -> dict[str, str]:
     return {"role": "assistant", "content": text}
 
 
-def entry_turn(solution: str, answer: str) -> str:
-    """The assistant turn of an entry: the final-answer line, then the solution."""
-    return ENTRY_TURN.format(answer=answer.strip(), solution=solution.strip())
+def entry_text(solution: str, answer: str) -> str:
+    """The assistant text of an entry: the solution, then the answer line repeated."""
+    return solution.strip() + "\n" + ANSWER_LINE.format(answer=answer.strip()) * RECALL_REPEATS
 
 
 def library_turn(solution: str, answer: str) -> str:
@@ -186,16 +190,12 @@ def problem_tokens(model: ChatModel, problem: str) -> list[int]:
 
 def entry_tokens(model: ChatModel, problem: str, solution: str, answer: str) -> list[int]:
     """The stored context of an entry; it starts with problem_tokens(problem)."""
-    prompt = model.render_chat([_user(problem)], True)
-    full = model.render_chat([_user(problem), _assistant(entry_turn(solution, answer))], False)
-    return problem_tokens(model, problem) + model.encode(_extension(model, prompt, full))
+    return problem_tokens(model, problem) + model.encode(entry_text(solution, answer))
 
 
 def cue_tokens(model: ChatModel) -> list[int]:
-    """The answer cue grafted after an entry: a new assistant turn opening with ANSWER_CUE."""
-    probe = [_user("?")]
-    opening = _extension(model, model.render_chat(probe, False), model.render_chat(probe, True))
-    return model.encode(opening + ANSWER_CUE)
+    """The answer cue grafted after an entry: the next answer line's opening."""
+    return model.encode(ANSWER_CUE)
 
 
 def _conversation(entries: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
