@@ -71,7 +71,8 @@ import numpy as np
 from kvgraft import Client
 from kvgraft.artifact import Artifact
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.store import Store, page_record
+from kvgraftd.page_records import page_record
+from kvgraftd.store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from daemon_process import DaemonProcess

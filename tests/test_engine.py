@@ -23,7 +23,8 @@ from kvgraftd.decoding import DecodeOptions, ResultEvent, TokenEvent
 from kvgraftd.engine import Engine
 from kvgraftd.kv_context import blockwise_attention
 from kvgraftd.model_adapter import ModelAdapter
-from kvgraftd.store import Store, page_record
+from kvgraftd.page_records import page_record
+from kvgraftd.store import Store
 
 PAGE = 8
 BLOCK = 32  # several blocks per context, so the online-softmax merge is exercised

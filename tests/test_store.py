@@ -22,7 +22,8 @@ from kvgraft.errors import (
     ResourceExhausted,
 )
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.store import Store, page_record
+from kvgraftd.page_records import page_record
+from kvgraftd.store import Store
 
 
 @pytest.fixture

@@ -3,9 +3,11 @@
 An artifact's value in the `artifacts` sub-database is a fixed header
 (created-at, change-feed sequence, pinned flag) followed by the canonical
 manifest bytes; the id is the SHA-256 of those manifest bytes alone, so
-pinning never changes an id. This module turns records into the wire's
-ArtifactInfo and resolves id prefixes to key ranges. It knows nothing of
-LMDB or gRPC.
+pinning never changes an id. The `log` sub-database holds the change feed:
+key = sequence (u64 big-endian, so keys sort by sequence), value = a
+serialized ChangeRecord. This module turns records into the wire's
+ArtifactInfo and reads the catalogue inside the store's transactions
+(resolve, records_after, changes_since). It knows nothing of gRPC.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import struct
 from dataclasses import dataclass
 
 from kvgraft.artifact import page_sizes
-from kvgraft.errors import InvalidArgument
+from kvgraft.errors import InvalidArgument, NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 _HEADER = struct.Struct("<qQB7x")  # created unix ms, sequence, pinned, padding
+SEQUENCE_KEY = struct.Struct(">Q")  # log keys
 MIN_PREFIX_CHARS = 8
 
 
@@ -79,3 +82,48 @@ def resolve_prefix_bounds(id_or_prefix: str) -> tuple[bytes, bytes]:
     low = bytes.fromhex(prefix.ljust(64, "0"))
     high = bytes.fromhex(prefix.ljust(64, "f"))
     return low, high
+
+
+def resolve(txn, db, id_or_prefix: str) -> str:
+    """The full id of the one artifact whose id starts with `id_or_prefix`."""
+    low, high = resolve_prefix_bounds(id_or_prefix)
+    cursor = txn.cursor(db=db)
+    found: list[str] = []
+    if cursor.set_range(low):
+        for key in cursor.iternext(values=False):
+            if bytes(key) > high or len(found) == 2:
+                break
+            if bytes(key).hex().startswith(id_or_prefix.lower()):
+                found.append(bytes(key).hex())
+    if not found:
+        raise NotFound(f"no artifact id starts with {id_or_prefix} (kvgraft ls lists them)")
+    if len(found) > 1:
+        raise InvalidArgument(f"{id_or_prefix} matches several artifacts; give more characters")
+    return found[0]
+
+
+def records_after(txn, db, after: bytes, limit: int) -> list[tuple[str, ArtifactRecord]]:
+    """Up to `limit` artifacts with ids greater than `after`, in id order."""
+    out: list[tuple[str, ArtifactRecord]] = []
+    cursor = txn.cursor(db=db)
+    if not cursor.set_range(after):
+        return out
+    for key, value in cursor:
+        if bytes(key) == after:
+            continue
+        out.append((bytes(key).hex(), decode_record(value)))
+        if len(out) >= limit:
+            break
+    return out
+
+
+def changes_since(txn, db, sequence: int, limit: int) -> list[pb.ChangeRecord]:
+    """Up to `limit` change records from `sequence` on, in order."""
+    cursor = txn.cursor(db=db)
+    out: list[pb.ChangeRecord] = []
+    if cursor.set_range(SEQUENCE_KEY.pack(max(sequence, 1))):
+        for value in cursor.iternext(keys=False):
+            out.append(pb.ChangeRecord.FromString(bytes(value)))
+            if len(out) >= limit:
+                break
+    return out

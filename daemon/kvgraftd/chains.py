@@ -19,18 +19,22 @@ forward) or after a mid-page append never qualify.
 
 Entry value: count (u32, artifacts that registered it) | page index (u64) |
 token count (u32) | token ids (u32 each) | one 32-byte page hash per layer.
-Pure functions; the store persists the entries.
+`register` and `longest_run` keep the entries in the store's `chains`
+sub-database, inside the store's transactions; the rest are pure functions.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from kvgraft.artifact import canonical_bytes
 from kvgraft.v1 import kvgraft_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 _HEAD = struct.Struct("<IQI")
 
@@ -122,3 +126,48 @@ def manifest_entries(manifest: pb.Manifest) -> Iterator[tuple[bytes, ChainEntry]
         tokens = tuple(manifest.token_ids[page * page_tokens : (page + 1) * page_tokens])
         hashes = tuple(manifest.page_sha256[page * layers : (page + 1) * layers])
         yield key, ChainEntry(1, page, tokens, hashes)
+
+
+def register(txn, db, manifest: pb.Manifest, delta: int) -> None:
+    """Count an artifact's whole pages in (+1) or out (-1) of the chain index."""
+    for key, entry in manifest_entries(manifest):
+        found = txn.get(key, db=db)
+        current = ChainEntry.decode(found) if found is not None else None
+        if current is None or current.page_sha256 != entry.page_sha256:
+            if current is not None and delta > 0:
+                # Same tokens, same model and profile, other bytes: the run that
+                # produced one of them was not deterministic. Keep the first.
+                log.warning(
+                    "chain page %d has two different contents; kept the first", entry.page_index
+                )
+            if current is None and delta > 0:
+                txn.put(key, entry.encode(), db=db)
+            continue
+        count = current.count + delta
+        if count:
+            txn.put(key, current.with_count(count).encode(), db=db)
+        else:
+            txn.delete(key, db=db)
+
+
+def longest_run(
+    txn,
+    db,
+    fingerprint: bytes,
+    profile: pb.ComputeProfile,
+    layout: pb.KvLayout,
+    token_ids: Sequence[int],
+    max_pages: int,
+) -> list[ChainEntry]:
+    """Entries of the longest run of registered whole pages starting `token_ids`."""
+    page_tokens = profile.page_tokens
+    found: list[ChainEntry] = []
+    for page, key in chain_keys(fingerprint, profile, layout, token_ids, max_pages):
+        raw = txn.get(key, db=db)
+        if raw is None:
+            break
+        entry = ChainEntry.decode(raw)
+        if entry.token_ids != tuple(token_ids[page * page_tokens : (page + 1) * page_tokens]):
+            break  # a hash collision would land here: the stored tokens decide
+        found.append(entry)
+    return found

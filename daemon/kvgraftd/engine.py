@@ -36,6 +36,7 @@ from kvgraftd.device_pool import DevicePool
 from kvgraftd.host_cache import HostCache
 from kvgraftd.kv_context import KvContext, Tiers
 from kvgraftd.model_adapter import ModelAdapter
+from kvgraftd.page_records import page_record
 from kvgraftd.receipts import (
     compute_profile,
     input_sha256,
@@ -43,7 +44,7 @@ from kvgraftd.receipts import (
     logits_sha256,
     pin_determinism,
 )
-from kvgraftd.store import Store, page_record
+from kvgraftd.store import Store
 
 
 class Engine:

@@ -18,7 +18,8 @@ from kvgraft.artifact import DIGEST_BYTES, MAX_PAGE_BYTES, page_sizes
 from kvgraft.errors import DataLoss, InvalidArgument
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraft.wire import Chunk
-from kvgraftd.store import PAGE_CHECKSUM_BYTES, Store, page_record
+from kvgraftd.page_records import PAGE_CHECKSUM_BYTES, page_record
+from kvgraftd.store import Store
 
 
 class PageIntake:

@@ -40,9 +40,10 @@ from kvgraft.artifact import parse_manifest
 from kvgraft.errors import KvgraftError, NotFound, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.chains import ChainEntry, chain_keys, manifest_entries
+from kvgraftd.page_records import page_record
 from kvgraftd.remote import RemoteTier
 from kvgraftd.remote_transfer import find_remote, import_artifact, push_artifact
-from kvgraftd.store import CommitResult, Store, page_record
+from kvgraftd.store import CommitResult, Store
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,9 @@ from kvgraft.artifact import page_sizes, parse_manifest
 from kvgraft.errors import DataLoss, NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.chains import manifest_entries
+from kvgraftd.page_records import PAGE_CHECKSUM_BYTES, page_record
 from kvgraftd.remote import RemoteTier
-from kvgraftd.store import PAGE_CHECKSUM_BYTES, Store, page_record
+from kvgraftd.store import Store
 
 log = logging.getLogger(__name__)
 

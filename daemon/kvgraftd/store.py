@@ -17,108 +17,53 @@ Invariants:
 * Pages received before their manifest may be staged (persisted but
   referenced by nothing, invisible to readers of artifacts) so a cut transfer
   resumes; staged pages nobody claims are collected after a grace period.
-* The map is read-only to the process; LMDB writes pages with pwrite and
-  syncs before a commit returns. (A writable map is slower for large values
-  on the disks measured here, and a full disk under it kills the process with
-  SIGBUS.) A write that would eat into `min_free_bytes` is refused with
-  ResourceExhausted before it starts, counting the space LMDB can reuse inside
-  its file; a disk that fills anyway fails the write cleanly, never the process.
+* A write that would eat into `min_free_bytes` of the disk is refused with
+  ResourceExhausted before it starts; a full disk fails the write cleanly,
+  never the process (kvgraftd.lmdb_env keeps the environment: transactions,
+  map growth, the disk reserve).
 
-This is the only module that imports lmdb. It must not know about gRPC.
+Only this module, kvgraftd.lmdb_env and kvgraftd.page_records import lmdb. Neither knows about gRPC.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import shutil
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import lmdb
 import numpy as np
-import xxhash
 
 from kvgraft.artifact import canonical_bytes, page_sizes
 from kvgraft.errors import (
-    DataLoss,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
-    ResourceExhausted,
 )
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd import catalog, chains, page_records
 from kvgraftd.catalog import (
+    SEQUENCE_KEY,
     ArtifactRecord,
     change_record,
     decode_record,
     encode_record,
-    resolve_prefix_bounds,
 )
-from kvgraftd.chains import ChainEntry, chain_keys, manifest_entries
+from kvgraftd.chains import ChainEntry
+from kvgraftd.lmdb_env import LmdbEnv
+from kvgraftd.page_records import PAGE_CHECKSUM_BYTES
 
 log = logging.getLogger(__name__)
 
 STORE_FORMAT_VERSION = 1
-PAGE_CHECKSUM_BYTES = 16  # xxh3-128 ahead of each stored page
 _U64 = struct.Struct("<Q")
-_SEQ = struct.Struct(">Q")
-_LMDB_PAGE_BYTES = 4096
-
-
-# frame(index, sha256, xxh3, size) -> the bytes that precede a page (read_pages_framed)
-Framer = Callable[[int, bytes, bytes, int], bytes]
-
-
-def page_record(data: bytes | memoryview) -> bytes:
-    """The stored form of a page: its xxh3-128 then its bytes (one copy)."""
-    return b"".join((xxhash.xxh3_128_digest(data), data))
-
-
-class _ResizeGate:
-    """Many transactions at once, or one map resize with none open.
-
-    LMDB's mdb_env_set_mapsize is only safe while this process has no open
-    transaction: a resize remaps the file and would pull the memory out from
-    under a reader's buffers.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._open = 0
-        self._resizing = False
-
-    @contextmanager
-    def open_txn(self) -> Iterator[None]:
-        with self._cond:
-            while self._resizing:
-                self._cond.wait()
-            self._open += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._open -= 1
-                if not self._open:
-                    self._cond.notify_all()
-
-    @contextmanager
-    def resize(self) -> Iterator[None]:
-        with self._cond:
-            self._resizing = True
-            while self._open:
-                self._cond.wait()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._resizing = False
-                self._cond.notify_all()
 
 
 @dataclass(frozen=True)
@@ -154,92 +99,24 @@ class Store:
     ) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        self._min_free_bytes = min_free_bytes
-        self._env = lmdb.open(
-            str(self.path),
-            map_size=initial_map_bytes,
-            max_dbs=8,
-            max_readers=1024,
-            writemap=False,
+        self._lmdb = LmdbEnv(
+            self.path,
+            ("pages", "refs", "staged", "artifacts", "log", "chains", "meta"),
+            initial_map_bytes=initial_map_bytes,
+            min_free_bytes=min_free_bytes,
         )
-        self._db = {
-            name: self._env.open_db(name.encode())
-            for name in ("pages", "refs", "staged", "artifacts", "log", "chains", "meta")
-        }
-        self._write_lock = threading.Lock()
-        self._gate = _ResizeGate()
+        self._db = self._lmdb.db
+        self._read = self._lmdb.read
+        self._write = self._lmdb.write
         self._changed = threading.Condition()
         try:
             self._check_format()
         except BaseException:
-            self._env.close()
+            self._lmdb.close()
             raise
 
     def close(self) -> None:
-        with self._write_lock, self._gate.resize():
-            self._env.close()
-
-    # ------------------------------------------------------------------
-    # transactions
-
-    @contextmanager
-    def _read(self) -> Iterator[lmdb.Transaction]:
-        with self._gate.open_txn(), self._env.begin(buffers=True) as txn:
-            yield txn
-
-    def _write(self, needed_bytes: int, body):  # body(txn) -> result
-        """Run `body` in one write transaction, growing the map as needed."""
-        with self._write_lock:
-            self._check_free_space(needed_bytes)
-            while True:
-                try:
-                    # buffers=True: reads inside a write return views, not copies of pages;
-                    # every body uses a view before its next write in the transaction.
-                    with self._gate.open_txn(), self._env.begin(write=True, buffers=True) as txn:
-                        return body(txn)
-                except lmdb.MapFullError:
-                    self._grow_map(needed_bytes)
-                except lmdb.Error as exc:
-                    if "No space left" not in str(exc):
-                        raise
-                    raise ResourceExhausted(
-                        f"the disk holding {self.path} is full; nothing was written. Free disk "
-                        "space or delete artifacts (kvgraft rm ID)."
-                    ) from None
-
-    def _check_free_space(self, needed_bytes: int) -> None:
-        # Writes without page data (deletes, pins) may use the reserve: they
-        # are how an operator frees space.
-        if not needed_bytes:
-            return
-        free = shutil.disk_usage(self.path).free
-        # LMDB rounds values up to whole 4 KiB pages and copies tree pages.
-        needed = needed_bytes + needed_bytes // 16 + (1 << 20)
-        # Pages freed by deletes are reused before the file grows.
-        growth = max(0, needed - self._reusable_bytes())
-        if free - growth < self._min_free_bytes:
-            raise ResourceExhausted(
-                f"the disk holding {self.path} has {_mib(free)} free; this write needs "
-                f"{_mib(growth)} more and kvgraftd keeps "
-                f"min_free_bytes={_mib(self._min_free_bytes)} in reserve. Free disk space, "
-                "delete artifacts (kvgraft rm ID) or lower --min-free-bytes."
-            )
-
-    def _reusable_bytes(self) -> int:
-        """Bytes of LMDB's file that no tree uses (freed pages, reused before growing)."""
-        with self._read() as txn:
-            used = sum(
-                stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
-                for stat in [txn.stat(db) for db in self._db.values()] + [self._env.stat()]
-            )
-        return max(0, self._env.info()["last_pgno"] + 1 - 2 - used) * _LMDB_PAGE_BYTES
-
-    def _grow_map(self, needed_bytes: int) -> None:
-        current = self._env.info()["map_size"]
-        target = max(2 * current, current + 2 * needed_bytes)
-        with self._gate.resize():
-            self._env.set_mapsize(target)
-        log.info("store map grown from %d MiB to %d MiB", current >> 20, target >> 20)
+        self._lmdb.close()
 
     def _check_format(self) -> None:
         def body(txn: lmdb.Transaction) -> None:
@@ -268,19 +145,8 @@ class Store:
 
     def read_pages_into(self, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:
         """Copy each page into its uint8 destination and verify it there."""
-        pages = self._db["pages"]
         with self._read() as txn:
-            for digest, dest in zip(digests, dests, strict=True):
-                record = txn.get(digest, db=pages)
-                if record is None:
-                    raise NotFound(f"page {digest.hex()[:16]} is not in the store")
-                view = memoryview(record)
-                if len(view) - PAGE_CHECKSUM_BYTES != dest.nbytes:
-                    raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
-                dest[:] = np.frombuffer(view, np.uint8, offset=PAGE_CHECKSUM_BYTES)
-                if xxhash.xxh3_128_digest(dest) != view[:PAGE_CHECKSUM_BYTES]:
-                    dest[:] = 0  # never leave corrupt bytes where a caller may look
-                    raise DataLoss(_corrupt_message(digest))
+            page_records.read_into(txn, self._db["pages"], digests, dests)
 
     def read_page(self, digest: bytes) -> tuple[bytes, bytes]:
         """One page's bytes and xxh3-128, verified."""
@@ -290,34 +156,15 @@ class Store:
         )
         return data, checksum[0]
 
-    def read_pages_framed(self, digests: Sequence[bytes], frame: Framer) -> bytes:
+    def read_pages_framed(self, digests: Sequence[bytes], frame: page_records.Framer) -> bytes:
         """frame(0, ...) + page 0 + frame(1, ...) + page 1 + ..., every page verified.
 
         `frame(index, sha256, xxh3, size)` gives the bytes that precede page
         `index`. Used to put pages on the wire with a single copy.
         """
-        pages = self._db["pages"]
-        parts: list[bytes | memoryview] = []
-        checks: list[tuple[bytes, bytes, int, int]] = []
-        offset = 0
         with self._read() as txn:
-            for index, digest in enumerate(digests):
-                record = txn.get(digest, db=pages)
-                if record is None:
-                    raise NotFound(f"page {digest.hex()[:16]} is not in the store")
-                view = memoryview(record)
-                checksum = bytes(view[:PAGE_CHECKSUM_BYTES])
-                size = len(view) - PAGE_CHECKSUM_BYTES
-                prefix = frame(index, digest, checksum, size)
-                parts += (prefix, view[PAGE_CHECKSUM_BYTES:])
-                offset += len(prefix)
-                checks.append((digest, checksum, offset, size))
-                offset += size
-            joined = b"".join(parts)
-        out = memoryview(joined)
-        for digest, expected, start, size in checks:
-            if xxhash.xxh3_128_digest(out[start : start + size]) != expected:
-                raise DataLoss(_corrupt_message(digest))
+            joined, checks = page_records.gather_framed(txn, self._db["pages"], digests, frame)
+        page_records.verify_framed(joined, checks)
         return joined
 
     def stage_pages(self, records: Mapping[bytes, bytes]) -> int:
@@ -383,7 +230,7 @@ class Store:
                 written_now = self._reference_page(txn, digest, size, records)
                 written += written_now
                 written_bytes += size * written_now
-            self._register_chains(txn, manifest, +1)
+            chains.register(txn, self._db["chains"], manifest, +1)
             sequence = self._append_log(txn, pb.ChangeRecord.KIND_ADDED, aid)
             record = ArtifactRecord(_now_ms(), sequence, False, canonical)
             txn.put(aid, encode_record(record), db=self._db["artifacts"])
@@ -433,28 +280,6 @@ class Store:
         self._add_page_bytes(txn, size)
         return 1
 
-    def _register_chains(self, txn, manifest: pb.Manifest, delta: int) -> None:
-        """Count an artifact's whole pages in (+1) or out (-1) of the chain index."""
-        chains = self._db["chains"]
-        for key, entry in manifest_entries(manifest):
-            found = txn.get(key, db=chains)
-            current = ChainEntry.decode(found) if found is not None else None
-            if current is None or current.page_sha256 != entry.page_sha256:
-                if current is not None and delta > 0:
-                    # Same tokens, same model and profile, other bytes: the run that
-                    # produced one of them was not deterministic. Keep the first.
-                    log.warning(
-                        "chain page %d has two different contents; kept the first", entry.page_index
-                    )
-                if current is None and delta > 0:
-                    txn.put(key, entry.encode(), db=chains)
-                continue
-            count = current.count + delta
-            if count:
-                txn.put(key, current.with_count(count).encode(), db=chains)
-            else:
-                txn.delete(key, db=chains)
-
     def longest_chain(
         self,
         fingerprint: bytes,
@@ -464,20 +289,10 @@ class Store:
         max_pages: int,
     ) -> list[ChainEntry]:
         """Chain entries of the longest run of stored whole pages starting `token_ids`."""
-        page_tokens = profile.page_tokens
-        found: list[ChainEntry] = []
         with self._read() as txn:
-            for page, key in chain_keys(fingerprint, profile, layout, token_ids, max_pages):
-                raw = txn.get(key, db=self._db["chains"])
-                if raw is None:
-                    break
-                entry = ChainEntry.decode(raw)
-                if entry.token_ids != tuple(
-                    token_ids[page * page_tokens : (page + 1) * page_tokens]
-                ):
-                    break  # a hash collision would land here: the stored tokens decide
-                found.append(entry)
-        return found
+            return chains.longest_run(
+                txn, self._db["chains"], fingerprint, profile, layout, token_ids, max_pages
+            )
 
     def _add_page_bytes(self, txn, delta: int) -> None:
         meta = self._db["meta"]
@@ -487,9 +302,9 @@ class Store:
 
     def _append_log(self, txn, kind: int, aid: bytes) -> int:
         cursor = txn.cursor(db=self._db["log"])
-        sequence = _SEQ.unpack(cursor.key())[0] + 1 if cursor.last() else 1
+        sequence = SEQUENCE_KEY.unpack(cursor.key())[0] + 1 if cursor.last() else 1
         entry = change_record(sequence, kind, aid.hex(), _now_ms())
-        txn.put(_SEQ.pack(sequence), entry.SerializeToString(), db=self._db["log"])
+        txn.put(SEQUENCE_KEY.pack(sequence), entry.SerializeToString(), db=self._db["log"])
         return sequence
 
     def delete_artifact(self, artifact_id: str) -> tuple[int, int]:
@@ -518,7 +333,7 @@ class Store:
                 self._add_page_bytes(txn, -size)
                 freed += 1
                 freed_bytes += size
-            self._register_chains(txn, record.manifest(), -1)
+            chains.register(txn, self._db["chains"], record.manifest(), -1)
             txn.delete(aid, db=self._db["artifacts"])
             self._append_log(txn, pb.ChangeRecord.KIND_DELETED, aid)
             return freed, freed_bytes
@@ -551,21 +366,8 @@ class Store:
 
     def resolve(self, id_or_prefix: str) -> str:
         """The full id of the one artifact whose id starts with `id_or_prefix`."""
-        low, high = resolve_prefix_bounds(id_or_prefix)
         with self._read() as txn:
-            cursor = txn.cursor(db=self._db["artifacts"])
-            found: list[str] = []
-            if cursor.set_range(low):
-                for key in cursor.iternext(values=False):
-                    if bytes(key) > high or len(found) == 2:
-                        break
-                    if bytes(key).hex().startswith(id_or_prefix.lower()):
-                        found.append(bytes(key).hex())
-        if not found:
-            raise NotFound(f"no artifact id starts with {id_or_prefix} (kvgraft ls lists them)")
-        if len(found) > 1:
-            raise InvalidArgument(f"{id_or_prefix} matches several artifacts; give more characters")
-        return found[0]
+            return catalog.resolve(txn, self._db["artifacts"], id_or_prefix)
 
     def get_record(self, artifact_id: str) -> ArtifactRecord:
         aid = _parse_full_id(self.resolve(artifact_id))
@@ -577,32 +379,15 @@ class Store:
 
     def list_records(self, after: bytes, limit: int) -> list[tuple[str, ArtifactRecord]]:
         """Up to `limit` artifacts with ids greater than `after`, in id order."""
-        out: list[tuple[str, ArtifactRecord]] = []
         with self._read() as txn:
-            cursor = txn.cursor(db=self._db["artifacts"])
-            if not cursor.set_range(after):
-                return out
-            for key, value in cursor:
-                if bytes(key) == after:
-                    continue
-                out.append((bytes(key).hex(), decode_record(value)))
-                if len(out) >= limit:
-                    break
-        return out
+            return catalog.records_after(txn, self._db["artifacts"], after, limit)
 
     # ------------------------------------------------------------------
     # change feed and counters
 
     def changes_since(self, sequence: int, limit: int = 1000) -> list[pb.ChangeRecord]:
         with self._read() as txn:
-            cursor = txn.cursor(db=self._db["log"])
-            out: list[pb.ChangeRecord] = []
-            if cursor.set_range(_SEQ.pack(max(sequence, 1))):
-                for value in cursor.iternext(keys=False):
-                    out.append(pb.ChangeRecord.FromString(bytes(value)))
-                    if len(out) >= limit:
-                        break
-            return out
+            return catalog.changes_since(txn, self._db["log"], sequence, limit)
 
     def _notify_change(self) -> None:
         with self._changed:
@@ -625,16 +410,10 @@ class Store:
                 map_size_bytes=0,
                 map_used_bytes=0,
                 disk_free_bytes=shutil.disk_usage(self.path).free,
-                last_sequence=_SEQ.unpack(last.key())[0] if last.last() else 0,
+                last_sequence=SEQUENCE_KEY.unpack(last.key())[0] if last.last() else 0,
             )
-        info = self._env.info()
-        return StoreStats(
-            **{
-                **stats.__dict__,
-                "map_size_bytes": info["map_size"],
-                "map_used_bytes": (info["last_pgno"] + 1) * _LMDB_PAGE_BYTES,
-            }
-        )
+        map_size, map_used = self._lmdb.map_bytes()
+        return dataclasses.replace(stats, map_size_bytes=map_size, map_used_bytes=map_used)
 
 
 def _parse_full_id(artifact_id: str) -> bytes:
@@ -645,17 +424,6 @@ def _parse_full_id(artifact_id: str) -> bytes:
     if len(aid) != 32:
         raise InvalidArgument(f"{artifact_id!r} is not a full artifact id (64 hex characters)")
     return aid
-
-
-def _corrupt_message(digest: bytes) -> str:
-    return (
-        f"page {digest.hex()[:16]} is corrupt on disk (checksum mismatch); it was not served. "
-        "Restore the store from a replica or re-deposit the artifact."
-    )
-
-
-def _mib(count: int) -> str:
-    return f"{count / (1 << 20):.1f} MiB"
 
 
 def _now_ms() -> int:

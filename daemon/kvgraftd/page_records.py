@@ -1,0 +1,92 @@
+"""Stored pages: their record format and verified reads out of an LMDB transaction.
+
+A page is stored as one value of the `pages` sub-database:
+
+    xxh3-128 of the bytes (16 bytes) || the page bytes
+
+keyed by the page's SHA-256. SHA-256 names the page everywhere (manifests,
+the wire, dedup); the xxh3-128 beside it is checked on every read, after the
+bytes are copied out of the map, because it costs a fraction of SHA-256 and
+catches what the disk or the map can do to a page. A mismatch raises
+DataLoss and no byte of the page reaches the caller: `read_into` zeroes its
+destination, `verify_framed` fails before the joined bytes are handed on.
+
+Pure functions of a transaction; kvgraftd.store owns the transactions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import lmdb
+import numpy as np
+import xxhash
+
+from kvgraft.errors import DataLoss, NotFound
+
+PAGE_CHECKSUM_BYTES = 16  # xxh3-128 ahead of each stored page
+
+# frame(index, sha256, xxh3, size) -> the bytes that precede a page (gather_framed)
+Framer = Callable[[int, bytes, bytes, int], bytes]
+# what verify_framed checks: (sha256, xxh3, offset in the joined bytes, size) per page
+FramedChecks = list[tuple[bytes, bytes, int, int]]
+
+
+def page_record(data: bytes | memoryview) -> bytes:
+    """The stored form of a page: its xxh3-128 then its bytes (one copy)."""
+    return b"".join((xxhash.xxh3_128_digest(data), data))
+
+
+def read_into(
+    txn: lmdb.Transaction, db, digests: Sequence[bytes], dests: Sequence[np.ndarray]
+) -> None:
+    """Copy each page into its uint8 destination and verify it there."""
+    for digest, dest in zip(digests, dests, strict=True):
+        view = _record(txn, db, digest)
+        if len(view) - PAGE_CHECKSUM_BYTES != dest.nbytes:
+            raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
+        dest[:] = np.frombuffer(view, np.uint8, offset=PAGE_CHECKSUM_BYTES)
+        if xxhash.xxh3_128_digest(dest) != view[:PAGE_CHECKSUM_BYTES]:
+            dest[:] = 0  # never leave corrupt bytes where a caller may look
+            raise DataLoss(corrupt_message(digest))
+
+
+def gather_framed(
+    txn: lmdb.Transaction, db, digests: Sequence[bytes], frame: Framer
+) -> tuple[bytes, FramedChecks]:
+    """frame(0, ...) + page 0 + frame(1, ...) + page 1 + ... in one copy, not yet verified."""
+    parts: list[bytes | memoryview] = []
+    checks: FramedChecks = []
+    offset = 0
+    for index, digest in enumerate(digests):
+        view = _record(txn, db, digest)
+        checksum = bytes(view[:PAGE_CHECKSUM_BYTES])
+        size = len(view) - PAGE_CHECKSUM_BYTES
+        prefix = frame(index, digest, checksum, size)
+        parts += (prefix, view[PAGE_CHECKSUM_BYTES:])
+        offset += len(prefix)
+        checks.append((digest, checksum, offset, size))
+        offset += size
+    return b"".join(parts), checks
+
+
+def verify_framed(joined: bytes, checks: FramedChecks) -> None:
+    """Check every page of gather_framed's copy (outside the transaction)."""
+    out = memoryview(joined)
+    for digest, expected, start, size in checks:
+        if xxhash.xxh3_128_digest(out[start : start + size]) != expected:
+            raise DataLoss(corrupt_message(digest))
+
+
+def corrupt_message(digest: bytes) -> str:
+    return (
+        f"page {digest.hex()[:16]} is corrupt on disk (checksum mismatch); it was not served. "
+        "Restore the store from a replica or re-deposit the artifact."
+    )
+
+
+def _record(txn: lmdb.Transaction, db, digest: bytes) -> memoryview:
+    record = txn.get(digest, db=db)
+    if record is None:
+        raise NotFound(f"page {digest.hex()[:16]} is not in the store")
+    return memoryview(record)
