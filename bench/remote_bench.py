@@ -49,7 +49,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from seaweedfs import SeaweedS3, s3_env, weed_binary  # noqa: E402
 
-from kvgraftd.remote import RemoteSettings, RemoteTier  # noqa: E402
+from kvgraftd.remote import RemoteTier  # noqa: E402
+from kvgraftd.remote_s3 import RemoteSettings  # noqa: E402
 
 PAGE_BYTES = 2 * 3 * 64 * 64 * 4  # 98,304
 CONNECTIONS = 8

@@ -41,7 +41,8 @@ from kvgraft.errors import Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.chains import manifest_entries
 from kvgraftd.page_records import page_record
-from kvgraftd.remote import RemoteSettings, RemoteTier
+from kvgraftd.remote import RemoteTier
+from kvgraftd.remote_s3 import RemoteSettings
 from kvgraftd.remote_store import RemoteBackedStore
 from kvgraftd.store import Store
 

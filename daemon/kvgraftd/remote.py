@@ -32,7 +32,7 @@ AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_SHARED_CREDENTIALS_FILE,
 AWS_PROFILE); they are never logged, and botocore's own loggers are held at
 WARNING so its debug output (request headers) never reaches the daemon log.
 
-This is the only module that imports boto3. It knows nothing of LMDB or gRPC.
+kvgraftd.remote_s3 makes the boto3 client. Neither knows anything of LMDB or gRPC.
 """
 
 from __future__ import annotations
@@ -45,31 +45,24 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 
 from kvgraft.errors import FailedPrecondition, Unauthenticated, Unavailable
+from kvgraftd.remote_s3 import (
+    AUTH,
+    EXISTS,
+    MISSING,
+    RemoteSettings,
+    describe,
+    error_code,
+    make_client,
+    write_error,
+)
 
 log = logging.getLogger(__name__)
 
 BREAKER_MIN_S = 1.0
 BREAKER_MAX_S = 30.0
 KNOWN_PAGES = 1 << 18  # page hashes remembered as present in the bucket
-_MISSING = ("404", "NoSuchKey", "NotFound")
-_EXISTS = ("412", "PreconditionFailed")
-_AUTH = ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken")
-
-for _name in ("boto3", "botocore", "s3transfer", "urllib3"):
-    logging.getLogger(_name).setLevel(logging.WARNING)
-
-
-@dataclass(frozen=True)
-class RemoteSettings:
-    endpoint: str  # "" : AWS S3 of the configured region
-    bucket: str
-    prefix: str
-    write: str  # "through" or "back"
-    timeout_s: float = 10.0
-    connections: int = 8
 
 
 class RemoteCounters:
@@ -94,7 +87,7 @@ class RemoteTier:
     def __init__(self, settings: RemoteSettings, client=None) -> None:
         self.settings = settings
         self.counters = RemoteCounters()
-        self._s3 = client if client is not None else _client(settings)
+        self._s3 = client if client is not None else make_client(settings)
         self._bucket = settings.bucket
         self._prefix = settings.prefix.strip("/")
         self._pool = ThreadPoolExecutor(settings.connections, thread_name_prefix="remote")
@@ -128,8 +121,8 @@ class RemoteTier:
         try:
             self._s3.list_objects_v2(Bucket=self._bucket, Prefix=self._prefix + "/", MaxKeys=1)
         except ClientError as exc:
-            code = _code(exc)
-            if code in _AUTH:
+            code = error_code(exc)
+            if code in AUTH:
                 raise Unauthenticated(
                     f"the remote tier's S3 server refused the credentials for {where} ({code}). "
                     "Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a credentials file: "
@@ -173,7 +166,7 @@ class RemoteTier:
                 self._backoff_s = BREAKER_MIN_S
 
     def _failed(self, what: str, exc: BaseException) -> None:
-        detail = _describe(exc)
+        detail = describe(exc)
         with self._lock:
             first = not self._down_until
             self._down_until = time.monotonic() + self._backoff_s
@@ -211,7 +204,7 @@ class RemoteTier:
         try:
             body = self._s3.get_object(Bucket=self._bucket, Key=key)["Body"].read()
         except ClientError as exc:
-            if _code(exc) in _MISSING:
+            if error_code(exc) in MISSING:
                 self._succeeded()
                 self.counters.add(misses=1)
                 return None
@@ -303,14 +296,14 @@ class RemoteTier:
                 **extra,
             )
         except ClientError as exc:
-            if conditional and _code(exc) in _EXISTS:
+            if conditional and error_code(exc) in EXISTS:
                 self._succeeded()
                 return False
             self._failed(f"PUT {key}", exc)
-            raise _write_error(key, exc) from None
+            raise write_error(key, exc) from None
         except BotoCoreError as exc:
             self._failed(f"PUT {key}", exc)
-            raise _write_error(key, exc) from None
+            raise write_error(key, exc) from None
         self._succeeded()
         return True
 
@@ -384,14 +377,14 @@ class RemoteTier:
         try:
             self._s3.head_object(Bucket=self._bucket, Key=key)
         except ClientError as exc:
-            if _code(exc) in _MISSING:
+            if error_code(exc) in MISSING:
                 self._succeeded()
                 return False
             self._failed(f"HEAD {key}", exc)
-            raise _write_error(key, exc) from None
+            raise write_error(key, exc) from None
         except BotoCoreError as exc:
             self._failed(f"HEAD {key}", exc)
-            raise _write_error(key, exc) from None
+            raise write_error(key, exc) from None
         self._succeeded()
         return True
 
@@ -412,7 +405,7 @@ class RemoteTier:
                     yield item["Key"][len(prefix) :]
         except (ClientError, BotoCoreError) as exc:
             self._failed(f"LIST {prefix}", exc)
-            raise _write_error(prefix, exc) from None
+            raise write_error(prefix, exc) from None
         self._succeeded()
 
     def fingerprints(self) -> list[bytes]:
@@ -439,57 +432,3 @@ def _results(done: Iterable[Future]) -> list:
         if future.exception() is not None:
             raise future.exception()
     return [future.result() for future in done]
-
-
-def _client(settings: RemoteSettings):
-    import boto3
-    from botocore.config import Config
-
-    session = boto3.session.Session()
-    if session.get_credentials() is None:
-        raise Unauthenticated(
-            "the remote tier has no S3 credentials: set AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY, or a credentials file (AWS_SHARED_CREDENTIALS_FILE, "
-            "AWS_PROFILE), in kvgraftd's environment"
-        )
-    config = Config(
-        connect_timeout=settings.timeout_s,
-        read_timeout=settings.timeout_s,
-        retries={"mode": "standard", "max_attempts": 3},
-        max_pool_connections=settings.connections,
-        # The SHA-256 of every page and manifest is its key: it travels as
-        # x-amz-checksum-sha256 and the server checks the bytes against it, so
-        # signing the payload (hashing it a second time on this side) adds nothing.
-        # Path-style for an explicit endpoint (Ceph RGW, SeaweedFS: no wildcard DNS).
-        s3={
-            "addressing_style": "path" if settings.endpoint else "auto",
-            "payload_signing_enabled": False,
-        },
-        request_checksum_calculation="when_required",
-        response_checksum_validation="when_required",
-    )
-    return session.client(
-        "s3",
-        endpoint_url=settings.endpoint or None,
-        region_name=session.region_name or "us-east-1",
-        config=config,
-    )
-
-
-def _code(exc) -> str:
-    return str(exc.response.get("Error", {}).get("Code", "")) if hasattr(exc, "response") else ""
-
-
-def _describe(exc: BaseException) -> str:
-    code = _code(exc)
-    text = str(exc)
-    return f"{code}: {text}" if code and code not in text else text
-
-
-def _write_error(key: str, exc: BaseException) -> Exception:
-    if _code(exc) in _AUTH:
-        return Unauthenticated(
-            f"the remote tier refused {key} ({_code(exc)}): check the S3 credentials and the "
-            "key's rights on the bucket"
-        )
-    return Unavailable(f"the remote tier could not write or list {key} ({_describe(exc)})")

@@ -48,8 +48,9 @@ class RemoteService:
     def open(cls, config: DaemonConfig, store: Store) -> RemoteService:
         if not config.remote_bucket:
             return cls(store)
-        from kvgraftd.remote import RemoteSettings, RemoteTier
+        from kvgraftd.remote import RemoteTier
         from kvgraftd.remote_queue import WriteBackQueue
+        from kvgraftd.remote_s3 import RemoteSettings
         from kvgraftd.remote_transfer import push_artifact
 
         settings = RemoteSettings(
