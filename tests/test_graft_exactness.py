@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 from daemon_process import wait_model_ready
 
-from kvgraft import Client
-from kvgraft.client import final_result
+from kvgraft import Client, final_result
 
 PAGE = 16
 SAMPLES = 50

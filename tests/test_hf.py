@@ -8,8 +8,7 @@ from pathlib import Path
 import torch
 from daemon_process import wait_model_ready
 
-from kvgraft import Client
-from kvgraft.client import final_result
+from kvgraft import Client, final_result
 from kvgraft.hf import from_kv, layer_tensors, to_dynamic_cache
 from kvgraftd.model_adapter import ModelAdapter
 

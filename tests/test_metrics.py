@@ -17,9 +17,8 @@ from daemon_process import DaemonProcess, wait_model_ready
 from factory import random_artifact
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvgraft import Client
+from kvgraft import Client, final_result
 from kvgraft.artifact import page_sizes
-from kvgraft.client import final_result
 from kvgraft.errors import NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
 

@@ -28,9 +28,8 @@ from daemon_process import DaemonProcess, wait_model_ready
 from seaweedfs import SeaweedS3, s3_env, weed_binary
 from tcp_proxy import FaultProxy
 
-from kvgraft import Client
+from kvgraft import Client, final_result
 from kvgraft.artifact import page_sizes
-from kvgraft.client import final_result
 from kvgraft.errors import DataLoss, NotFound
 
 BUCKET = "kvgraft"

@@ -28,9 +28,8 @@ from store_audit import (
     multi_mib_artifact,
 )
 
-from kvgraft import Artifact, Client
+from kvgraft import Artifact, Client, final_result
 from kvgraft.cli import main as cli_main
-from kvgraft.client import final_result
 
 
 def corpus(rng: random.Random, count: int) -> list[Artifact]:

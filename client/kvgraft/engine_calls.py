@@ -1,0 +1,161 @@
+"""The engine's calls of `kvgraft.Client`: deposit, generate, graft, verify, library, remote.
+
+A mixin of kvgraft.client.Client, which supplies the channel (`_stub`), the
+deadlines (`timeout_s`, `transfer_timeout_s`) and the one place where gRPC
+errors become kvgraft.errors (`_mapped`, `_unary`, `_stream`). Calls that
+compute (deposit, generate, verify, library_add, ask, remote_sync) use the
+transfer deadline; the others the short one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+from kvgraft.errors import DataLoss, InvalidArgument
+from kvgraft.v1 import kvgraft_pb2 as pb
+
+
+class EngineCalls:
+    # ------------------------------------------------------------------
+    # engine (kvgraftd.engine)
+    def lookup(self, token_ids: Iterable[int]) -> pb.LookupResponse:
+        """How much of `token_ids` the store holds as whole pages (a graft would reuse)."""
+        return self._unary(self._stub.Lookup, pb.LookupRequest(token_ids=list(token_ids)))
+
+    def deposit(
+        self,
+        text: str | None = None,
+        *,
+        token_ids: Iterable[int] | None = None,
+        chat: bool = False,
+        labels: Mapping[str, str] | None = None,
+        verified_by: str = "",
+    ) -> pb.DepositResponse:
+        """Have the daemon compute a context and store it; returns its id and receipt."""
+        request = pb.DepositRequest(
+            prompt=_prompt(text, token_ids, chat), labels=labels, verified_by=verified_by
+        )
+        with self._mapped():
+            return self._stub.Deposit(request, timeout=self.transfer_timeout_s)
+
+    def generate(
+        self,
+        text: str | None = None,
+        *,
+        token_ids: Iterable[int] | None = None,
+        chat: bool = False,
+        **options,
+    ) -> Iterator[pb.GenerateResponse]:
+        """Stream generated tokens, then the result with its receipt.
+
+        Options: max_new_tokens, greedy (default True), temperature, seed,
+        no_cache, deposit, labels (see GenerateOptions in the proto).
+        """
+        request = pb.GenerateRequest(
+            prompt=_prompt(text, token_ids, chat), options=pb.GenerateOptions(**options)
+        )
+        return self._stream(self._stub.Generate(request, timeout=self.transfer_timeout_s))
+
+    def graft(
+        self,
+        artifact_id: str,
+        text: str | None = None,
+        *,
+        token_ids: Iterable[int] | None = None,
+        chat: bool = False,
+        **options,
+    ) -> Iterator[pb.GenerateResponse]:
+        """Graft a whole artifact, append the continuation, generate; streams like generate."""
+        request = pb.GraftRequest(
+            artifact_id=artifact_id,
+            continuation=_prompt(text, token_ids, chat),
+            options=pb.GenerateOptions(**options),
+        )
+        return self._stream(self._stub.Graft(request, timeout=self.transfer_timeout_s))
+
+    def verify(self, artifact_id: str) -> pb.VerifyResponse:
+        """Recompute an artifact fresh on the daemon and compare every hash."""
+        with self._mapped():
+            return self._stub.Verify(
+                pb.VerifyRequest(artifact_id=artifact_id), timeout=self.transfer_timeout_s
+            )
+
+    # ------------------------------------------------------------------
+    # knowledge library (kvgraftd.library)
+    def library_add(
+        self,
+        problem: str,
+        solution: str,
+        answer: str,
+        *,
+        verified_by: str = "",
+        tags: Iterable[str] = (),
+    ) -> pb.LibraryAddResponse:
+        """Deposit a verified solution; an identical entry is reported as already present."""
+        request = pb.LibraryAddRequest(
+            problem=problem,
+            solution=solution,
+            answer=answer,
+            verified_by=verified_by,
+            tags=list(tags),
+        )
+        with self._mapped():
+            return self._stub.LibraryAdd(request, timeout=self.transfer_timeout_s)
+
+    def library_list(self, tag: str = "") -> list[pb.LibraryEntry]:
+        """The served model's library entries (of one tag), ordered by id."""
+        return list(self._unary(self._stub.LibraryList, pb.LibraryListRequest(tag=tag)).entries)
+
+    def library_remove(self, artifact_id: str) -> pb.LibraryRemoveResponse:
+        """Remove one library entry (id or unique prefix); other artifacts are refused."""
+        request = pb.LibraryRemoveRequest(artifact_id=artifact_id)
+        return self._unary(self._stub.LibraryRemove, request)
+
+    def ask(
+        self,
+        text: str,
+        *,
+        max_new_tokens: int = 0,
+        library_tag: str = "",
+        no_recall: bool = False,
+    ) -> pb.AskResponse:
+        """Answer a problem: recall from the library, or generate (with a tag's library)."""
+        request = pb.AskRequest(
+            text=text,
+            max_new_tokens=max_new_tokens,
+            library_tag=library_tag,
+            no_recall=no_recall,
+        )
+        with self._mapped():
+            return self._stub.Ask(request, timeout=self.transfer_timeout_s)
+
+    # ------------------------------------------------------------------
+    # remote tier (kvgraftd.remote)
+    def remote_status(self) -> pb.RemoteStatusResponse:
+        """The daemon's remote tier: configuration, reachability, backlog, counters."""
+        return self._unary(self._stub.RemoteStatus, pb.RemoteStatusRequest())
+
+    def remote_sync(self, *, push: bool = True, pull: bool = True) -> pb.RemoteSyncResponse:
+        """Push local artifacts the bucket lacks and/or pull the bucket's missing ones."""
+        request = pb.RemoteSyncRequest(push=push, pull=pull)
+        with self._mapped():
+            return self._stub.RemoteSync(request, timeout=self.transfer_timeout_s)
+
+
+def _prompt(text: str | None, token_ids: Iterable[int] | None, chat: bool) -> pb.Prompt:
+    if (text is None) == (token_ids is None):
+        raise InvalidArgument("give either text or token_ids")
+    if text is not None:
+        return pb.Prompt(text=text, chat=chat)
+    return pb.Prompt(tokens=pb.TokenIds(ids=list(token_ids)), chat=chat)
+
+
+def final_result(responses: Iterable[pb.GenerateResponse]) -> pb.GenerateResult:
+    """Consume a Generate/Graft stream and return its result (the receipt)."""
+    result = None
+    for response in responses:
+        if response.HasField("result"):
+            result = response.result
+    if result is None:
+        raise DataLoss("the generation stream ended without a result")
+    return result
