@@ -10,7 +10,7 @@ DATA ?= ./kvgraft-data
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install serve test test-slow check lint proto proto-check bench clean
+.PHONY: help install serve test test-slow check lint proto proto-check bench bench-long clean
 .PHONY: install-service service-config
 
 help: ## list the targets
@@ -52,10 +52,15 @@ proto-check: $(STAMP) ## fail when the committed stubs differ from the proto
 
 check: lint proto-check test ## lint, stale generated code, tests
 
-bench: $(STAMP) ## run the benchmarks (each ends with one JSON line)
+bench: $(STAMP) ## run the benchmarks (each ends with one JSON line; ~15 min)
 	$(BIN)/python bench/store_bench.py
+	$(BIN)/python bench/graft_bench.py
 	$(BIN)/python bench/replication_bench.py
 	$(BIN)/python bench/remote_bench.py
+
+bench-long: $(STAMP) ## the long benchmarks: 10M-token context (~16 GB of disk), knowledge library
+	$(BIN)/python bench/long_context.py
+	$(BIN)/python bench/flywheel.py
 
 install-service: ## (as root) install kvgraftd as a systemd service: /opt/kvgraft, /etc/kvgraft, the unit
 	sh daemon/systemd/install.sh

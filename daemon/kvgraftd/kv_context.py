@@ -136,9 +136,10 @@ class KvContext:
 
     def _empty(self, capacity: int) -> torch.Tensor:
         # Live KV stays in host memory (pinned next to a GPU, for fast copies into slots).
+        # Uninitialized: only positions already written are ever read.
         pinned = self.tiers.pool.device.type == "cuda"
         with torch.inference_mode(False):  # a normal tensor: writable on any thread
-            return torch.zeros(
+            return torch.empty(
                 self.geometry.kv_heads, capacity, self.geometry.head_dim, pin_memory=pinned
             )
 
@@ -146,12 +147,12 @@ class KvContext:
     def length(self) -> int:
         return len(self.token_ids)
 
-    def _reserve(self, tokens: int) -> None:
+    def _reserve(self, tokens: int, headroom: int = 0) -> None:
         live = tokens - self.stored_tokens
         capacity = self._keys[0].shape[1]
         if live <= capacity:
             return
-        grown = max(live, 2 * capacity, _GROWTH_TOKENS)
+        grown = max(live + headroom, 2 * capacity, _GROWTH_TOKENS)
         for buffers in (self._keys, self._values):
             for layer, old in enumerate(buffers):
                 new = self._empty(grown)
@@ -286,24 +287,26 @@ class KvContext:
 
     def _load_live(self, token_ids: Sequence[int], pages: list[Sequence[bytes]]) -> None:
         """Copy the pages after the stored blocks into the live buffers."""
-        self._reserve(len(token_ids))
-        kv_heads, dim = self.geometry.kv_heads, self.geometry.head_dim
-        spans = [
-            (
-                index * self.page_tokens,
-                min(
-                    self.page_tokens, len(token_ids) - self.stored_tokens - index * self.page_tokens
-                ),
-            )
-            for index in range(len(pages))
-        ]
+        self._reserve(len(token_ids), headroom=_GROWTH_TOKENS)  # the continuation follows
+        kv_heads, dim, page = self.geometry.kv_heads, self.geometry.head_dim, self.page_tokens
+        live = len(token_ids) - self.stored_tokens
+        whole, tail = divmod(live, page)
+        page_bytes = 2 * kv_heads * page * dim * 4
+        sizes = [page_bytes] * whole + ([2 * kv_heads * tail * dim * 4] if tail else [])
+        staging = self.tiers.staging(sum(sizes))
+        dests = [staging[i * page_bytes : i * page_bytes + size] for i, size in enumerate(sizes)]
         for layer in range(self.geometry.num_layers):
-            dests = [np.empty(2 * kv_heads * tokens * dim * 4, np.uint8) for _, tokens in spans]
             self.tiers.host.read_into([hashes[layer] for hashes in pages], dests, admit=False)
-            for (position, tokens), raw in zip(spans, dests, strict=True):
-                page = torch.from_numpy(raw).view(torch.float32).view(2, kv_heads, tokens, dim)
-                self._keys[layer][:, position : position + tokens] = page[0]
-                self._values[layer][:, position : position + tokens] = page[1]
+            keys, values = self._keys[layer], self._values[layer]
+            if whole:  # [pages, 2, kv_heads, page, D] -> K, V [kv_heads, pages * page, D]
+                stacked = torch.from_numpy(staging[: whole * page_bytes]).view(torch.float32)
+                stacked = stacked.view(whole, 2, kv_heads, page, dim).permute(1, 2, 0, 3, 4)
+                keys[:, : whole * page].view(kv_heads, whole, page, dim).copy_(stacked[0])
+                values[:, : whole * page].view(kv_heads, whole, page, dim).copy_(stacked[1])
+            if tail:
+                raw = torch.from_numpy(dests[-1]).view(torch.float32).view(2, kv_heads, tail, dim)
+                keys[:, whole * page : live] = raw[0]
+                values[:, whole * page : live] = raw[1]
 
     # ------------------------------------------------------------------
     def page_count(self) -> int:
