@@ -5,14 +5,15 @@
 --to defaults to --server; both connections use the same TLS and token flags.
 One pass by default: a progress bar on stderr when interactive, then a
 summary of artifacts, pages and bytes moved. --follow then keeps applying
-the source's changes, one line per artifact, until Ctrl-C, and prints the
-summary. With --json the summary is one JSON document. Exit status 1 when
+the source's changes, one line per artifact, until Ctrl-C or SIGTERM, and
+prints the summary. With --json the summary is one JSON document. Exit status 1 when
 an artifact could not be replicated (the summary names it and why).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import threading
 
@@ -20,6 +21,8 @@ from kvgraft.client import Client
 from kvgraft.connection_cli import connection_options
 from kvgraft.render import emit, human_bytes
 from kvgraft.replication import ClientTarget, ReplicationSummary, Replicator
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def cmd_replicate(client: Client, args: argparse.Namespace) -> None:
@@ -49,11 +52,16 @@ def _replicate(source: Client, target: Client, args: argparse.Namespace) -> None
     replicator.summary.target = target.address
     try:
         if args.follow:
+            # Ctrl-C or SIGTERM sets `stop`; the replicator's stream guard then cancels
+            # every open stream, so the loop ends wherever the main thread is waiting
+            # (a KeyboardInterrupt raised inside gRPC's stream iteration can be lost).
             stop = threading.Event()
+            previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _STOP_SIGNALS}
             try:
                 replicator.follow(args.from_sequence, stop=stop)
-            except KeyboardInterrupt:
-                stop.set()
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
         else:
             replicator.sync(args.from_sequence)
     finally:
