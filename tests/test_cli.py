@@ -328,6 +328,24 @@ def test_unreachable_server_says_to_start_the_daemon(via: str) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly(daemon: DaemonProcess) -> None:
+    """Regression: `kvgraft info | head -1` ended with a BrokenPipeError traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first byte
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "kvgraft", "--server", daemon.address, "--json", "info"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141, result.stderr
+    assert result.stderr == ""
+
+
 # ----------------------------------------------------------------------
 # serve
 

@@ -241,11 +241,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     handler, _ = COMMANDS[args.command]
     try:
-        with Client(args.server, timeout_s=args.timeout, **connection_options(args)) as client:
-            handler(client, args)
-    except KvgraftError as exc:
-        if args.json:
-            print(json.dumps({"error": {"code": exc.code, "message": str(exc)}}, indent=2))
-        print(f"kvgraft: error: {exc.code}: {exc}", file=sys.stderr)
-        return 1
+        try:
+            with Client(args.server, timeout_s=args.timeout, **connection_options(args)) as c:
+                handler(c, args)
+        except KvgraftError as exc:
+            if args.json:
+                print(json.dumps({"error": {"code": exc.code, "message": str(exc)}}, indent=2))
+            print(f"kvgraft: error: {exc.code}: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            sys.stdout.flush()  # here, where a closed pipe can still be handled
+    except BrokenPipeError:
+        # The reader went away (`kvgraft ... | head`): stop quietly, as other tools do.
+        # stdout is pointed at /dev/null so the interpreter's final flush cannot fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a killed writer
     return 0
