@@ -44,7 +44,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
 
 from kvgraft.artifact import page_sizes, parse_manifest
 from kvgraft.client import Client
@@ -59,6 +58,7 @@ from kvgraft.errors import (
     Unimplemented,
 )
 from kvgraft.page_relay import PageRelay, manifest_of
+from kvgraft.replication_summary import ReplicationLedger, ReplicationSummary
 from kvgraft.replication_target import ClientTarget, Target
 from kvgraft.stream_guard import StreamGuard
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -68,37 +68,8 @@ log = logging.getLogger(__name__)
 ADDED, DELETED = pb.ChangeRecord.KIND_ADDED, pb.ChangeRecord.KIND_DELETED
 # Errors a retry cannot fix; anything else (a cut, a corrupt byte) is retried.
 FATAL_ERRORS = (FailedPrecondition, ResourceExhausted, Unauthenticated, Unimplemented)
-MAX_REASONS = 20  # retry reasons kept in a summary
 FOLLOW_MIN_BACKOFF_S = 0.5  # follow mode reconnects after 0.5 s, 1 s, 2 s, ... 30 s
 FOLLOW_MAX_BACKOFF_S = 30.0
-
-
-@dataclass
-class ReplicationSummary:
-    """What a replication did. Bytes are page bytes; `*_moved` counts every send."""
-
-    source: str = ""
-    target: str = ""
-    artifacts_added: int = 0  # committed on the target by this replication
-    artifacts_present: int = 0  # the target held them already
-    artifacts_deleted: int = 0
-    deletes_kept_pinned: int = 0  # deleted on the source, pinned on the target: kept
-    artifacts_vanished: int = 0  # deleted on the source before they could be copied
-    artifacts_failed: int = 0  # gave up after max_attempts (see failures)
-    pages_moved: int = 0  # pages forwarded to the target, resends included
-    bytes_moved: int = 0
-    pages_resent: int = 0  # pages forwarded again by a retry of the same artifact
-    bytes_resent: int = 0
-    pages_written: int = 0  # pages the target stored anew at commit (staged ones excluded)
-    bytes_written: int = 0
-    retries: int = 0
-    last_sequence: int = 0  # the source's feed is applied up to here
-    elapsed_s: float = 0.0
-    retry_reasons: list[str] = field(default_factory=list)  # the last few
-    failures: dict[str, str] = field(default_factory=dict)  # artifact id -> last error
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 class Replicator:
@@ -129,11 +100,9 @@ class Replicator:
         self.max_attempts = max(1, max_attempts)
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
-        self.progress = progress
-        self.on_change = on_change
         self.probe_interval_s = probe_interval_s
         self.summary = ReplicationSummary(source=source.address)
-        self._lock = threading.Lock()
+        self._ledger = ReplicationLedger(self.summary, progress, on_change)
         self._stop = threading.Event()
         # Open source streams: stop, or a stall (a connection gone silent), cancels them.
         self._guard = StreamGuard(
@@ -156,14 +125,14 @@ class Replicator:
             for attempt in range(1, self.max_attempts + 1):
                 try:
                     position, _ = self._catch_up(from_sequence)
-                    self._set_position(position)
+                    self._ledger.position(position)
                     break
                 except FATAL_ERRORS:
                     raise
                 except KvgraftError as exc:
                     if attempt == self.max_attempts:
                         raise
-                    self._note_retry("the feed", exc)
+                    self._ledger.retry("the feed", exc)
                     time.sleep(self._backoff(attempt))
         finally:
             done.set()
@@ -195,7 +164,7 @@ class Replicator:
         while not stop.is_set():
             try:
                 position, failed = self._catch_up(position + 1)
-                self._set_position(position, on_position)
+                self._ledger.position(position, on_position)
                 if failed:
                     raise KvgraftError(f"{failed} artifacts could not be copied yet")
                 failures = 0
@@ -206,7 +175,7 @@ class Replicator:
                         _check_record(record, position + 1)
                         self._apply(record)
                         position = record.sequence
-                        self._set_position(position, on_position)
+                        self._ledger.position(position, on_position)
                     else:
                         raise Unavailable(f"the change feed of {self.source.address} ended")
             except KvgraftError as exc:  # fatal ones too: a full disk may be freed
@@ -255,7 +224,7 @@ class Replicator:
         wanted = [a for a, kind in latest.items() if kind == ADDED]
         wanted += [a for a in listed if a not in latest]
         adds = [a for a in wanted if a not in present]
-        self._count(artifacts_present=len(wanted) - len(adds))
+        self._ledger.count(artifacts_present=len(wanted) - len(adds))
         # The feed touched these, and the target holds them or the source no longer
         # lists them: deleted on the source, unless the source, asked again, has them.
         deletes = [
@@ -264,8 +233,7 @@ class Replicator:
             if (kind == DELETED and (a in present or a in listed))
             or (kind == ADDED and a in present and a not in listed)
         ]
-        if self.progress is not None:
-            self.progress.total = (self.progress.total or 0) + sum(listed.get(a, 0) for a in adds)
+        self._ledger.planned(sum(listed.get(a, 0) for a in adds))
         failed = 0
         jobs = [(self._copy_job, a, listed.get(a, 0)) for a in adds]
         jobs += [(self._delete_job, a, 0) for a in deletes]
@@ -320,11 +288,8 @@ class Replicator:
         try:
             run()
         except KvgraftError as exc:
-            with self._lock:
-                self.summary.artifacts_failed += 1
-                self.summary.failures[artifact_id] = f"{exc.code}: {exc}"
             log.warning("artifact %s was not replicated: %s", artifact_id[:16], exc)
-            self._changed("failed", artifact_id)
+            self._ledger.failed(artifact_id, exc)
             return False
         return True
 
@@ -353,14 +318,12 @@ class Replicator:
                 error = exc
             if attempt == self.max_attempts or self._stop.is_set():
                 raise error
-            self._note_retry(artifact_id, error)
+            self._ledger.retry(artifact_id, error)
             time.sleep(self._backoff(attempt))
-        if self.progress is not None and planned_bytes > moved[0]:
-            with self._lock:
-                self.progress.update(planned_bytes - moved[0])
+        self._ledger.skipped(planned_bytes - moved[0])
         counter = {"added": "artifacts_added", "present": "artifacts_present"}
-        self._count(**{counter.get(outcome, "artifacts_vanished"): 1})
-        self._changed(outcome, artifact_id)
+        self._ledger.count(**{counter.get(outcome, "artifacts_vanished"): 1})
+        self._ledger.changed(outcome, artifact_id)
         return outcome
 
     def _copy_once(self, artifact_id: str, sent: set[bytes], moved: list[int]) -> str:
@@ -377,7 +340,7 @@ class Replicator:
             again = [digest for digest in done if digest in sent]
             sent.update(done)
             moved[0] += data_bytes
-            self._moved(data_bytes, len(done), len(again), sum(sizes[d] for d in again))
+            self._ledger.moved(data_bytes, len(done), len(again), sum(sizes[d] for d in again))
 
         relay = PageRelay(artifact_id, manifest_bytes, sizes, missing, stream, forwarded)
         try:
@@ -394,7 +357,9 @@ class Replicator:
                 f"the target stored {response.artifact_id[:16]} for {artifact_id[:16]}; "
                 "the put response was altered on the way"
             )
-        self._count(pages_written=response.pages_written, bytes_written=response.bytes_written)
+        self._ledger.count(
+            pages_written=response.pages_written, bytes_written=response.bytes_written
+        )
         return "present" if response.already_present else "added"
 
     def _fetch_manifest(self, artifact_id: str) -> bytes:
@@ -421,15 +386,15 @@ class Replicator:
             except KvgraftError as exc:
                 if attempt == self.max_attempts or self._stop.is_set():
                     raise
-                self._note_retry(artifact_id, exc)
+                self._ledger.retry(artifact_id, exc)
                 time.sleep(self._backoff(attempt))
         if outcome == "pinned":
             outcome = "kept-pinned"
             log.info("artifact %s was deleted on the source but is pinned here: kept", artifact_id)
         counter = {"deleted": "artifacts_deleted", "kept-pinned": "deletes_kept_pinned"}
         if outcome in counter:
-            self._count(**{counter[outcome]: 1})
-        self._changed(outcome, artifact_id)
+            self._ledger.count(**{counter[outcome]: 1})
+        self._ledger.changed(outcome, artifact_id)
         return outcome
 
     def _source_has(self, artifact_id: str) -> bool:
@@ -458,41 +423,6 @@ class Replicator:
             s.artifacts_added + s.artifacts_present + s.artifacts_vanished,
             s.artifacts_deleted + s.deletes_kept_pinned + s.artifacts_failed,
         )
-
-    # ------------------------------------------------------------------
-    # bookkeeping
-
-    def _count(self, **deltas: int) -> None:
-        with self._lock:
-            for name, delta in deltas.items():
-                setattr(self.summary, name, getattr(self.summary, name) + delta)
-
-    def _moved(self, page_bytes: int, pages: int, resent_pages: int, resent_bytes: int) -> None:
-        with self._lock:
-            s = self.summary
-            s.bytes_moved += page_bytes
-            s.pages_moved += pages
-            s.pages_resent += resent_pages
-            s.bytes_resent += resent_bytes
-            if self.progress is not None:
-                self.progress.update(page_bytes)
-
-    def _note_retry(self, what: str, error: KvgraftError) -> None:
-        reason = f"{what[:16]}: {error.code}: {error}"
-        log.info("retrying %s", reason)
-        with self._lock:
-            self.summary.retries += 1
-            self.summary.retry_reasons = [*self.summary.retry_reasons, reason][-MAX_REASONS:]
-
-    def _set_position(self, sequence: int, on_position=None) -> None:
-        with self._lock:
-            self.summary.last_sequence = sequence
-        if on_position is not None:
-            on_position(sequence)
-
-    def _changed(self, outcome: str, artifact_id: str) -> None:
-        if self.on_change is not None:
-            self.on_change(outcome, artifact_id)
 
     def _backoff(self, attempt: int) -> float:
         base = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))

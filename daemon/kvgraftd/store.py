@@ -22,7 +22,8 @@ Invariants:
   never the process (kvgraftd.lmdb_env keeps the environment: transactions,
   map growth, the disk reserve).
 
-Only this module, kvgraftd.lmdb_env and kvgraftd.page_records import lmdb. Neither knows about gRPC.
+Only this module, kvgraftd.lmdb_env and kvgraftd.page_records import lmdb;
+none of them knows about gRPC.
 """
 
 from __future__ import annotations
