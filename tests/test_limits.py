@@ -43,20 +43,25 @@ FLOOD_CONNECTIONS = 24
 CALLS_PER_CONNECTION = 5
 
 
-def _stats_code(channel: grpc.Channel) -> tuple[grpc.StatusCode, str]:
+def _stats_code(channel: grpc.Channel, timeout_s: float = 30) -> tuple[grpc.StatusCode, str]:
     try:
-        pb_grpc.KvgraftStub(channel).Stats(pb.StatsRequest(), timeout=30)
+        pb_grpc.KvgraftStub(channel).Stats(pb.StatsRequest(), timeout=timeout_s)
     except grpc.RpcError as exc:
         return exc.code(), exc.details()
     return grpc.StatusCode.OK, ""
 
 
 def _wait_for_code(channel: grpc.Channel, code: grpc.StatusCode, timeout_s: float = 30) -> int:
-    """Call Stats until it answers `code`; returns how many calls were refused on the way."""
+    """Call Stats until it answers `code`; returns how many calls were refused on the way.
+
+    Each probe gives up after a second: a probe that arrives before the calls it
+    should be refused behind waits for a worker instead (regression: one such
+    probe used to hold the whole 30 s), and a probe that gives up frees its slot.
+    """
     deadline = time.monotonic() + timeout_s
     refused = 0
     while True:
-        got, _ = _stats_code(channel)
+        got, _ = _stats_code(channel, timeout_s=1)
         refused += got == EXHAUSTED
         if got == code:
             return refused

@@ -33,6 +33,8 @@ from replica_audit import divergent_artifacts, ids, wait_until
 from store_audit import multi_mib_artifact
 
 from kvgraft import Client
+from kvgraft.client import Stream
+from kvgraft.stream_guard import StreamGuard
 from kvgraftd.config import DaemonConfig
 
 _ADDED = re.compile(r"replica of \S+: added ([0-9a-f]{64})")
@@ -138,7 +140,12 @@ def test_cli_follow_until_interrupted(start_daemon, rng, stop_signal) -> None:
             wait_until(lambda: ids(b) == {artifact.id}, "the CLI follows")
         finally:
             process.send_signal(stop_signal)
-            out, _ = process.communicate(timeout=30)
+            try:
+                out, _ = process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()  # leave no orphan following a daemon
+                process.communicate()
+                raise
         assert process.returncode == 0
         summary = json.loads(out)
         assert summary["artifacts_added"] == 1 and summary["last_sequence"] == 1
@@ -281,3 +288,15 @@ def test_two_hosts_in_network_namespaces(two_hosts, tmp_path, rng) -> None:
 
 def _netns(hosts: TwoHosts, index: int) -> list[str]:
     return ["ip", "netns", "exec", hosts.names[index]]
+
+
+def test_a_stream_opened_as_the_task_stops_is_cancelled_at_once() -> None:
+    """Regression: a stream opened just after the guard's cancel_all was never cancelled,
+    so `kvgraft replicate --follow` now and then ignored Ctrl-C."""
+    stop = threading.Event()
+    guard = StreamGuard(lambda: False, lambda: 0, 60.0, "a test task")
+    guard.watch(stop)
+    stop.set()  # the guard's thread cancels what is open, then ends
+    cancelled = threading.Event()
+    with guard.opened(Stream(iter(()), cancelled.set)):
+        assert cancelled.is_set()

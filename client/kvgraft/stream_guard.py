@@ -36,6 +36,7 @@ class StreamGuard:
         self._what = what
         self._lock = threading.Lock()
         self._streams: set[Stream] = set()
+        self._stop: threading.Event | None = None  # the task's, from watch()
 
     @contextmanager
     def opened(self, stream: Stream | None) -> Iterator[Stream | None]:
@@ -45,6 +46,11 @@ class StreamGuard:
             return
         with self._lock:
             self._streams.add(stream)
+        # A stream opened as the task is stopped may miss the guard's cancel_all
+        # (regression: `replicate --follow` then ignored Ctrl-C); stop is set before
+        # cancel_all takes its list, so checking it after adding the stream closes the gap.
+        if self._stop is not None and self._stop.is_set():
+            stream.cancel()
         try:
             yield stream
         finally:
@@ -60,6 +66,7 @@ class StreamGuard:
 
     def watch(self, stop: threading.Event) -> None:
         """Start a thread that cancels stalled streams, and all of them once `stop` is set."""
+        self._stop = stop
         threading.Thread(target=self._run, args=(stop,), name="stream-guard", daemon=True).start()
 
     def _run(self, stop: threading.Event) -> None:
