@@ -55,7 +55,6 @@ from kvgraft.errors import (
     ResourceExhausted,
     Unauthenticated,
     Unavailable,
-    Unimplemented,
 )
 from kvgraft.page_relay import PageRelay, manifest_of
 from kvgraft.replication_summary import ReplicationLedger, ReplicationSummary
@@ -67,7 +66,10 @@ log = logging.getLogger(__name__)
 
 ADDED, DELETED = pb.ChangeRecord.KIND_ADDED, pb.ChangeRecord.KIND_DELETED
 # Errors a retry cannot fix; anything else (a cut, a corrupt byte) is retried.
-FATAL_ERRORS = (FailedPrecondition, ResourceExhausted, Unauthenticated, Unimplemented)
+# UNIMPLEMENTED is retried too: a request damaged on the way reads as one (gRPC answers
+# "requires exactly one request message"); a daemon that really lacks the RPC still
+# fails the artifact after max_attempts, with the same message.
+FATAL_ERRORS = (FailedPrecondition, ResourceExhausted, Unauthenticated)
 FOLLOW_MIN_BACKOFF_S = 0.5  # follow mode reconnects after 0.5 s, 1 s, 2 s, ... 30 s
 FOLLOW_MAX_BACKOFF_S = 30.0
 
