@@ -282,30 +282,41 @@ class RemoteTier:
     # ------------------------------------------------------------------
     # writes: raise Unavailable (or Unauthenticated) when the object could not be written
 
-    def _put(self, key: str, body: bytes | memoryview, digest: bytes, conditional: bool) -> bool:
-        """Write one object; False if it was there already (conditional puts only)."""
+    def _request(self, what: str, key: str, call, answered: tuple[str, ...]) -> bool:
+        """Run one S3 request of an explicit operation: True if it succeeded, False if
+        it failed with an error code in `answered` (an answer, not a fault); any other
+        failure opens the breaker and raises (write_error)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        extra = {"IfNoneMatch": "*"} if conditional else {}
         try:
-            self._s3.put_object(
+            call()
+        except ClientError as exc:
+            if error_code(exc) in answered:
+                self._succeeded()
+                return False
+            self._failed(f"{what} {key}", exc)
+            raise write_error(key, exc) from None
+        except BotoCoreError as exc:
+            self._failed(f"{what} {key}", exc)
+            raise write_error(key, exc) from None
+        self._succeeded()
+        return True
+
+    def _put(self, key: str, body: bytes | memoryview, digest: bytes, conditional: bool) -> bool:
+        """Write one object; False if it was there already (conditional puts only)."""
+        extra = {"IfNoneMatch": "*"} if conditional else {}
+        return self._request(
+            "PUT",
+            key,
+            lambda: self._s3.put_object(
                 Bucket=self._bucket,
                 Key=key,
                 Body=bytes(body) if isinstance(body, memoryview) else body,
                 ChecksumSHA256=base64.b64encode(digest).decode("ascii"),
                 **extra,
-            )
-        except ClientError as exc:
-            if conditional and error_code(exc) in EXISTS:
-                self._succeeded()
-                return False
-            self._failed(f"PUT {key}", exc)
-            raise write_error(key, exc) from None
-        except BotoCoreError as exc:
-            self._failed(f"PUT {key}", exc)
-            raise write_error(key, exc) from None
-        self._succeeded()
-        return True
+            ),
+            EXISTS if conditional else (),
+        )
 
     def put_page(self, fingerprint: bytes, digest: bytes, data: bytes | memoryview) -> int:
         """Upload a page unless known present; the bytes written (0 if it was there)."""
@@ -371,22 +382,10 @@ class RemoteTier:
 
     def has_manifest(self, fingerprint: bytes, artifact_id: str) -> bool:
         """Whether the bucket holds the manifest (raises Unavailable when it cannot tell)."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         key = self.key(fingerprint, "manifests", artifact_id)
-        try:
-            self._s3.head_object(Bucket=self._bucket, Key=key)
-        except ClientError as exc:
-            if error_code(exc) in MISSING:
-                self._succeeded()
-                return False
-            self._failed(f"HEAD {key}", exc)
-            raise write_error(key, exc) from None
-        except BotoCoreError as exc:
-            self._failed(f"HEAD {key}", exc)
-            raise write_error(key, exc) from None
-        self._succeeded()
-        return True
+        return self._request(
+            "HEAD", key, lambda: self._s3.head_object(Bucket=self._bucket, Key=key), MISSING
+        )
 
     # ------------------------------------------------------------------
     # listing (sync)
