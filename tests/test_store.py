@@ -58,6 +58,17 @@ def test_commit_then_read_every_page(store: Store, rng: random.Random) -> None:
     assert again.already_present and again.pages_written == 0 and again.sequence == 1
 
 
+def test_verified_pages_are_the_stored_bytes_read_only(store: Store, rng: random.Random) -> None:
+    artifact = random_artifact(rng, tokens=40, page_tokens=16)
+    store.commit_artifact(artifact.manifest, _records(artifact))
+    digests = list(page_sizes(artifact.manifest))
+    with store.verified_pages(digests) as views:
+        assert [view.tobytes() for view in views] == [bytes(artifact.pages[d]) for d in digests]
+        assert not any(view.flags.writeable for view in views)
+    with pytest.raises(NotFound), store.verified_pages([bytes(32)]):
+        pytest.fail("a missing page was handed out")
+
+
 def test_framed_read_frames_pages(store: Store, rng: random.Random) -> None:
     artifact = random_artifact(rng, tokens=40, page_tokens=16)
     store.commit_artifact(artifact.manifest, _records(artifact))
@@ -178,6 +189,8 @@ def test_flipped_byte_on_disk_is_detected_and_not_served(store: Store, rng: rand
     assert not dest.any()  # nothing of the corrupt page left in the destination
     with pytest.raises(DataLoss):
         store.read_page(digest)
+    with pytest.raises(DataLoss, match="corrupt"), store.verified_pages([digest]):
+        pytest.fail("a corrupt page was handed out")
 
 
 def test_ids_resolve_by_unique_prefix(store: Store, rng: random.Random) -> None:

@@ -166,3 +166,36 @@ def test_real_model_2048_tokens_with_less_device_memory_than_one_layer(real_mode
     peak = small.tiers.pool.counters.peak_bytes
     print(f"device peak {peak} bytes, budget {budget}, one layer {one_layer}")
     assert small.tiers.pool.counters.peak_bytes <= budget
+
+
+def test_boundary_block_pages_come_from_the_host_cache_exactly(tiny, store) -> None:
+    """Stored pages in the block where a graft ends come from the host cache when it has them."""
+    rng = random.Random(5)
+    engine = _engine(tiny, store, 0, 1 << 30)
+    reference = _engine(tiny, store, 0, 0)
+    context = [rng.randrange(512) for _ in range(2 * BLOCK)]
+    aid = _result(engine.generate(context, DecodeOptions(deposit=True))).artifact_id
+    options = DecodeOptions(max_new_tokens=3, return_logits=True)
+    _result(engine.graft(aid, [7], options))  # streams both blocks: the host cache admits them
+    hits = engine.tiers.host.counters.hits
+    # Reuses one stored block and two pages of the next: that block is stored pages, then live.
+    prompt = context[: BLOCK + 2 * PAGE] + [rng.randrange(512) for _ in range(5)]
+    grafted = _result(engine.generate(prompt, options))
+    assert grafted.receipt.reused_tokens == BLOCK + 2 * PAGE
+    assert engine.tiers.host.counters.hits >= hits + 2 * tiny.geometry.num_layers
+    fresh = DecodeOptions(max_new_tokens=3, return_logits=True, no_cache=True)
+    _same(grafted, _result(reference.generate(prompt, fresh)))
+
+
+def test_recycled_live_buffers_change_no_result(tiny, store) -> None:
+    """A closed context's buffers serve the next one, stale bytes and all."""
+    rng = random.Random(6)
+    engine = _engine(tiny, store, 0, 0)
+    options = DecodeOptions(max_new_tokens=4, return_logits=True)
+    prompts = [[rng.randrange(512) for _ in range(n)] for n in (3 * BLOCK + 5, 70, 2 * BLOCK)]
+    results = []
+    for prompt in prompts:
+        results.append(_result(engine.generate(prompt, options)))
+        assert engine.tiers.live.idle_bytes > 0  # given back when the context closed
+    for prompt, result in zip(prompts, results, strict=True):
+        _same(result, _result(_engine(tiny, store, 0, 0).generate(prompt, options)))

@@ -17,13 +17,13 @@ bytes, and their logits agree to the bit:
 
 A model fingerprint, compute profile or layout mismatch fails closed with
 FailedPrecondition; a corrupt page fails with DataLoss (from the store).
-Forward passes are serialized by one lock; contexts are independent.
+Forward passes run one at a time on the compute thread (kvgraftd.compute_thread);
+contexts are independent.
 """
 
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
@@ -31,6 +31,7 @@ import torch
 from kvgraft.artifact import Artifact, page_sizes
 from kvgraft.errors import FailedPrecondition, InvalidArgument
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd import compute_thread
 from kvgraftd.decoding import DecodeOptions, ResultEvent, TokenEvent
 from kvgraftd.device_pool import DevicePool
 from kvgraftd.host_cache import HostCache
@@ -45,6 +46,13 @@ from kvgraftd.receipts import (
     pin_determinism,
 )
 from kvgraftd.store import Store
+
+
+def choose_token(logits: torch.Tensor, options: DecodeOptions, generator: torch.Generator) -> int:
+    if options.greedy:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / options.temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 class Engine:
@@ -77,7 +85,6 @@ class Engine:
             head_dim=g.head_dim,
             kv_dtype=pb.KV_DTYPE_FLOAT32,
         )
-        self._compute = threading.Lock()
 
     # ------------------------------------------------------------------
     # the one compute path
@@ -86,11 +93,13 @@ class Engine:
         return KvContext(self.adapter.geometry, self.page_tokens, self.block_tokens, self.tiers)
 
     def _forward(self, context: KvContext, chunk: list[int]) -> torch.Tensor:
-        with self._compute:
-            assert torch.are_deterministic_algorithms_enabled()
-            context.begin_chunk(context.length, chunk)
-            logits = self.adapter.forward(chunk, context.length, context)
-            context.end_chunk(chunk)
+        return compute_thread.run(self._forward_here, context, chunk)
+
+    def _forward_here(self, context: KvContext, chunk: list[int]) -> torch.Tensor:
+        assert torch.are_deterministic_algorithms_enabled()
+        context.begin_chunk(context.length, chunk)
+        logits = self.adapter.forward(chunk, context.length, context)
+        context.end_chunk(chunk)
         return logits
 
     def _append(self, context: KvContext, token_ids: Sequence[int]) -> torch.Tensor:
@@ -225,11 +234,7 @@ class Engine:
         prompt_logits = logits_bytes(logits) if options.return_logits else b""
         generated_logits: list[bytes] = []
         for _ in range(options.max_new_tokens):
-            if options.greedy:
-                token = int(torch.argmax(logits))
-            else:
-                probs = torch.softmax(logits / options.temperature, dim=-1)
-                token = int(torch.multinomial(probs, 1, generator=generator))
+            token = compute_thread.run(choose_token, logits, options, generator)
             receipt.generated_token_ids.append(token)
             yield TokenEvent(token, self.adapter.decode([token]))
             logits = self._append(context, [token])

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -59,6 +61,37 @@ class HostCache:
         if admit and self.budget_bytes:
             for index in missing:
                 self._admit(digests[index], dests[index])
+
+    @contextmanager
+    def verified(self, digests: list[bytes], admit: bool = False) -> Iterator[list[np.ndarray]]:
+        """Every page's bytes, verified, to read (not write) inside the `with` block.
+
+        A cached page is its cached copy; any other is a view of the store's
+        map checked in place (Store.verified_pages), copied into the cache
+        only with `admit`: for reads that copy each page once, where they
+        need it.
+        """
+        found: list[np.ndarray | None] = []
+        with self._lock:
+            for digest in digests:
+                cached = self._pages.get(digest)
+                if cached is not None:
+                    self._pages.move_to_end(digest)
+                    self.counters.hits += 1
+                found.append(cached)
+        missing = [index for index, page in enumerate(found) if page is None]
+        if not missing:
+            yield found
+            return
+        with self.store.verified_pages([digests[i] for i in missing]) as views:
+            with self._lock:
+                self.counters.misses += len(missing)
+                self.counters.bytes_streamed += sum(view.nbytes for view in views)
+            for index, view in zip(missing, views, strict=True):
+                found[index] = view
+                if admit and self.budget_bytes:
+                    self._admit(digests[index], view)
+            yield found
 
     def _admit(self, digest: bytes, data: np.ndarray) -> None:
         if data.nbytes > self.budget_bytes:

@@ -1,10 +1,12 @@
 """The KV of one inference context, and attention over it block by block through the tiers.
 
-Positions [0, stored_tokens) are *stored*: whole attention blocks of pages
-that live in the store (grafted, never copied into the context); their
-bytes reach attention through the host cache and the device pool. Positions
-[stored_tokens, length) are *live*: computed here or loaded from a partial
-block, kept in growable host buffers [kv_heads, capacity, head_dim].
+Positions [0, stored_tokens) are *stored*: whole pages that live in the
+store (grafted, never copied into the context); their bytes reach attention
+through the host cache and the device pool. Positions [stored_tokens, length)
+are *live*: computed here or loaded from a partial page, kept in growable
+host buffers [kv_heads, capacity, head_dim]. A block wholly stored is cached
+in the pool under its pages' hashes, for every context that grafts them; the
+block where stored pages end and live positions begin is filled from both.
 
 A forward pass over a chunk at positions [start, start + n) first writes the
 chunk's K and V into the live buffers, then attends over [0, start + n) one
@@ -33,9 +35,9 @@ import torch
 
 from kvgraftd.device_pool import DevicePool, Slot
 from kvgraftd.host_cache import HostCache
+from kvgraftd.live_buffers import GRANULE_TOKENS, LiveBuffers, round_capacity
 from kvgraftd.model_adapter import ModelGeometry
 
-_GROWTH_TOKENS = 1024
 _uids = itertools.count(1)
 
 
@@ -91,11 +93,13 @@ def blockwise_attention(
 
 
 class Tiers:
-    """The device pool, host cache and store, shared by every context of an engine."""
+    """The device pool, host cache, store and live buffers, shared by every context of an engine."""
 
     def __init__(self, pool: DevicePool, host: HostCache, prefetch: bool = True) -> None:
         self.pool = pool
         self.host = host
+        # Live KV stays in host memory (pinned next to a GPU, for fast copies into slots).
+        self.live = LiveBuffers(pinned=pool.device.type == "cuda")
         self._prefetcher = (
             ThreadPoolExecutor(1, thread_name_prefix="prefetch") if prefetch else None
         )
@@ -135,13 +139,10 @@ class KvContext:
         self._chunk_start = 0
 
     def _empty(self, capacity: int) -> torch.Tensor:
-        # Live KV stays in host memory (pinned next to a GPU, for fast copies into slots).
-        # Uninitialized: only positions already written are ever read.
-        pinned = self.tiers.pool.device.type == "cuda"
-        with torch.inference_mode(False):  # a normal tensor: writable on any thread
-            return torch.empty(
-                self.geometry.kv_heads, capacity, self.geometry.head_dim, pin_memory=pinned
-            )
+        # Unspecified contents (new or recycled): only positions already written are read.
+        if not capacity:
+            return torch.empty(self.geometry.kv_heads, 0, self.geometry.head_dim)
+        return self.tiers.live.take(self.geometry.kv_heads, capacity, self.geometry.head_dim)
 
     @property
     def length(self) -> int:
@@ -152,12 +153,13 @@ class KvContext:
         capacity = self._keys[0].shape[1]
         if live <= capacity:
             return
-        grown = max(live + headroom, 2 * capacity, _GROWTH_TOKENS)
+        grown = round_capacity(max(live + headroom, 2 * capacity, GRANULE_TOKENS))
         for buffers in (self._keys, self._values):
             for layer, old in enumerate(buffers):
                 new = self._empty(grown)
                 new[:, :capacity] = old
                 buffers[layer] = new
+                self.tiers.live.give([old])
 
     def __enter__(self) -> KvContext:
         return self
@@ -166,15 +168,22 @@ class KvContext:
         self.close()
 
     def close(self) -> None:
-        """Forget this context's live blocks in the pool (stored ones may serve others)."""
+        """Forget this context's live blocks in the pool (stored ones may serve others).
+
+        Its live buffers go back to the tiers for the next context; the
+        context holds no KV afterwards.
+        """
         blocks = -(-self.length // self.block_tokens)
         self.tiers.pool.forget(
             [
-                ("live", self.uid, layer, b)
+                self._live_key(layer, b * self.block_tokens)
                 for layer in range(self.geometry.num_layers)
                 for b in range(blocks)
             ]
         )
+        self.tiers.live.give(self._keys + self._values)
+        self._keys = [self._empty(0) for _ in range(self.geometry.num_layers)]
+        self._values = [self._empty(0) for _ in range(self.geometry.num_layers)]
 
     # ------------------------------------------------------------------
     def begin_chunk(self, start: int, token_ids: list[int]) -> None:
@@ -200,16 +209,16 @@ class KvContext:
         pending: Future | None = None
         # A stored region larger than the pool is a scan: its blocks pass through
         # transient slots instead of evicting each other from the cache.
-        cache = self.stored_tokens // self.block_tokens < (self.tiers.pool.capacity or 1 << 62)
+        cache = self._stored_blocks < (self.tiers.pool.capacity or 1 << 62)
         for index, (key, needed, fill, _) in enumerate(plan):
             slot: Slot | None = pending.result() if pending is not None else None
-            stored = index * self.block_tokens < self.stored_tokens
             if slot is None:
+                stored = index < self._stored_blocks
                 slot = self.tiers.pool.acquire(key, needed, fill, cache=cache or not stored)
             upcoming = plan[index + 1] if index + 1 < len(plan) else None
             pending = None
             if upcoming and upcoming[3]:  # immutable: safe to fetch ahead
-                ahead_stored = (index + 1) * self.block_tokens < self.stored_tokens
+                ahead_stored = index + 1 < self._stored_blocks
                 pending = self.tiers.prefetch(*upcoming[:3], cache or not ahead_stored)
             try:
                 softmax.add(
@@ -221,33 +230,60 @@ class KvContext:
                 self.tiers.pool.release(slot)
         return softmax.result()
 
+    @property
+    def _stored_blocks(self) -> int:
+        """Leading blocks made only of stored pages."""
+        return self.stored_tokens // self.block_tokens
+
     def _block(self, layer: int, begin: int, total: int):
         """(pool key, positions needed, fill, immutable) of the block starting at `begin`."""
         needed = min(self.block_tokens, total - begin)
-        if begin < self.stored_tokens:
+        if begin + self.block_tokens <= self.stored_tokens:
             first = begin // self.page_tokens
             digests = [
                 self._stored_pages[p][layer]
                 for p in range(first, first + needed // self.page_tokens)
             ]
             return ("stored", layer, *digests), needed, self._stored_fill(digests), True
+        immutable = begin + needed <= self._chunk_start  # whole, and before this chunk
+        return self._live_key(layer, begin), needed, self._live_fill(layer, begin), immutable
+
+    def _live_key(self, layer: int, begin: int) -> tuple:
+        return ("live", self.uid, layer, begin // self.block_tokens)
+
+    def _live_fill(self, layer: int, begin: int):
+        """Fill for a block of live positions, led by stored pages where the graft ends in it."""
         keys, values = self._keys[layer], self._values[layer]
-        offset = begin - self.stored_tokens
+        offset = begin - self.stored_tokens  # < 0 where the block starts with stored pages
 
         def fill(slot: torch.Tensor, start: int, end: int) -> None:
-            slot[0, :, start:end].copy_(keys[:, offset + start : offset + end], non_blocking=True)
-            slot[1, :, start:end].copy_(values[:, offset + start : offset + end], non_blocking=True)
+            if start < -offset:  # stored pages first
+                self._copy_stored(layer, begin + start, min(end, -offset) + begin, slot, begin)
+                start = -offset
+            if start < end:
+                live = slice(offset + start, offset + end)
+                slot[0, :, start:end].copy_(keys[:, live], non_blocking=True)
+                slot[1, :, start:end].copy_(values[:, live], non_blocking=True)
 
-        immutable = begin + needed <= self._chunk_start  # whole, and before this chunk
-        return ("live", self.uid, layer, begin // self.block_tokens), needed, fill, immutable
+        return fill
+
+    def _cache_stored_pages(self) -> bool:
+        """Whether stored pages read for attention go into the host cache.
+
+        Yes when all of this context's stored pages fit in it (they will be
+        read again, by the next graft of the same prefix); a larger context is
+        a scan, and caching it would only evict what would have been hit.
+        """
+        page_bytes = 2 * self.geometry.kv_heads * self.page_tokens * self.geometry.head_dim * 4
+        stored_bytes = len(self._stored_pages) * self.geometry.num_layers * page_bytes
+        return stored_bytes <= self.tiers.host.budget_bytes
 
     def _stored_fill(self, digests: list[bytes]):
         kv_heads, dim, page = self.geometry.kv_heads, self.geometry.head_dim, self.page_tokens
         page_bytes = 2 * kv_heads * page * dim * 4
 
         def fill(slot: torch.Tensor, start: int, end: int) -> None:
-            stored_bytes = len(self._stored_pages) * self.geometry.num_layers * page_bytes
-            admit = stored_bytes <= self.tiers.host.budget_bytes  # else a scan: don't churn
+            admit = self._cache_stored_pages()
             if len(digests) == 1 and slot.device.type == "cpu":  # a page is a block:
                 target = slot.view(-1).view(torch.uint8).numpy()[:page_bytes]  # same layout
                 self.tiers.host.read_into(digests, [target], admit)
@@ -271,42 +307,51 @@ class KvContext:
     def attach(self, token_ids: Sequence[int], page_sha256: Sequence[bytes]) -> None:
         """Graft stored pages (page-major hashes) with the KV of `token_ids` into an empty context.
 
-        Whole blocks stay in the store and stream in when attended; the rest is
-        copied into the live buffers.
+        Whole pages stay in the store and stream in when attended; a partial
+        last page is copied into the live buffers.
         """
         assert self.length == 0, "grafts start from an empty context"
         layers = self.geometry.num_layers
         pages = [
             page_sha256[p * layers : (p + 1) * layers] for p in range(len(page_sha256) // layers)
         ]
-        self.stored_tokens = len(token_ids) // self.block_tokens * self.block_tokens
-        stored_pages = self.stored_tokens // self.page_tokens
-        self._stored_pages = pages[:stored_pages]
-        self._load_live(token_ids, pages[stored_pages:])
+        whole = len(token_ids) // self.page_tokens
+        self.stored_tokens = whole * self.page_tokens
+        self._stored_pages = pages[:whole]
+        self._reserve(len(token_ids), headroom=GRANULE_TOKENS)  # the continuation follows
+        if whole < len(pages):
+            self._load_tail(pages[whole])
         self.token_ids = array("I", token_ids)
 
-    def _load_live(self, token_ids: Sequence[int], pages: list[Sequence[bytes]]) -> None:
-        """Copy the pages after the stored blocks into the live buffers."""
-        self._reserve(len(token_ids), headroom=_GROWTH_TOKENS)  # the continuation follows
+    def _load_tail(self, hashes: Sequence[bytes]) -> None:
+        """Copy a partial page (one hash per layer) to the start of the live buffers."""
+        kv_heads, dim = self.geometry.kv_heads, self.geometry.head_dim
+        with self.tiers.host.verified(list(hashes)) as data:
+            for layer, page in enumerate(data):
+                raw = page.view(np.float32).reshape(2, kv_heads, -1, dim)  # K then V
+                self._keys[layer].numpy()[:, : raw.shape[2]] = raw[0]
+                self._values[layer].numpy()[:, : raw.shape[2]] = raw[1]
+
+    def _copy_stored(self, layer: int, lo: int, hi: int, slot: torch.Tensor, at: int) -> None:
+        """Copy stored positions [lo, hi) of `layer` into `slot`, whose first position is `at`."""
         kv_heads, dim, page = self.geometry.kv_heads, self.geometry.head_dim, self.page_tokens
-        live = len(token_ids) - self.stored_tokens
-        whole, tail = divmod(live, page)
-        page_bytes = 2 * kv_heads * page * dim * 4
-        sizes = [page_bytes] * whole + ([2 * kv_heads * tail * dim * 4] if tail else [])
-        staging = self.tiers.staging(sum(sizes))
-        dests = [staging[i * page_bytes : i * page_bytes + size] for i, size in enumerate(sizes)]
-        for layer in range(self.geometry.num_layers):
-            self.tiers.host.read_into([hashes[layer] for hashes in pages], dests, admit=False)
-            keys, values = self._keys[layer], self._values[layer]
-            if whole:  # [pages, 2, kv_heads, page, D] -> K, V [kv_heads, pages * page, D]
-                stacked = torch.from_numpy(staging[: whole * page_bytes]).view(torch.float32)
-                stacked = stacked.view(whole, 2, kv_heads, page, dim).permute(1, 2, 0, 3, 4)
-                keys[:, : whole * page].view(kv_heads, whole, page, dim).copy_(stacked[0])
-                values[:, : whole * page].view(kv_heads, whole, page, dim).copy_(stacked[1])
-            if tail:
-                raw = torch.from_numpy(dests[-1]).view(torch.float32).view(2, kv_heads, tail, dim)
-                keys[:, whole * page : live] = raw[0]
-                values[:, whole * page : live] = raw[1]
+        first, last = lo // page, -(-hi // page)
+        digests = [self._stored_pages[p][layer] for p in range(first, last)]
+        spans = [(max(lo, p * page), min(hi, (p + 1) * page), p * page) for p in range(first, last)]
+        if slot.device.type == "cpu":  # straight from where each page is checked
+            target = slot.numpy()
+            with self.tiers.host.verified(digests, self._cache_stored_pages()) as data:
+                for (a, b, p0), data_page in zip(spans, data, strict=True):
+                    raw = data_page.view(np.float32).reshape(2, kv_heads, page, dim)
+                    target[:, :, a - at : b - at] = raw[:, :, a - p0 : b - p0]
+            return
+        page_bytes = 2 * kv_heads * page * dim * 4  # a device reads host memory: stage it
+        staging = self.tiers.staging(len(digests) * page_bytes)
+        views = [staging[i * page_bytes : (i + 1) * page_bytes] for i in range(len(digests))]
+        self.tiers.host.read_into(digests, views, self._cache_stored_pages())
+        for (a, b, p0), view in zip(spans, views, strict=True):
+            raw = torch.from_numpy(view).view(torch.float32).view(2, kv_heads, page, dim)
+            slot[:, :, a - at : b - at].copy_(raw[:, :, a - p0 : b - p0])
 
     # ------------------------------------------------------------------
     def page_count(self) -> int:

@@ -102,6 +102,7 @@ def build_engine(config: DaemonConfig, store: Store) -> Engine:
     """
     import torch
 
+    from kvgraftd import compute_thread
     from kvgraftd.device_pool import DevicePool
     from kvgraftd.engine import Engine
     from kvgraftd.host_cache import HostCache
@@ -112,7 +113,8 @@ def build_engine(config: DaemonConfig, store: Store) -> Engine:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     cache = Path(config.model_cache) if config.model_cache else config.data / "models"
-    adapter = ModelAdapter.load(config.model or None, cache, device=device)
+    # Loaded on the thread that runs every forward pass (kvgraftd.compute_thread).
+    adapter = compute_thread.run(ModelAdapter.load, config.model or None, cache, device=device)
     geometry = adapter.geometry
     pool = DevicePool(
         config.device_budget_bytes,

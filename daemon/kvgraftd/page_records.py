@@ -6,10 +6,12 @@ A page is stored as one value of the `pages` sub-database:
 
 keyed by the page's SHA-256. SHA-256 names the page everywhere (manifests,
 the wire, dedup); the xxh3-128 beside it is checked on every read, after the
-bytes are copied out of the map, because it costs a fraction of SHA-256 and
-catches what the disk or the map can do to a page. A mismatch raises
-DataLoss and no byte of the page reaches the caller: `read_into` zeroes its
-destination, `verify_framed` fails before the joined bytes are handed on.
+bytes are copied out of the map (or in place, for a caller that reads the
+map directly), because it costs a fraction of SHA-256 and catches what the
+disk or the map can do to a page. A mismatch raises DataLoss and no byte of
+the page reaches the caller: `read_into` zeroes its destination,
+`verified_views` hands out no view, `verify_framed` fails before the joined
+bytes are handed on.
 
 Pure functions of a transaction; kvgraftd.store owns the transactions.
 """
@@ -49,6 +51,22 @@ def read_into(
         if xxhash.xxh3_128_digest(dest) != view[:PAGE_CHECKSUM_BYTES]:
             dest[:] = 0  # never leave corrupt bytes where a caller may look
             raise DataLoss(corrupt_message(digest))
+
+
+def verified_views(txn: lmdb.Transaction, db, digests: Sequence[bytes]) -> list[np.ndarray]:
+    """Each page as a read-only uint8 view of the map, checked in place.
+
+    No copy: one read of the bytes, for the check. The views are valid while
+    `txn` is open.
+    """
+    views = []
+    for digest in digests:
+        record = _record(txn, db, digest)
+        page = np.frombuffer(record, np.uint8, offset=PAGE_CHECKSUM_BYTES)
+        if xxhash.xxh3_128_digest(page) != record[:PAGE_CHECKSUM_BYTES]:
+            raise DataLoss(corrupt_message(digest))
+        views.append(page)
+    return views
 
 
 def gather_framed(
