@@ -92,6 +92,12 @@ class DaemonProcess:
     def log(self) -> str:
         return "\n".join(self.log_lines)
 
+    @property
+    def metrics_url(self) -> str:
+        """The Prometheus endpoint of a daemon started with --metrics-listen."""
+        line = next(line for line in self.log_lines if "metrics on " in line)
+        return line.split("metrics on ", 1)[1]
+
     def terminate(self, timeout_s: float = 60.0) -> int:
         """SIGTERM and wait; returns the exit status."""
         assert self.proc is not None

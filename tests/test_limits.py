@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import grpc
 import pytest
@@ -69,6 +70,21 @@ def _wait_for_code(channel: grpc.Channel, code: grpc.StatusCode, timeout_s: floa
         time.sleep(0.05)
 
 
+def _wait_in_progress(daemon, calls: int, timeout_s: float = 30) -> None:
+    """Until the daemon's kvgraft_rpc_in_progress gauge reads `calls`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with urllib.request.urlopen(daemon.metrics_url, timeout=10) as response:
+            text = response.read().decode()
+        gauge = next(
+            line for line in text.splitlines() if line.startswith("kvgraft_rpc_in_progress")
+        )
+        if float(gauge.split()[-1]) == calls:
+            return
+        assert time.monotonic() < deadline, f"{gauge}, waiting for {calls}"
+        time.sleep(0.05)
+
+
 def _mib_artifact(rng: random.Random, mib: int):
     return random_artifact(
         rng,
@@ -82,7 +98,16 @@ def _mib_artifact(rng: random.Random, mib: int):
 
 
 def test_a_flood_beyond_the_limit_is_refused_and_health_stays_fast(start_daemon, rng) -> None:
-    daemon = start_daemon(extra_args=["--max-concurrent-rpcs", "4", "--workers", "2"])
+    daemon = start_daemon(
+        extra_args=[
+            "--max-concurrent-rpcs",
+            "4",
+            "--workers",
+            "2",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ]
+    )
     with Client(daemon.address) as client:
         client.put_artifact(random_artifact(rng))
     with grpc.insecure_channel(daemon.address) as holders:
@@ -91,6 +116,9 @@ def test_a_flood_beyond_the_limit_is_refused_and_health_stays_fast(start_daemon,
         feeds = [watch(pb.WatchRequest(follow=True), timeout=120) for _ in range(2)]
         assert [next(feed).sequence for feed in feeds] == [1, 1]
         feeds += [watch(pb.WatchRequest(follow=True), timeout=120) for _ in range(2)]
+        # Both admitted before any probe: a probe admitted first would take the slot
+        # one of them needs (seen once in `make check`: the fourth Watch was refused).
+        _wait_in_progress(daemon, 4)
         with grpc.insecure_channel(daemon.address) as probe_channel:
             refused_before = _wait_for_code(probe_channel, EXHAUSTED)
 

@@ -25,14 +25,9 @@ from kvgraft.v1 import kvgraft_pb2 as pb
 SERVICE = "kvgraft.v1.Kvgraft"
 
 
-def _metrics_url(daemon: DaemonProcess) -> str:
-    line = next(line for line in daemon.log_lines if "metrics on " in line)
-    return line.split("metrics on ", 1)[1]
-
-
 def _scrape(daemon: DaemonProcess) -> dict[tuple[str, tuple], float]:
     """Every sample: (name, sorted label items) -> value."""
-    with urllib.request.urlopen(_metrics_url(daemon), timeout=10) as response:
+    with urllib.request.urlopen(daemon.metrics_url, timeout=10) as response:
         text = response.read().decode()
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
@@ -47,7 +42,7 @@ def _get(samples, name: str, **labels: str) -> float:
 
 def test_a_scrape_after_traffic_shows_the_counters_moving(start_daemon, rng) -> None:
     daemon = start_daemon(extra_args=["--metrics-listen", "127.0.0.1:0"])
-    assert _metrics_url(daemon).startswith("http://127.0.0.1:")
+    assert daemon.metrics_url.startswith("http://127.0.0.1:")
     before = _scrape(daemon)
     assert _get(before, "kvgraft_store_artifacts") == 0
     assert _get(before, "kvgraft_rpc_requests_total", method="PutArtifact", code="OK") == 0
