@@ -327,3 +327,5 @@ def test_an_error_on_the_compute_thread_reaches_the_caller() -> None:
     with pytest.raises(InvalidArgument, match="compute thread"):
         compute_thread.run(fail)
     assert compute_thread.run(lambda: threading.current_thread().name).startswith("compute")
+    # A daemon thread: a daemon told to stop while its model loads does not wait for the load.
+    assert compute_thread.run(lambda: threading.current_thread().daemon)

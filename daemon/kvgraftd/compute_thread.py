@@ -17,26 +17,44 @@ interleave forward by forward, as they would under a lock.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import ParamSpec, TypeVar
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
-_on_compute_thread = threading.local()
-
-
-def _mark() -> None:
-    _on_compute_thread.yes = True
-
-
-_executor = ThreadPoolExecutor(1, thread_name_prefix="compute", initializer=_mark)
+_jobs: queue.SimpleQueue = queue.SimpleQueue()
+_start = threading.Lock()
+_thread: threading.Thread | None = None
 
 
 def run(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """fn(*args, **kwargs) on the compute thread (directly, when already on it)."""
-    if getattr(_on_compute_thread, "yes", False):
+    if threading.current_thread() is _thread:
         return fn(*args, **kwargs)
-    return _executor.submit(fn, *args, **kwargs).result()
+    future: Future[T] = Future()
+    _jobs.put((future, fn, args, kwargs))
+    _ensure_started()
+    return future.result()
+
+
+def _ensure_started() -> None:
+    # A daemon thread, like the model-load thread before it: a daemon stopping
+    # while a model still loads exits without waiting for the load.
+    global _thread
+    with _start:
+        if _thread is None:
+            _thread = threading.Thread(target=_serve, name="compute", daemon=True)
+            _thread.start()
+
+
+def _serve() -> None:
+    while True:
+        future, fn, args, kwargs = _jobs.get()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as error:  # raised again in the caller's thread
+            future.set_exception(error)
