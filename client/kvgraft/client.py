@@ -136,9 +136,10 @@ class Client(EngineCalls):
                 )
             raise cls(details) from None
 
-    def _unary(self, call: Callable[..., T], request) -> T:
+    def _unary(self, call: Callable[..., T], request, timeout_s: float | None = None) -> T:
+        """call(request) under the short deadline, or `timeout_s` (the transfer one)."""
         with self._mapped():
-            return call(request, timeout=self.timeout_s)
+            return call(request, timeout=timeout_s or self.timeout_s)
 
     def _stream(self, responses: Iterable[T]) -> Iterator[T]:
         with self._mapped():

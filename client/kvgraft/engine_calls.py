@@ -35,8 +35,7 @@ class EngineCalls:
         request = pb.DepositRequest(
             prompt=_prompt(text, token_ids, chat), labels=labels, verified_by=verified_by
         )
-        with self._mapped():
-            return self._stub.Deposit(request, timeout=self.transfer_timeout_s)
+        return self._unary(self._stub.Deposit, request, self.transfer_timeout_s)
 
     def generate(
         self,
@@ -75,10 +74,8 @@ class EngineCalls:
 
     def verify(self, artifact_id: str) -> pb.VerifyResponse:
         """Recompute an artifact fresh on the daemon and compare every hash."""
-        with self._mapped():
-            return self._stub.Verify(
-                pb.VerifyRequest(artifact_id=artifact_id), timeout=self.transfer_timeout_s
-            )
+        request = pb.VerifyRequest(artifact_id=artifact_id)
+        return self._unary(self._stub.Verify, request, self.transfer_timeout_s)
 
     # ------------------------------------------------------------------
     # knowledge library (kvgraftd.library)
@@ -99,8 +96,7 @@ class EngineCalls:
             verified_by=verified_by,
             tags=list(tags),
         )
-        with self._mapped():
-            return self._stub.LibraryAdd(request, timeout=self.transfer_timeout_s)
+        return self._unary(self._stub.LibraryAdd, request, self.transfer_timeout_s)
 
     def library_list(self, tag: str = "") -> list[pb.LibraryEntry]:
         """The served model's library entries (of one tag), ordered by id."""
@@ -126,8 +122,7 @@ class EngineCalls:
             library_tag=library_tag,
             no_recall=no_recall,
         )
-        with self._mapped():
-            return self._stub.Ask(request, timeout=self.transfer_timeout_s)
+        return self._unary(self._stub.Ask, request, self.transfer_timeout_s)
 
     # ------------------------------------------------------------------
     # remote tier (kvgraftd.remote)
@@ -138,8 +133,7 @@ class EngineCalls:
     def remote_sync(self, *, push: bool = True, pull: bool = True) -> pb.RemoteSyncResponse:
         """Push local artifacts the bucket lacks and/or pull the bucket's missing ones."""
         request = pb.RemoteSyncRequest(push=push, pull=pull)
-        with self._mapped():
-            return self._stub.RemoteSync(request, timeout=self.transfer_timeout_s)
+        return self._unary(self._stub.RemoteSync, request, self.transfer_timeout_s)
 
 
 def _prompt(text: str | None, token_ids: Iterable[int] | None, chat: bool) -> pb.Prompt:

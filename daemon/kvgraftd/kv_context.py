@@ -129,6 +129,8 @@ class KvContext:
         self.page_tokens = page_tokens
         self.block_tokens = block_tokens
         self.tiers = tiers
+        self._page_shape = (2, geometry.kv_heads, page_tokens, geometry.head_dim)  # K then V
+        self._stored_page_bytes = 2 * geometry.kv_heads * page_tokens * geometry.head_dim * 4
         self.uid = next(_uids)
         self.token_ids = array("I")  # compact: a context may hold millions
         self.segment_ends: list[int] = []
@@ -274,28 +276,27 @@ class KvContext:
         read again, by the next graft of the same prefix); a larger context is
         a scan, and caching it would only evict what would have been hit.
         """
-        page_bytes = 2 * self.geometry.kv_heads * self.page_tokens * self.geometry.head_dim * 4
-        stored_bytes = len(self._stored_pages) * self.geometry.num_layers * page_bytes
-        return stored_bytes <= self.tiers.host.budget_bytes
+        pages = len(self._stored_pages) * self.geometry.num_layers
+        return pages * self._stored_page_bytes <= self.tiers.host.budget_bytes
+
+    def _staged(self, digests: list[bytes]) -> torch.Tensor:
+        """Pages read (and checked) into this thread's staging buffer: [pages, 2, kv, t, D]."""
+        size = self._stored_page_bytes
+        staging = self.tiers.staging(len(digests) * size)
+        views = [staging[i * size : (i + 1) * size] for i in range(len(digests))]
+        self.tiers.host.read_into(digests, views, self._cache_stored_pages())
+        return torch.from_numpy(staging).view(torch.float32).view(len(digests), *self._page_shape)
 
     def _stored_fill(self, digests: list[bytes]):
         kv_heads, dim, page = self.geometry.kv_heads, self.geometry.head_dim, self.page_tokens
-        page_bytes = 2 * kv_heads * page * dim * 4
 
         def fill(slot: torch.Tensor, start: int, end: int) -> None:
-            admit = self._cache_stored_pages()
             if len(digests) == 1 and slot.device.type == "cpu":  # a page is a block:
-                target = slot.view(-1).view(torch.uint8).numpy()[:page_bytes]  # same layout
-                self.tiers.host.read_into(digests, [target], admit)
+                size = self._stored_page_bytes  # same layout
+                target = slot.view(-1).view(torch.uint8).numpy()[:size]
+                self.tiers.host.read_into(digests, [target], self._cache_stored_pages())
                 return
-            staging = self.tiers.staging(len(digests) * page_bytes)
-            dests = [staging[i * page_bytes : (i + 1) * page_bytes] for i in range(len(digests))]
-            self.tiers.host.read_into(digests, dests, admit)
-            pages = (
-                torch.from_numpy(staging)
-                .view(torch.float32)
-                .view(len(digests), 2, kv_heads, page, dim)
-            )
+            pages = self._staged(digests)
             # [pages, 2, kv_heads, page, D] -> [2, kv_heads, pages * page, D]
             slot[:, :, : len(digests) * page].view(2, kv_heads, len(digests), page, dim).copy_(
                 pages.permute(1, 2, 0, 3, 4)
@@ -334,7 +335,7 @@ class KvContext:
 
     def _copy_stored(self, layer: int, lo: int, hi: int, slot: torch.Tensor, at: int) -> None:
         """Copy stored positions [lo, hi) of `layer` into `slot`, whose first position is `at`."""
-        kv_heads, dim, page = self.geometry.kv_heads, self.geometry.head_dim, self.page_tokens
+        page = self.page_tokens
         first, last = lo // page, -(-hi // page)
         digests = [self._stored_pages[p][layer] for p in range(first, last)]
         spans = [(max(lo, p * page), min(hi, (p + 1) * page), p * page) for p in range(first, last)]
@@ -342,15 +343,11 @@ class KvContext:
             target = slot.numpy()
             with self.tiers.host.verified(digests, self._cache_stored_pages()) as data:
                 for (a, b, p0), data_page in zip(spans, data, strict=True):
-                    raw = data_page.view(np.float32).reshape(2, kv_heads, page, dim)
+                    raw = data_page.view(np.float32).reshape(self._page_shape)
                     target[:, :, a - at : b - at] = raw[:, :, a - p0 : b - p0]
             return
-        page_bytes = 2 * kv_heads * page * dim * 4  # a device reads host memory: stage it
-        staging = self.tiers.staging(len(digests) * page_bytes)
-        views = [staging[i * page_bytes : (i + 1) * page_bytes] for i in range(len(digests))]
-        self.tiers.host.read_into(digests, views, self._cache_stored_pages())
-        for (a, b, p0), view in zip(spans, views, strict=True):
-            raw = torch.from_numpy(view).view(torch.float32).view(2, kv_heads, page, dim)
+        staged = self._staged(digests)  # a device reads host memory: stage it
+        for (a, b, p0), raw in zip(spans, staged, strict=True):
             slot[:, :, a - at : b - at].copy_(raw[:, :, a - p0 : b - p0])
 
     # ------------------------------------------------------------------
