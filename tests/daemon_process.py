@@ -92,6 +92,16 @@ class DaemonProcess:
     def log(self) -> str:
         return "\n".join(self.log_lines)
 
+    def wait_for_log(self, text: str, timeout_s: float = 10.0) -> int:
+        """The index of the first log line containing `text`, once it has been read."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = next((i for i, line in enumerate(self.log_lines) if text in line), None)
+            if found is not None:
+                return found
+            assert time.monotonic() < deadline, f"no log line with {text!r}:\n{self.log()}"
+            time.sleep(0.02)
+
     @property
     def metrics_url(self) -> str:
         """The Prometheus endpoint of a daemon started with --metrics-listen."""

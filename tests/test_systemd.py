@@ -99,10 +99,9 @@ def test_notify_ready_watchdog_stopping(start_daemon, listener: NotifyListener) 
     assert ready["MAINPID"] == str(daemon.proc.pid)
     assert ready["STATUS"] == f"serving on {daemon.address}"
     assert _health_status(daemon.address) == SERVING
-    messages = [line.split(": ", 1)[-1] for line in daemon.log_lines]
-    serving = next(i for i, m in enumerate(messages) if m.startswith("kvgraftd 0.1.0 serving"))
-    told = next(i for i, m in enumerate(messages) if "answered SERVING; systemd told READY" in m)
-    assert serving < told
+    # The daemon logs READY just after sending it: wait for the line to be read.
+    told = daemon.wait_for_log("answered SERVING; systemd told READY")
+    assert daemon.wait_for_log("kvgraftd 0.1.0 serving") < told
 
     arrivals = []
     while len(arrivals) < 8:
