@@ -178,11 +178,7 @@ def test_flipped_byte_on_disk_is_detected_and_not_served(store: Store, rng: rand
     store.commit_artifact(artifact.manifest, _records(artifact))
     digest = artifact.manifest.page_sha256[0]
     page = bytes(artifact.pages[digest])
-    data_file = store.path / "data.mdb"
-    offset = data_file.read_bytes().index(page[100:164]) + 10
-    with open(data_file, "r+b") as f:
-        original = os.pread(f.fileno(), 1, offset)
-        os.pwrite(f.fileno(), bytes([original[0] ^ 0x40]), offset)
+    _flip_stored_byte(store, page)
     dest = np.empty(len(page), np.uint8)
     with pytest.raises(DataLoss, match="corrupt"):
         store.read_pages_into([digest], [dest])
@@ -191,6 +187,40 @@ def test_flipped_byte_on_disk_is_detected_and_not_served(store: Store, rng: rand
         store.read_page(digest)
     with pytest.raises(DataLoss, match="corrupt"), store.verified_pages([digest]):
         pytest.fail("a corrupt page was handed out")
+
+
+def test_a_corrupt_page_in_a_large_read_is_named_and_nothing_is_served(tmp_path: Path) -> None:
+    # 64 pages of 98 KB: past PARALLEL_MIN_BYTES, so the check runs side by side
+    store = Store(tmp_path / "s", initial_map_bytes=64 << 20, min_free_bytes=1 << 20)
+    try:
+        artifact = random_artifact(
+            random.Random(7), num_layers=4, kv_heads=3, head_dim=64,
+            kv_dtype=pb.KV_DTYPE_FLOAT32, tokens=16 * 64, page_tokens=64,
+        )  # fmt: skip
+        store.commit_artifact(artifact.manifest, _records(artifact))
+        digests = list(artifact.manifest.page_sha256)
+        bad = 50
+        _flip_stored_byte(store, bytes(artifact.pages[digests[bad]]))
+        with pytest.raises(DataLoss, match=digests[bad].hex()[:16]), store.verified_pages(digests):
+            pytest.fail("a read with a corrupt page was handed out")
+        dests = [np.ones(len(artifact.pages[d]), np.uint8) for d in digests]
+        with pytest.raises(DataLoss, match=digests[bad].hex()[:16]):
+            store.read_pages_into(digests, dests)
+        assert not any(dest.any() for dest in dests)  # no page of the failed read is left
+        intact = digests[:bad] + digests[bad + 1 :]
+        with store.verified_pages(intact) as views:
+            assert [v.tobytes() for v in views] == [bytes(artifact.pages[d]) for d in intact]
+    finally:
+        store.close()
+
+
+def _flip_stored_byte(store: Store, page: bytes) -> None:
+    """Flip one bit of `page` where it lies in the store's data file."""
+    data_file = store.path / "data.mdb"
+    offset = data_file.read_bytes().index(page[100:164]) + 10
+    with open(data_file, "r+b") as f:
+        original = os.pread(f.fileno(), 1, offset)
+        os.pwrite(f.fileno(), bytes([original[0] ^ 0x40]), offset)
 
 
 def test_ids_resolve_by_unique_prefix(store: Store, rng: random.Random) -> None:

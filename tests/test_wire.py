@@ -54,15 +54,34 @@ def test_submessage_encoding_is_protobufs() -> None:
 
 
 def test_decode_reads_protobuf_encodings() -> None:
-    chunks = _chunks(random.Random(1), 5)
+    chunks = _chunks(random.Random(1), 40)  # whole pages with an xxh3 take the fast path
     raw = pb.PutArtifactRequest(
         pages=pb.PageBlock(chunks=[_as_pb(c) for c in chunks])
     ).SerializeToString()
     decoded, other = wire.decode_envelope(raw, wire.PUT_PAGES, wire.PUT_MANIFEST)
     assert other is None
-    assert [(c.sha256, c.offset, c.page_bytes, bytes(c.data)) for c in decoded] == [
-        (c.sha256, c.offset, c.page_bytes, bytes(c.data)) for c in chunks
+    assert [(c.sha256, c.offset, c.page_bytes, c.xxh3, bytes(c.data)) for c in decoded] == [
+        (c.sha256, c.offset, c.page_bytes, c.xxh3, bytes(c.data)) for c in chunks
     ]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        b"\x78\x01",  # an unknown varint field after the data
+        b"\x0a\x20" + b"\x07" * 32,  # sha256 again: the last one wins
+        b"\x18\x05",  # page_bytes again
+        b"\x2a\x02zz",  # data again
+    ],
+)
+def test_a_whole_page_encoded_otherwise_decodes_as_protobuf_does(extra: bytes) -> None:
+    chunk = pb.PageChunk(sha256=b"\x01" * 32, page_bytes=4, xxh3=b"\x02" * 16, data=b"abcd")
+    raw = chunk.SerializeToString() + extra
+    parsed = pb.PageChunk.FromString(raw)
+    message = wire.envelope_prefix(wire.GET_PAGES, len(raw) + 2) + b"\x0a" + bytes([len(raw)]) + raw
+    (decoded,), _ = wire.decode_envelope(message, wire.GET_PAGES, wire.GET_MANIFEST)
+    got = (decoded.sha256, decoded.offset, decoded.page_bytes, decoded.xxh3, bytes(decoded.data))
+    assert got == (parsed.sha256, parsed.offset, parsed.page_bytes, parsed.xxh3, parsed.data)
 
 
 def test_decode_skips_unknown_fields_and_accepts_any_order() -> None:

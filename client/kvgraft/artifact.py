@@ -15,7 +15,7 @@ converted here.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvgraft.errors import DataLoss, InvalidArgument
@@ -65,12 +65,17 @@ def page_size_bytes(layout: pb.KvLayout, tokens: int) -> int:
 
 def page_sizes(manifest: pb.Manifest) -> dict[bytes, int]:
     """Size of every distinct page the manifest names (validated manifests only)."""
+    return dict(_positioned_sizes(manifest))
+
+
+def _positioned_sizes(manifest: pb.Manifest) -> Iterator[tuple[bytes, int]]:
+    """(digest, size) of every page position in order: all pages are whole but the last's."""
     layers = manifest.layout.num_layers
-    sizes: dict[bytes, int] = {}
+    last = (page_count(manifest) - 1) * layers  # first position of the last page
+    full = page_size_bytes(manifest.layout, page_token_count(manifest, 0))
+    tail = page_size_bytes(manifest.layout, page_token_count(manifest, last // layers))
     for position, digest in enumerate(manifest.page_sha256):
-        tokens = page_token_count(manifest, position // layers)
-        sizes[digest] = page_size_bytes(manifest.layout, tokens)
-    return sizes
+        yield digest, full if position < last else tail
 
 
 def validate_manifest(manifest: pb.Manifest) -> None:
@@ -132,10 +137,8 @@ def _validate_segments(segment_ends: Sequence[int], tokens: int) -> None:
 
 def _validate_shared_sizes(manifest: pb.Manifest) -> None:
     """One hash, one size: a page named at two sizes is a collision or a lie."""
-    layers = manifest.layout.num_layers
     seen: dict[bytes, int] = {}
-    for position, digest in enumerate(manifest.page_sha256):
-        size = page_size_bytes(manifest.layout, page_token_count(manifest, position // layers))
+    for digest, size in _positioned_sizes(manifest):
         if seen.setdefault(digest, size) != size:
             raise InvalidArgument(
                 f"page {digest.hex()[:16]} is named at two sizes ({seen[digest]} and {size} bytes)"

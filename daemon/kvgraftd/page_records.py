@@ -9,7 +9,7 @@ the wire, dedup); the xxh3-128 beside it is checked on every read, after the
 bytes are copied out of the map (or in place, for a caller that reads the
 map directly), because it costs a fraction of SHA-256 and catches what the
 disk or the map can do to a page. A mismatch raises DataLoss and no byte of
-the page reaches the caller: `read_into` zeroes its destination,
+the page reaches the caller: `read_into` zeroes its destinations,
 `verified_views` hands out no view, `verify_framed` fails before the joined
 bytes are handed on.
 
@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 
 import lmdb
 import numpy as np
-import xxhash
 
 from kvgraft.errors import DataLoss, NotFound
+from kvgraft.page_checks import first_mismatch, split_pages, xxh3_128
 
 PAGE_CHECKSUM_BYTES = 16  # xxh3-128 ahead of each stored page
 
@@ -36,36 +36,45 @@ FramedChecks = list[tuple[bytes, bytes, int, int]]
 
 def page_record(data: bytes | memoryview) -> bytes:
     """The stored form of a page: its xxh3-128 then its bytes (one copy)."""
-    return b"".join((xxhash.xxh3_128_digest(data), data))
+    return b"".join((xxh3_128(data), data))
 
 
 def read_into(
     txn: lmdb.Transaction, db, digests: Sequence[bytes], dests: Sequence[np.ndarray]
 ) -> None:
-    """Copy each page into its uint8 destination and verify it there."""
-    for digest, dest in zip(digests, dests, strict=True):
-        view = _record(txn, db, digest)
-        if len(view) - PAGE_CHECKSUM_BYTES != dest.nbytes:
+    """Copy each page into its uint8 destination and verify it there (runs side by side)."""
+    records = [_record(txn, db, digest) for digest in digests]
+    for digest, record, dest in zip(digests, records, dests, strict=True):
+        if len(record) - PAGE_CHECKSUM_BYTES != dest.nbytes:
             raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
-        dest[:] = np.frombuffer(view, np.uint8, offset=PAGE_CHECKSUM_BYTES)
-        if xxhash.xxh3_128_digest(dest) != view[:PAGE_CHECKSUM_BYTES]:
+
+    def copy_and_check(lo: int, hi: int) -> int | None:
+        # each page checked right after its copy, while it is still in cache
+        for index in range(lo, hi):
+            record, dest = records[index], dests[index]
+            dest[:] = np.frombuffer(record, np.uint8, offset=PAGE_CHECKSUM_BYTES)
+            if xxh3_128(dest) != record[:PAGE_CHECKSUM_BYTES]:
+                return index
+        return None
+
+    bad = split_pages(len(records), sum(d.nbytes for d in dests), copy_and_check)
+    if bad is not None:
+        for dest in dests:
             dest[:] = 0  # never leave corrupt bytes where a caller may look
-            raise DataLoss(corrupt_message(digest))
+        raise DataLoss(corrupt_message(digests[bad]))
 
 
 def verified_views(txn: lmdb.Transaction, db, digests: Sequence[bytes]) -> list[np.ndarray]:
-    """Each page as a read-only uint8 view of the map, checked in place.
+    """Each page as a read-only uint8 view of the map, checked in place (runs side by side).
 
     No copy: one read of the bytes, for the check. The views are valid while
     `txn` is open.
     """
-    views = []
-    for digest in digests:
-        record = _record(txn, db, digest)
-        page = np.frombuffer(record, np.uint8, offset=PAGE_CHECKSUM_BYTES)
-        if xxhash.xxh3_128_digest(page) != record[:PAGE_CHECKSUM_BYTES]:
-            raise DataLoss(corrupt_message(digest))
-        views.append(page)
+    records = [_record(txn, db, digest) for digest in digests]
+    views = [np.frombuffer(record, np.uint8, offset=PAGE_CHECKSUM_BYTES) for record in records]
+    bad = first_mismatch(views, [record[:PAGE_CHECKSUM_BYTES] for record in records])
+    if bad is not None:
+        raise DataLoss(corrupt_message(digests[bad]))
     return views
 
 
@@ -91,9 +100,10 @@ def gather_framed(
 def verify_framed(joined: bytes, checks: FramedChecks) -> None:
     """Check every page of gather_framed's copy (outside the transaction)."""
     out = memoryview(joined)
-    for digest, expected, start, size in checks:
-        if xxhash.xxh3_128_digest(out[start : start + size]) != expected:
-            raise DataLoss(corrupt_message(digest))
+    pages = [out[start : start + size] for _, _, start, size in checks]
+    bad = first_mismatch(pages, [expected for _, expected, _, _ in checks])
+    if bad is not None:
+        raise DataLoss(corrupt_message(checks[bad][0]))
 
 
 def corrupt_message(digest: bytes) -> str:
