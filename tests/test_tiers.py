@@ -199,3 +199,27 @@ def test_recycled_live_buffers_change_no_result(tiny, store) -> None:
         assert engine.tiers.live.idle_bytes > 0  # given back when the context closed
     for prompt, result in zip(prompts, results, strict=True):
         _same(result, _result(_engine(tiny, store, 0, 0).generate(prompt, options)))
+
+
+def test_one_page_blocks_scanned_in_place_give_the_same_bytes(tiny, store) -> None:
+    """Blocks of one page in a scan are attended where the store keeps them, not copied."""
+    rng = random.Random(7)
+    block = PAGE * 4
+    small = _engine(tiny, store, 2 * _slot_bytes(tiny, block), 0, page=block, block=block)
+    large = _engine(tiny, store, 0, 0, page=block, block=block)
+    prompt = [rng.randrange(512) for _ in range(6 * block + 3)]
+    options = DecodeOptions(max_new_tokens=4, return_logits=True, deposit=True)
+    aid = _result(large.generate(prompt, options)).artifact_id
+    continuation = [rng.randrange(512) for _ in range(5)]
+    options = DecodeOptions(max_new_tokens=4, return_logits=True)
+    pool, host = small.tiers.pool.counters, small.tiers.host.counters
+    grafted = _result(small.graft(aid, continuation, options))
+    layers = tiny.geometry.num_layers
+    stored_blocks = 6  # the artifact's 6 * block + 3 + 4 tokens: 6 whole pages
+    assert grafted.receipt.reused_tokens == len(prompt) + 4
+    # every forward pass read every stored block from the store, none through the pool
+    assert host.misses >= 4 * stored_blocks * layers
+    assert pool.misses < stored_blocks * layers
+    _same(grafted, _result(large.graft(aid, continuation, options)))
+    replay = DecodeOptions(max_new_tokens=4, return_logits=True, no_cache=True)
+    _same(grafted, _result(large.graft(aid, continuation, replay)))

@@ -16,7 +16,9 @@ max, sum and output) in that same order. A block's slot holds exactly the
 bytes of its source, so the logits do not depend on where a block came from
 or on the device budget (DESIGN.md, contract 5); device memory is the pool's
 budget whatever the context length. While one block is attended, the next
-immutable one is brought into the pool on a background thread.
+immutable one is brought into the pool on a background thread. On CPU, a
+scan of stored blocks that are one page each skips the pool: each is read
+where the store (or the host cache) keeps it, right after its check.
 
 Pages are the unit of storage: page p of layer l holds positions
 [p * page_tokens, (p + 1) * page_tokens) as K then V, each [kv_heads, t, D].
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import warnings
 from array import array
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,6 +42,8 @@ from kvgraftd.live_buffers import GRANULE_TOKENS, LiveBuffers, round_capacity
 from kvgraftd.model_adapter import ModelGeometry
 
 _uids = itertools.count(1)
+# Stored pages attended in place are read-only views of the store's map; attention only reads.
+warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
 
 
 class OnlineSoftmax:
@@ -212,7 +217,11 @@ class KvContext:
         # A stored region larger than the pool is a scan: its blocks pass through
         # transient slots instead of evicting each other from the cache.
         cache = self._stored_blocks < (self.tiers.pool.capacity or 1 << 62)
+        in_place = 0 if cache else self._stored_blocks_read_in_place()
         for index, (key, needed, fill, _) in enumerate(plan):
+            if index < in_place:
+                self._attend_in_place(layer, index, softmax)
+                continue
             slot: Slot | None = pending.result() if pending is not None else None
             if slot is None:
                 stored = index < self._stored_blocks
@@ -231,6 +240,24 @@ class KvContext:
             finally:
                 self.tiers.pool.release(slot)
         return softmax.result()
+
+    def _stored_blocks_read_in_place(self) -> int:
+        """How many leading blocks attention reads where the store keeps them (no slot).
+
+        On CPU, a stored block that is one page has the layout of a slot, and
+        a scan (a stored region larger than the pool) would only pass it
+        through a transient slot: reading it in place, right after its check
+        pulled it into the cache, saves a copy per block and most of the
+        memory traffic. Its bytes are the same, so the result is (contract 5).
+        """
+        one_page = self.block_tokens == self.page_tokens
+        return self._stored_blocks if one_page and self.tiers.pool.device.type == "cpu" else 0
+
+    def _attend_in_place(self, layer: int, index: int, softmax: OnlineSoftmax) -> None:
+        digest = self._stored_pages[index][layer]  # block `index` is page `index`
+        with self.tiers.host.verified([digest], self._cache_stored_pages()) as (page,):
+            block = torch.from_numpy(page).view(torch.float32).view(self._page_shape)
+            softmax.add(block[0], block[1], index * self.block_tokens)
 
     @property
     def _stored_blocks(self) -> int:
