@@ -42,6 +42,7 @@ from kvgraft.artifact import Artifact, page_sizes
 from kvgraft.errors import InvalidArgument, NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraft.v1 import kvgraft_pb2_grpc as pb_grpc
+from kvgraftd.intake import SHA256_PARALLEL_MIN_BYTES
 
 PUT_METHOD = "/kvgraft.v1.Kvgraft/PutArtifact"
 CODE = grpc.StatusCode
@@ -210,6 +211,23 @@ def test_page_whose_bytes_miss_their_hash_is_data_loss(kv, channel, rng) -> None
     ]
     refused_put(kv, channel, rng, messages, CODE.DATA_LOSS, digests[-1].hex()[:16], "corrupt")
     assert kv.missing_pages(digests) == digests  # not even the valid pages were kept
+
+
+def test_corrupt_page_in_a_large_message_is_named(kv, channel, rng) -> None:
+    """A message of 3 MB: its pages are hashed side by side; the bad one is still named."""
+    artifact = random_artifact(
+        rng, num_layers=4, kv_heads=3, head_dim=64, kv_dtype=pb.KV_DTYPE_FLOAT32,
+        tokens=8 * 64, page_tokens=64,
+    )  # fmt: skip
+    digests = list(artifact.manifest.page_sha256)  # 32 pages of 98 KB
+    assert len(digests) * len(artifact.pages[digests[0]]) > 2 * SHA256_PARALLEL_MIN_BYTES
+    chunks = [whole(bytes(artifact.pages[d])) for d in digests]
+    bad = bytearray(chunks[25].data)
+    bad[100] ^= 0x04
+    chunks[25] = whole(bytes(bad), digests[25])
+    messages = [pages_message(*chunks), manifest_message(artifact.manifest)]
+    refused_put(kv, channel, rng, messages, CODE.DATA_LOSS, digests[25].hex()[:16], "corrupt")
+    assert kv.missing_pages(digests) == digests
 
 
 def test_chunked_page_whose_bytes_miss_their_hash_is_data_loss(kv, channel, rng) -> None:

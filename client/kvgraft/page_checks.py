@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import xxhash
 
 MAX_CHECK_THREADS = 4  # past this, memory bandwidth, not cores, bounds a check
@@ -37,7 +38,9 @@ def xxh3_128(data) -> bytes:
     return xxhash.xxh3_128_digest(data)
 
 
-def first_mismatch(pages: Sequence, expected: Sequence[bytes]) -> int | None:
+def first_mismatch(
+    pages: Sequence[np.ndarray | memoryview], expected: Sequence[bytes]
+) -> int | None:
     """The index of the first page whose xxh3-128 is not its `expected`; None if all match."""
     if len(pages) != len(expected):
         raise ValueError(f"{len(pages)} pages but {len(expected)} expected checksums")
@@ -48,16 +51,21 @@ def first_mismatch(pages: Sequence, expected: Sequence[bytes]) -> int | None:
                 return index
         return None
 
-    return split_pages(len(pages), sum(memoryview(page).nbytes for page in pages), scan)
+    return split_pages(len(pages), sum(page.nbytes for page in pages), scan)
 
 
-def split_pages(count: int, nbytes: int, work: Callable[[int, int], int | None]) -> int | None:
-    """work(lo, hi) over contiguous runs of [0, count), side by side when `nbytes` is large.
+def split_pages(
+    count: int,
+    nbytes: int,
+    work: Callable[[int, int], int | None],
+    min_parallel_bytes: int = PARALLEL_MIN_BYTES,
+) -> int | None:
+    """work(lo, hi) over contiguous runs of [0, count), side by side from `min_parallel_bytes`.
 
     Returns the smallest non-None result of the runs (each run reports the
     first page in it that failed), or None. Every run has ended when it returns.
     """
-    runs = min(CHECK_THREADS if nbytes >= PARALLEL_MIN_BYTES else 1, count)
+    runs = min(CHECK_THREADS if nbytes >= min_parallel_bytes else 1, count)
     if runs <= 1:
         return work(0, count)
     bounds = [count * i // runs for i in range(runs + 1)]

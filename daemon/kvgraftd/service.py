@@ -100,8 +100,7 @@ class StoreService:
                 if manifest_bytes is not None:
                     manifest = parse_manifest(manifest_bytes)
                     expected_id = _expected_artifact_id(raw)
-                for chunk in chunks:
-                    intake.add(chunk)
+                intake.add(chunks)
         except KvgraftError:
             raise
         except Exception:
