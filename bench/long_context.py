@@ -8,7 +8,9 @@ one new query token exactly as the engine does it (kvgraftd.kv_context:
 stored blocks stream from the store through the host tier into a device pool
 of `--device-budget` bytes, the next block is fetched on a background thread
 while the current one is attended, an online softmax merges blocks in a fixed
-order), for N = 32K, 256K, 1M, 4M and 10M tokens.
+order; on CPU a scan of one-page blocks larger than the pool is attended
+where each page lies in the store's map, right after its check), for N = 32K,
+256K, 1M, 4M and 10M tokens.
 
 Reported per length: decode-step time (median of --trials after a warm-up),
 bytes streamed per step, effective bandwidth, peak device-pool bytes and the

@@ -6,13 +6,15 @@ Three ratios, each throughput(ours) / throughput(baseline), so higher is better:
   artifacts, artifact by artifact: each page looked up in LMDB and its
   xxh3-128 checked where it lies in the map, handing the caller verified
   read-only views (the read path of a graft: the engine then copies each
-  page once, into the attention block that needs it). Against one
+  page once, into the attention block that needs it). The store splits a
+  large read's checks over a pool of one thread per core
+  (kvgraft.page_checks); the lookups run on the caller's thread. Against one
   `np.copyto` of a same-size in-memory buffer into a preallocated
   destination (a plain single-threaded memcpy). The store was just written
   by this process, so its pages are in the page cache and mapped: both sides
   read RAM. Also measured, against the same memcpy: `Store.read_pages_into`
   (`read_into_vs_memcpy`), which copies every page into a caller's buffer and
-  verifies it there, on one thread and on two, and a page-by-page memcpy of
+  verifies it there, for one caller and for two at once, and a page-by-page memcpy of
   the same pages (98 KB copies, the copy size a page store makes), which
   separates the store's own overhead from the cost of copying in page-sized
   pieces (`read_into_vs_pagewise_memcpy`).
@@ -249,12 +251,12 @@ def bench_reads(corpus: Corpus, work: Path, dest: np.ndarray, trials: int) -> li
         src = corpus.data
         n = corpus.total_bytes
         rows = [
-            Row("read", "store read_pages_into (copy, xxh3 verified), 1 thread", n),
+            Row("read", "store read_pages_into (copy, xxh3 verified), 1 caller", n),
             Row("read", "memcpy np.copyto, 1 thread  [baseline]", n),
-            Row("read", "store read_pages_into, 2 threads", n),
+            Row("read", "store read_pages_into, 2 callers", n),
             Row("read", "memcpy np.copyto, 2 threads", n),
             Row("read", "memcpy page by page (98 KB copies), 1 thread", n),
-            Row("read", "store verified_pages (xxh3 in place, no copy), 1 thread", n),
+            Row("read", "store verified_pages (xxh3 in place, no copy), 1 caller", n),
         ]
         interleaved(
             trials,
@@ -553,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
 
     read_ours, read_base = row("store verified_pages"), row("memcpy np.copyto, 1")
     read_into = row("store read_pages_into (copy")
-    read2_ours, read2_base = row("store read_pages_into, 2"), row("memcpy np.copyto, 2")
+    read2_ours, read2_base = row("store read_pages_into, 2 callers"), row("memcpy np.copyto, 2")
     pagewise = row("memcpy page by page")
     write_ours, write_base = row("store page_record +"), row("file os.write")
     commit_only = row("store commit_artifact only")
