@@ -9,6 +9,8 @@ everything forwarded that way after arming, across connections:
   connection, both sides (each peer reads what was forwarded, then the end of
   the stream: a cut mid-transfer). Fires once; later connections work.
 * `flip_at(direction, n, mask)`: XOR the byte at offset n with `mask`. Fires once.
+* `flip_in(direction, pattern, at, mask)`: XOR byte `at` of the first occurrence
+  of `pattern` (within one read) with `mask`. Fires once.
 * `go_silent()`: the open connections stop forwarding, both ways, without
   closing (a peer host gone: nothing arrives, nothing says so); new
   connections work.
@@ -33,10 +35,11 @@ _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 @dataclass
 class _Fault:
-    kind: str  # "cut" or "flip"
-    at: int  # offset, counted from `base`
+    kind: str  # "cut", "flip" or "flip_in"
+    at: int  # offset, counted from `base` (for flip_in: into `pattern`)
     base: int  # forwarded[direction] when armed
     mask: int = 0x01
+    pattern: bytes = b""
     fired: threading.Event = field(default_factory=threading.Event)
 
 
@@ -66,9 +69,15 @@ class FaultProxy:
         """XOR the n-th byte from now going `direction` with `mask`; returns 'fired'."""
         return self._arm(direction, "flip", n, mask)
 
-    def _arm(self, direction: str, kind: str, n: int, mask: int = 0x01) -> threading.Event:
+    def flip_in(self, direction: str, pattern: bytes, at: int, mask: int) -> threading.Event:
+        """XOR byte `at` of the next `pattern` going `direction` with `mask`; returns 'fired'."""
+        return self._arm(direction, "flip_in", at, mask, pattern)
+
+    def _arm(
+        self, direction: str, kind: str, n: int, mask: int = 0x01, pattern: bytes = b""
+    ) -> threading.Event:
         with self._lock:
-            fault = _Fault(kind, n, self.forwarded[direction], mask)
+            fault = _Fault(kind, n, self.forwarded[direction], mask, pattern)
             self._faults[direction].append(fault)
             return fault.fired
 
@@ -143,6 +152,12 @@ class FaultProxy:
             cut = False
             for fault in self._faults[direction]:
                 if fault.fired.is_set():
+                    continue
+                if fault.kind == "flip_in":
+                    found = data.find(fault.pattern)
+                    if found >= 0:
+                        data[found + fault.at] ^= fault.mask
+                        fault.fired.set()
                     continue
                 offset = fault.base + fault.at - start
                 if not 0 <= offset < len(data):

@@ -33,6 +33,7 @@ import random
 import threading
 
 import grpc
+import pytest
 from factory import random_artifact
 from replica_audit import divergent_artifacts, ids, wait_until
 from store_audit import audit_store, multi_mib_artifact
@@ -40,7 +41,7 @@ from tcp_proxy import FaultProxy, grpc_messages
 
 from kvgraft import Artifact, Client, wire
 from kvgraft.artifact import canonical_bytes, page_sizes
-from kvgraft.errors import KvgraftError, NotFound
+from kvgraft.errors import Internal, KvgraftError, NotFound, Unavailable
 from kvgraft.replication import ClientTarget, Replicator
 from kvgraft.v1 import kvgraft_pb2 as pb
 
@@ -368,3 +369,61 @@ def _pages_on_the_wire(proxy: FaultProxy, sizes: dict[bytes, int]) -> tuple[set,
             if put_stream:
                 partial |= {d for d in sizes if d in tail}
     return whole, partial
+
+
+def test_a_silent_connection_is_dropped_by_keepalive_and_the_client_reconnects(
+    start_daemon, rng
+) -> None:
+    """The same client, not a new one: a call on a connection gone silent fails
+    UNAVAILABLE once a keepalive ping goes unanswered, long before its deadline, and
+    the next call opens a new connection. (A bit flipped in an HTTP/2 frame's length
+    leaves a connection waiting like this; the random faults test met it once.)"""
+    daemon = start_daemon()
+    link = FaultProxy(daemon.address)
+    artifact = random_artifact(rng)
+    with Client(link.address, timeout_s=600, keepalive_s=1, keepalive_timeout_s=1) as client:
+        client.put_artifact(artifact)
+        link.go_silent()
+        with pytest.raises(Unavailable):
+            client.stat(artifact.id)  # only a keepalive can end this before 600 s
+        assert client.stat(artifact.id).info.artifact_id == artifact.id
+    assert link.connections == 2
+    link.close()
+
+
+def test_a_header_damaged_on_the_way_costs_one_call_not_the_connection(start_daemon) -> None:
+    """One flipped bit in a response's header name ("content-|ype") is kept in the
+    connection's HPACK table, so every later response on that connection fails to
+    parse (INTERNAL): seen in the random faults test. The client replaces the
+    connection, and only the call that met the damage fails."""
+    daemon = start_daemon()
+    link = FaultProxy(daemon.address)
+    fired = link.flip_in("down", b"content-type", 8, 0x08)  # 't' -> '|'
+    with Client(link.address) as client:
+        with pytest.raises(Internal, match="new connection"):
+            client.stats()
+        assert fired.is_set()
+        for _ in range(3):
+            client.stats()
+    assert link.connections == 2
+    link.close()
+
+
+def test_a_request_length_damaged_on_the_way_is_retried(start_daemon, rng) -> None:
+    """A flipped bit in a request's length prefix reads as a message over the limit
+    (RESOURCE_EXHAUSTED, which a full disk also gives): replication frames every
+    message under the limit, so it retries; seen in the random faults test."""
+    source, replica = start_daemon(), start_daemon()
+    link = FaultProxy(source.address)
+    artifact = random_artifact(rng)
+    with Client(source.address) as a, Client(replica.address) as b, proxied(link.address) as via:
+        a.put_artifact(artifact)
+        # the request naming the artifact: 5 bytes of gRPC prefix, then field 1 (tag,
+        # length, id); bit 5 of the length's top byte makes it 512 MiB longer
+        fired = link.flip_in("up", artifact.id.encode(), -6, 0x20)
+        summary = Replicator(via, ClientTarget(b)).sync()
+        assert fired.is_set()
+        assert (summary.artifacts_failed, summary.artifacts_added) == (0, 1)
+        assert any("larger than max" in f for f in summary.retry_reasons), summary
+        assert ids(b) == {artifact.id}
+    link.close()

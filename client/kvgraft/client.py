@@ -1,17 +1,20 @@
 """`kvgraft.Client`: typed calls to a kvgraftd daemon.
 
 Every call carries a deadline (`timeout_s` for small calls, `transfer_timeout_s`
-for whole transfers). gRPC errors are mapped to the kvgraft.errors taxonomy
-in one place (`_mapped`), so callers catch `kvgraft.errors.NotFound` and
-friends, never grpc.RpcError. The bulk RPCs use the hand encoding of
-kvgraft.wire. Use it as a context manager to close the channel. TLS, mutual
-TLS and the bearer token are kvgraft.channel's (arguments or KVGRAFT_* variables).
+for whole transfers), and a connection gone silent under an open call is
+dropped after an unanswered keepalive ping, so the next call reconnects. gRPC
+errors are mapped to the kvgraft.errors taxonomy in one place (`_mapped`), so
+callers catch `kvgraft.errors.NotFound` and friends, never grpc.RpcError. The
+bulk RPCs use the hand encoding of kvgraft.wire. Use it as a context manager to
+close the channel. TLS, mutual TLS and the bearer token are kvgraft.channel's
+(arguments or KVGRAFT_* variables).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -70,6 +73,8 @@ class Client(EngineCalls):
         tls_cert: str | os.PathLike | None = None,
         tls_key: str | os.PathLike | None = None,
         tls_server_name: str | None = None,
+        keepalive_s: float = 20.0,
+        keepalive_timeout_s: float = 10.0,
     ) -> None:
         self.address = address or default_server()
         self.timeout_s = timeout_s
@@ -84,22 +89,34 @@ class Client(EngineCalls):
             tls_server_name=tls_server_name,
         )
         self._tls = security.tls
-        self._channel = security.channel(self.address, wire.CHANNEL_OPTIONS)
-        self._stub = pb_grpc.KvgraftStub(self._channel)
-        method = f"/{pb.DESCRIPTOR.services_by_name['Kvgraft'].full_name}/"
-        self._put = self._channel.stream_unary(
-            method + "PutArtifact",
-            request_serializer=None,  # requests are wire bytes already
-            response_deserializer=pb.PutArtifactResponse.FromString,
-        )
-        self._get = self._channel.unary_stream(
-            method + "GetArtifact",
-            request_serializer=pb.GetArtifactRequest.SerializeToString,
-            response_deserializer=None,  # responses are parsed by kvgraft.wire
-        )
+        options = [*wire.CHANNEL_OPTIONS, *_keepalive(keepalive_s, keepalive_timeout_s)]
+        self._connect = lambda: _Connection(security, self.address, options)
+        self._connection = self._connect()
+        self._connection_lock = threading.Lock()
+
+    # The calls of the current connection (a broken one is replaced: _mapped).
+    @property
+    def _stub(self) -> pb_grpc.KvgraftStub:
+        return self._connection.stub
+
+    @property
+    def _put(self) -> grpc.StreamUnaryMultiCallable:
+        return self._connection.put
+
+    @property
+    def _get(self) -> grpc.UnaryStreamMultiCallable:
+        return self._connection.get
 
     def close(self) -> None:
-        self._channel.close()
+        self._connection.channel.close()
+
+    def _replace_connection(self, broken: _Connection) -> None:
+        """A new connection for the calls that follow; the broken one is closed."""
+        with self._connection_lock:
+            if self._connection is not broken:
+                return  # another call replaced it already
+            self._connection = self._connect()
+        broken.channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -110,13 +127,23 @@ class Client(EngineCalls):
     # ------------------------------------------------------------------
     @contextmanager
     def _mapped(self) -> Iterator[None]:
-        """Turn grpc.RpcError into the kvgraft.errors class of its status code."""
+        """Turn grpc.RpcError into the kvgraft.errors class of its status code.
+
+        INTERNAL is what gRPC reports when the HTTP/2 or HPACK state of the
+        connection is broken (a header damaged on the way is remembered in
+        the connection's header table, so every later call on it fails too):
+        the connection is replaced, and the next call opens a new one.
+        """
+        connection = self._connection
         try:
             yield
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
             details = (exc.details() if hasattr(exc, "details") else "") or str(exc)
             cls = ERRORS_BY_CODE.get(code.name, KvgraftError)
+            if code == grpc.StatusCode.INTERNAL:
+                self._replace_connection(connection)
+                details += "; the next call opens a new connection"
             if cls is Unavailable and any(sign in details for sign in _UNREACHABLE):
                 details = (
                     f"cannot reach kvgraftd at {self.address} ({details}); is it running? "
@@ -348,6 +375,42 @@ class Stream(Iterator[T]):
         close = getattr(self._messages, "close", None)
         if close is not None:
             close()
+
+
+class _Connection:
+    """One channel to the daemon, and the calls made on it."""
+
+    def __init__(self, security: Security, address: str, options: list) -> None:
+        self.channel = security.channel(address, options)
+        self.stub = pb_grpc.KvgraftStub(self.channel)
+        method = f"/{pb.DESCRIPTOR.services_by_name['Kvgraft'].full_name}/"
+        self.put = self.channel.stream_unary(
+            method + "PutArtifact",
+            request_serializer=None,  # requests are wire bytes already
+            response_deserializer=pb.PutArtifactResponse.FromString,
+        )
+        self.get = self.channel.unary_stream(
+            method + "GetArtifact",
+            request_serializer=pb.GetArtifactRequest.SerializeToString,
+            response_deserializer=None,  # responses are parsed by kvgraft.wire
+        )
+
+
+def _keepalive(every_s: float, timeout_s: float) -> list[tuple[str, int]]:
+    """Ping while calls are open, and drop a connection whose ping goes unanswered.
+
+    A connection can go silent without closing (a peer gone, a bit flipped in an
+    HTTP/2 frame's length so the reader waits for bytes that never come). Without
+    pings every call on it waits for its deadline, and so does every retry,
+    since gRPC keeps using the connection. kvgraftd accepts a ping every 10 s.
+    """
+    return [
+        ("grpc.keepalive_time_ms", int(every_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(timeout_s * 1000)),
+        # gRPC 1.85 waits for a ping's answer up to ping_timeout_ms: set both.
+        ("grpc.http2.ping_timeout_ms", int(timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 0),
+    ]
 
 
 def _assemble(partial: dict[bytes, bytearray], chunk: wire.Chunk) -> bytearray | None:

@@ -70,6 +70,9 @@ ADDED, DELETED = pb.ChangeRecord.KIND_ADDED, pb.ChangeRecord.KIND_DELETED
 # "requires exactly one request message"); a daemon that really lacks the RPC still
 # fails the artifact after max_attempts, with the same message.
 FATAL_ERRORS = (FailedPrecondition, ResourceExhausted, Unauthenticated)
+# ... except a message "larger than max": replication frames every message under the
+# limit, so the daemon read a length prefix damaged on the way.
+_DAMAGED_LENGTH = "Received message larger than max"
 FOLLOW_MIN_BACKOFF_S = 0.5  # follow mode reconnects after 0.5 s, 1 s, 2 s, ... 30 s
 FOLLOW_MAX_BACKOFF_S = 30.0
 
@@ -129,9 +132,9 @@ class Replicator:
                     position, _ = self._catch_up(from_sequence)
                     self._ledger.position(position)
                     break
-                except FATAL_ERRORS:
-                    raise
                 except KvgraftError as exc:
+                    if _retry_cannot_fix(exc):
+                        raise
                     if attempt == self.max_attempts:
                         raise
                     self._ledger.retry("the feed", exc)
@@ -314,9 +317,9 @@ class Replicator:
                     outcome = "vanished"
                     break
                 error: KvgraftError = exc
-            except FATAL_ERRORS:
-                raise
             except KvgraftError as exc:
+                if _retry_cannot_fix(exc):
+                    raise
                 error = exc
             if attempt == self.max_attempts or self._stop.is_set():
                 raise error
@@ -383,9 +386,9 @@ class Replicator:
                 if outcome != "pinned" and self.target.has_artifact(artifact_id):
                     raise DataLoss(f"artifact {artifact_id[:16]} is still on the target")
                 break
-            except FATAL_ERRORS:
-                raise
             except KvgraftError as exc:
+                if _retry_cannot_fix(exc):
+                    raise
                 if attempt == self.max_attempts or self._stop.is_set():
                     raise
                 self._ledger.retry(artifact_id, exc)
@@ -429,6 +432,11 @@ class Replicator:
     def _backoff(self, attempt: int) -> float:
         base = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
         return base * (0.5 + random.random())
+
+
+def _retry_cannot_fix(exc: KvgraftError) -> bool:
+    """Whether a retry cannot fix `exc` (FATAL_ERRORS, bar damage on the way)."""
+    return isinstance(exc, FATAL_ERRORS) and _DAMAGED_LENGTH not in str(exc)
 
 
 def _is_artifact_id(text: str) -> bool:
