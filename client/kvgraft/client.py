@@ -49,6 +49,8 @@ _TLS_HINT = {
     "(--tls-cert, --tls-key)",
     False: "; if the daemon serves TLS, give --tls-ca (KVGRAFT_TLS_CA)",
 }
+# ... and when a keepalive ping went unanswered: the connection went silent.
+_SILENT = ("ping timeout", "keepalive watchdog timeout")
 PUT_ATTEMPTS = 3  # a put whose held pages a concurrent Delete freed is sent again
 T = TypeVar("T")
 
@@ -89,7 +91,13 @@ class Client(EngineCalls):
             tls_server_name=tls_server_name,
         )
         self._tls = security.tls
-        options = [*wire.CHANNEL_OPTIONS, *_keepalive(keepalive_s, keepalive_timeout_s)]
+        options = [
+            *wire.CHANNEL_OPTIONS,
+            *_keepalive(keepalive_s, keepalive_timeout_s),
+            # gRPC shares connections between channels to one address by default:
+            # a replacement channel would get the broken connection back.
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
         self._connect = lambda: _Connection(security, self.address, options)
         self._connection = self._connect()
         self._connection_lock = threading.Lock()
@@ -131,8 +139,10 @@ class Client(EngineCalls):
 
         INTERNAL is what gRPC reports when the HTTP/2 or HPACK state of the
         connection is broken (a header damaged on the way is remembered in
-        the connection's header table, so every later call on it fails too):
-        the connection is replaced, and the next call opens a new one.
+        the connection's header table, so every later call on it fails too);
+        a ping timeout, when it went silent. Either way the connection is
+        replaced, and the next call opens a new one (gRPC itself may take
+        its time to give up on the old one).
         """
         connection = self._connection
         try:
@@ -141,7 +151,7 @@ class Client(EngineCalls):
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
             details = (exc.details() if hasattr(exc, "details") else "") or str(exc)
             cls = ERRORS_BY_CODE.get(code.name, KvgraftError)
-            if code == grpc.StatusCode.INTERNAL:
+            if code == grpc.StatusCode.INTERNAL or any(sign in details for sign in _SILENT):
                 self._replace_connection(connection)
                 details += "; the next call opens a new connection"
             if cls is Unavailable and any(sign in details for sign in _UNREACHABLE):
