@@ -12,7 +12,8 @@ Contract: `first_mismatch` returns the index of the first page (in the order
 given) whose xxh3-128 differs from its expected value, or None when every
 page matches; it never raises for a mismatch, so the caller decides what a
 bad page means and what it must withhold. `split_pages` runs other per-page
-work (a copy, then its check) the same way. Work handed to the pool must not
+work the same way (a copy then its check; SHA-256, for which hashlib releases
+the GIL too). Work handed to the pool must not
 itself wait on the pool.
 """
 
@@ -26,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import xxhash
 
-MAX_CHECK_THREADS = 4  # past this, memory bandwidth, not cores, bounds a check
+MAX_CHECK_THREADS = 4  # a few threads read memory as fast as it goes
 PARALLEL_MIN_BYTES = 4 << 20  # below this a batch is checked where it was asked for
 CHECK_THREADS = max(1, min(MAX_CHECK_THREADS, len(os.sched_getaffinity(0))))
 
