@@ -29,6 +29,7 @@ from factory import random_artifact
 
 from kvgraft import Artifact, Client, __version__
 from kvgraft.artifact import page_sizes
+from kvgraft.cli import build_parser
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 
@@ -390,3 +391,24 @@ def test_serve_passes_every_argument_to_the_daemon(tmp_path: Path) -> None:
     assert printed.returncode == 0, printed.stderr
     assert f'data = "{tmp_path}"' in printed.stdout
     assert "workers = 3" in printed.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["info", "--json"],
+        ["ls", "--json"],
+        ["library", "ls", "--json"],
+        ["remote", "--json", "status"],
+    ],
+)
+def test_json_is_accepted_after_the_command_too(args: list[str]) -> None:
+    """Regression: `kvgraft info --json` was refused (only `kvgraft --json info` worked)."""
+    assert build_parser().parse_args(args).json is True
+    assert build_parser().parse_args([a for a in args if a != "--json"]).json is False
+
+
+def test_json_after_the_command_prints_the_same_document(daemon: DaemonProcess) -> None:
+    after = kvgraft("ls", "--json", server=daemon.address)
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout) == kvgraft_json("ls", server=daemon.address)

@@ -6,8 +6,8 @@ Commands: serve, info, ls, stat, rm, pin, export, import, replicate, remote, and
 engine's deposit, generate, graft, verify, lookup, and the knowledge library's
 library add|ls|rm|import and ask (`kvgraft COMMAND --help`).
 The server defaults to $KVGRAFT_SERVER, then 127.0.0.1:50551. With --json
-every command prints one JSON document on stdout (errors too: {"error":
-{"code", "message"}}); otherwise plain text.
+(before or after the command) every command prints one JSON document on
+stdout (errors too: {"error": {"code", "message"}}); otherwise plain text.
 Exit status: 0 success, 1 an error from kvgraft, 2 bad usage.
 """
 
@@ -28,7 +28,7 @@ from kvgraft.engine_cli import ENGINE_COMMANDS, add_engine_arguments
 from kvgraft.errors import InvalidArgument, KvgraftError
 from kvgraft.library_cli import LIBRARY_COMMANDS, add_library_arguments
 from kvgraft.remote_cli import add_remote_arguments, cmd_remote
-from kvgraft.render import emit, human_bytes, message_to_json, table
+from kvgraft.render import accept_json_here, emit, human_bytes, message_to_json, table
 from kvgraft.replication_cli import add_replicate_arguments, cmd_replicate
 
 
@@ -205,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("daemon_args", nargs=argparse.REMAINDER)
     parsers = {name: sub.add_parser(name, help=text) for name, (_, text) in COMMANDS.items()}
+    for command in parsers.values():
+        accept_json_here(command)
     parsers["ls"].add_argument(
         "--label",
         action="append",

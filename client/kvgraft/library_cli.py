@@ -30,7 +30,7 @@ from pathlib import Path
 
 from kvgraft.client import Client
 from kvgraft.errors import InvalidArgument
-from kvgraft.render import emit, human_bytes, message_to_json, table
+from kvgraft.render import accept_json_here, emit, human_bytes, message_to_json, table
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 _PATHS = {
@@ -247,6 +247,8 @@ LIBRARY_COMMANDS: dict[str, tuple[Callable[[Client, argparse.Namespace], None], 
 def add_library_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
     sub = parsers["library"].add_subparsers(dest="library_command", required=True, metavar="ACTION")
     actions = {name: sub.add_parser(name, help=text) for name, (_, text) in LIBRARY_ACTIONS.items()}
+    for action in actions.values():
+        accept_json_here(action)
     add = actions["add"]
     add.add_argument("--problem", required=True, help="the problem, as it will be asked")
     add.add_argument("--solution", required=True, help="the verified solution")

@@ -23,7 +23,6 @@ SYNC_TIMEOUT_S = 24 * 3600.0  # a first sync of a big store moves everything
 
 
 def cmd_remote(client: Client, args: argparse.Namespace) -> None:
-    args.json = args.json or args.remote_json
     ACTIONS[args.action](client, args)
 
 
@@ -83,7 +82,4 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
     )
     direction.add_argument(
         "--pull", dest="pull_only", action="store_true", help="sync: only download"
-    )
-    parser.add_argument(
-        "--json", dest="remote_json", action="store_true", help="print one JSON document"
     )
