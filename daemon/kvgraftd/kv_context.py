@@ -212,21 +212,23 @@ class KvContext:
         self._values[layer][:, live : live + n] = v.to(self._values[layer].device)
         total = start + n
         softmax = OnlineSoftmax(q, self.geometry.kv_heads, start, scaling)
-        plan = [self._block(layer, begin, total) for begin in range(0, total, self.block_tokens)]
-        pending: Future | None = None
         # A stored region larger than the pool is a scan: its blocks pass through
         # transient slots instead of evicting each other from the cache.
         cache = self._stored_blocks < (self.tiers.pool.capacity or 1 << 62)
         in_place = 0 if cache else self._stored_blocks_read_in_place()
-        for index, (key, needed, fill, _) in enumerate(plan):
-            if index < in_place:
-                self._attend_in_place(layer, index, softmax)
-                continue
+        for index in range(in_place):
+            self._attend_in_place(layer, index, softmax)
+        # the blocks that go through pool slots
+        blocks = range(in_place * self.block_tokens, total, self.block_tokens)
+        plan = [self._block(layer, begin, total) for begin in blocks]
+        pending: Future | None = None
+        for step, (key, needed, fill, _) in enumerate(plan):
+            index = in_place + step
             slot: Slot | None = pending.result() if pending is not None else None
             if slot is None:
                 stored = index < self._stored_blocks
                 slot = self.tiers.pool.acquire(key, needed, fill, cache=cache or not stored)
-            upcoming = plan[index + 1] if index + 1 < len(plan) else None
+            upcoming = plan[step + 1] if step + 1 < len(plan) else None
             pending = None
             if upcoming and upcoming[3]:  # immutable: safe to fetch ahead
                 ahead_stored = index + 1 < self._stored_blocks
