@@ -328,3 +328,30 @@ def test_sigterm_during_transfers_stores_nothing_partial(start_daemon, rng) -> N
         assert acknowledged <= stored <= set(sent)
         # Each stored artifact is whole; no staged (half-sent) pages were left behind.
         audit_store(client, {aid: sent[aid] for aid in stored})
+
+
+def _unblocked_thread(pid: int, signum: int) -> int:
+    """A thread of `pid` other than its main one that would take `signum` (reads /proc)."""
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+        blocked = re.search(r"SigBlk:\s*([0-9a-f]+)", (task / "status").read_text())
+        if int(task.name) != pid and not int(blocked.group(1), 16) >> (signum - 1) & 1:
+            return int(task.name)
+    raise AssertionError(f"every thread of {pid} but the main one blocks signal {signum}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_taken_by_another_thread_stops_the_daemon(start_daemon, signum) -> None:
+    """Regression: a stop signal the kernel hands to a thread other than the main one
+    (a gRPC or BLAS thread) did not wake the main thread, asleep until the next hourly
+    housekeeping: the daemon went on serving and systemd would have killed it."""
+    import ctypes
+
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+    if tgkill is None:
+        pytest.skip("this libc has no tgkill")
+    daemon = start_daemon()
+    thread = _unblocked_thread(daemon.proc.pid, signum)
+    assert tgkill(daemon.proc.pid, thread, signum) == 0, os.strerror(ctypes.get_errno())
+    assert daemon.proc.wait(30) == 0
+    assert f"received {signal.Signals(signum).name}" in "\n".join(daemon.log_lines)
+    assert "store closed" in "\n".join(daemon.log_lines)

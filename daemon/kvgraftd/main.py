@@ -16,9 +16,11 @@ store closes -> lock released -> exit 0. Nothing else constructs these objects.
 from __future__ import annotations
 
 import logging
+import select
 import signal
+import socket
 import sys
-import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvgraftd")
 
 HOUSEKEEPING_INTERVAL_S = 3600.0
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,10 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(config: DaemonConfig) -> int:
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda number, frame: stop.set())
-
+    stop = StopSignals()
     lock = DataDirLock(config.data)
     try:
         store = Store(
@@ -142,6 +142,38 @@ def build_engine(config: DaemonConfig, store: Store) -> Engine:
     return engine
 
 
+class StopSignals:
+    """SIGTERM and SIGINT, whichever thread the kernel hands them to.
+
+    A Python handler runs only in the main thread and only once it wakes; a
+    signal delivered to another thread (a gRPC or BLAS thread) does not wake
+    a main thread asleep in a wait, so a stop could sit out the whole
+    housekeeping interval. The C-level handler writes every signal's number
+    to the wakeup socket from the thread that took it, and `wait` selects on
+    that socket. Construct it in the main thread.
+    """
+
+    def __init__(self) -> None:
+        self._read, self._write = socket.socketpair()
+        self._read.setblocking(False)
+        self._write.setblocking(False)
+        signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, lambda number, frame: None)  # the wakeup byte is the news
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once a stop signal arrived; False after `timeout_s` without one."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([self._read], [], [], left)[0]:
+                return False
+            for number in self._read.recv(64):
+                if number in STOP_SIGNALS:
+                    log.info("received %s", signal.Signals(number).name)
+                    return True
+        return False
+
+
 def server_settings(config: DaemonConfig, notifier: Notifier) -> ServerSettings:
     """Limits, TLS, token and (TLS under systemd only) the health probe socket."""
     probe_socket = ""
@@ -161,7 +193,7 @@ def server_settings(config: DaemonConfig, notifier: Notifier) -> ServerSettings:
     )
 
 
-def serve(config: DaemonConfig, store: Store, stop: threading.Event) -> None:
+def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
     store.collect_staged(config.staged_ttl_s)
     # The remote tier ([remote]): bad credentials stop the daemon here, before it serves.
     remote = RemoteService.open(config, store)
