@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
@@ -20,12 +21,14 @@ from kvgraft.errors import DataLoss, InvalidArgument, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.catalog import artifact_info
 from kvgraftd.intake import PageIntake
+from kvgraftd.read_ahead import read_ahead
 from kvgraftd.store import STORE_FORMAT_VERSION, Store
 
 MAX_MISSING_QUERY = 100_000
 MAX_LIST_PAGE = 1000
 DEFAULT_LIST_PAGE = 100
 WATCH_POLL_S = 0.5
+READ_AHEAD_MESSAGES = 2  # PutArtifact messages taken ahead of the one being stored
 
 
 @dataclass(frozen=True)
@@ -91,16 +94,21 @@ class StoreService:
         manifest: pb.Manifest | None = None
         expected_id = ""
         try:
-            for raw in messages:
-                if manifest is not None:
-                    raise InvalidArgument("the manifest must be the last message of PutArtifact")
-                chunks, manifest_bytes = wire.decode_envelope(
-                    raw, wire.PUT_PAGES, wire.PUT_MANIFEST
-                )
-                if manifest_bytes is not None:
-                    manifest = parse_manifest(manifest_bytes)
-                    expected_id = _expected_artifact_id(raw)
-                intake.add(chunks)
+            # Taken off the connection while the previous message is hashed and
+            # stored; what was taken survives a cut call (kvgraftd.read_ahead).
+            with closing(read_ahead(messages, READ_AHEAD_MESSAGES)) as received:
+                for raw in received:
+                    if manifest is not None:
+                        raise InvalidArgument(
+                            "the manifest must be the last message of PutArtifact"
+                        )
+                    chunks, manifest_bytes = wire.decode_envelope(
+                        raw, wire.PUT_PAGES, wire.PUT_MANIFEST
+                    )
+                    if manifest_bytes is not None:
+                        manifest = parse_manifest(manifest_bytes)
+                        expected_id = _expected_artifact_id(raw)
+                    intake.add(chunks)
         except KvgraftError:
             raise
         except Exception:
