@@ -15,10 +15,12 @@ where each page lies in the store's map, right after its check), for N = 32K,
 Reported per length: decode-step time (median of --trials after a warm-up),
 bytes streamed per step, effective bandwidth, peak device-pool bytes and the
 process's anonymous resident memory (RssAnon, which excludes the LMDB map's
-page cache). Baselines measured in the same run:
+page cache; taken after glibc's malloc_trim, so memory the previous length's
+float64 reference freed is not counted). Baselines measured in the same run:
 
-* host read bandwidth: the faster of numpy and torch (2 threads) summing a
-  1 GiB float32 buffer; `step_vs_bandwidth_bound` = step time / (bytes per
+* host read bandwidth: the fastest of numpy and torch (2 threads) summing a
+  1 GiB float32 buffer, 5 times each, before the steps and again after them;
+  `step_vs_bandwidth_bound` = step time / (bytes per
   step / that bandwidth) at the largest length: 1.0 would be a step that only
   reads its KV once at the speed this machine reads memory.
 * resident: at the largest length whose KV fits the --resident-max memory,
@@ -41,6 +43,8 @@ Run: .venv/bin/python bench/long_context.py [--lengths 32768,262144,1048576,4194
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import hashlib
 import json
 import shutil
@@ -125,11 +129,22 @@ def read_bandwidth() -> float:
     best = 0.0
     for fn in (lambda: array.sum(), lambda: data.sum()):
         fn()
-        for _ in range(3):
+        for _ in range(5):
             started = time.perf_counter()
             fn()
             best = max(best, data.numel() * 4 / (time.perf_counter() - started))
     return best
+
+
+def live_rss_anon_bytes() -> int:
+    """RssAnon once the allocator has handed freed memory back to the OS.
+
+    Without the trim, the row after a float64 reference counted the
+    reference's freed gigabytes (1.5-2.5 GB at 4M tokens; 297 MiB without
+    a reference before it).
+    """
+    ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+    return rss_anon_bytes()
 
 
 class Step:
@@ -215,7 +230,7 @@ def main() -> int:
                 "bytes": tokens * BYTES_PER_TOKEN,
                 "gbps": tokens * BYTES_PER_TOKEN / seconds / 1e9,
                 "peak_device": pool.counters.peak_bytes,
-                "rss_anon": rss_anon_bytes(),
+                "rss_anon": live_rss_anon_bytes(),
                 "error": None,
             }
             if tokens <= args.reference_max:
@@ -229,6 +244,10 @@ def main() -> int:
                 + (f"  |err| {row['error']:.2e}" if row["error"] is not None else ""),
                 flush=True,
             )
+        # Measured again once the store's writeback is long over: right after
+        # writing ~16 GB the kernel's flushing shares the memory bus (12.7 vs
+        # 22 GB/s seen). The faster of the two is the bound.
+        bandwidth = max(bandwidth, read_bandwidth())
         resident_tokens = max(n for n in lengths if n <= args.resident_max)
         streamed_tiers = Tiers(DevicePool(args.device_budget, slot_shape), HostCache(store, 0))
         resident_tiers = Tiers(DevicePool(0, slot_shape), HostCache(store, 0))
