@@ -301,8 +301,9 @@ def test_print_config_round_trips(tmp_path: Path) -> None:
         ('min_free_bytes = "lots"\n', "min_free_bytes = 'lots': use a byte count"),
         ('log_level = "loud"\n', "log_level 'loud': use debug, info, warning or error"),
         ("log_level = \n", "is not valid TOML"),
+        ("malloc_top_pad_bytes = -1\n", "malloc_top_pad_bytes must be 0 or more"),
     ],
-    ids=["unknown-key", "bad-bytes", "bad-level", "bad-toml"],
+    ids=["unknown-key", "bad-bytes", "bad-level", "bad-toml", "negative-heap-pad"],
 )
 def test_bad_config_file_exits_2_naming_the_problem(tmp_path, text: str, expected: str) -> None:
     config = tmp_path / "bad.toml"

@@ -52,6 +52,12 @@ class DaemonConfig:
     min_free_bytes: int = _opt(256 << 20, "disk space kept free: writes beyond it are refused")
     spill_bytes: int = _opt(256 << 20, "page bytes one upload holds in memory before staging")
     staged_ttl_s: float = _opt(86400.0, "seconds unclaimed staged pages are kept for a resume")
+    malloc_top_pad_bytes: int = _opt(
+        64 << 20,
+        "freed memory glibc's allocator keeps at the top of each heap (M_TOP_PAD) instead of "
+        "handing it back and faulting it in again: puts took ~13% less CPU here, for ~100 MiB more "
+        "resident memory; 0 leaves glibc's default",
+    )
     model: str = _opt(
         "",
         "model: empty for the default (SmolLM2-135M-Instruct), a GGUF file, a Hugging Face "
@@ -113,6 +119,8 @@ class DaemonConfig:
             raise ConfigError(f"log_level {self.log_level!r}: use debug, info, warning or error")
         if ":" not in self.listen:
             raise ConfigError(f"listen {self.listen!r}: use host:port, e.g. {DEFAULT_LISTEN}")
+        if self.malloc_top_pad_bytes < 0:
+            raise ConfigError("malloc_top_pad_bytes must be 0 or more")
         if self.workers < 1:
             raise ConfigError("workers must be at least 1")
         if self.device not in ("auto", "cpu", "cuda"):

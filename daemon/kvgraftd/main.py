@@ -15,6 +15,8 @@ store closes -> lock released -> exit 0. Nothing else constructs these objects.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import select
 import signal
@@ -47,6 +49,7 @@ log = logging.getLogger("kvgraftd")
 
 HOUSEKEEPING_INTERVAL_S = 3600.0
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+M_TOP_PAD = -2  # glibc's malloc.h
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(config: DaemonConfig) -> int:
     stop = StopSignals()
+    keep_heap_top(config.malloc_top_pad_bytes)
     lock = DataDirLock(config.data)
     try:
         store = Store(
@@ -140,6 +144,28 @@ def build_engine(config: DaemonConfig, store: Store) -> Engine:
         pool.slot_bytes,
     )
     return engine
+
+
+def keep_heap_top(pad_bytes: int) -> None:
+    """Have glibc keep `pad_bytes` of freed memory at each heap's top (M_TOP_PAD).
+
+    A put allocates and frees a 4 MiB message, its page records and LMDB's
+    dirty pages over and over; by default glibc hands the freed top of a heap
+    back to the kernel each time, and the next allocation faults every page
+    in again (zeroed). Measured: puts of 1.1 GB into a tmpfs store took
+    3.6-4.0 s of daemon CPU instead of 4.2-4.6 s, for ~100 MiB more RssAnon.
+    Nothing to do on another C library, or with 0.
+    """
+    if not pad_bytes:
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        log.info("malloc_top_pad_bytes: this C library has no mallopt; ignored")
+        return
+    if not mallopt(M_TOP_PAD, min(pad_bytes, 2**31 - 1)):
+        log.warning("malloc_top_pad_bytes: mallopt refused %d; glibc's default stays", pad_bytes)
 
 
 class StopSignals:
