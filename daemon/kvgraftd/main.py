@@ -152,8 +152,9 @@ def keep_heap_top(pad_bytes: int) -> None:
     A put allocates and frees a 4 MiB message, its page records and LMDB's
     dirty pages over and over; by default glibc hands the freed top of a heap
     back to the kernel each time, and the next allocation faults every page
-    in again (zeroed). Measured: puts of 1.1 GB into a tmpfs store took
-    3.6-4.0 s of daemon CPU instead of 4.2-4.6 s, for ~100 MiB more RssAnon.
+    in again (zeroed). Measured with 64 MiB: puts of 1.1 GB into a tmpfs
+    store took 3.2-3.7 s of daemon CPU instead of 4.3-4.4 s (0.35-0.40
+    against 0.30-0.31 GB/s), for 50-90 MiB more RssAnon.
     Nothing to do on another C library, or with 0.
     """
     if not pad_bytes:
