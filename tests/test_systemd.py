@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import re
@@ -344,8 +345,6 @@ def test_a_stop_signal_taken_by_another_thread_stops_the_daemon(start_daemon, si
     """Regression: a stop signal the kernel hands to a thread other than the main one
     (a gRPC or BLAS thread) did not wake the main thread, asleep until the next hourly
     housekeeping: the daemon went on serving and systemd would have killed it."""
-    import ctypes
-
     tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
     if tgkill is None:
         pytest.skip("this libc has no tgkill")

@@ -63,8 +63,7 @@ def read_ahead(messages: Iterable[T], depth: int = 2) -> Iterator[T]:
         except BaseException as exc:  # handed to the consumer, raised there
             held.put(_End(exc))
 
-    reader = threading.Thread(target=read, name="read-ahead", daemon=True)
-    reader.start()
+    threading.Thread(target=read, name="read-ahead", daemon=True).start()
     try:
         while True:
             item = held.get()

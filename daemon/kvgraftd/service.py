@@ -91,24 +91,11 @@ class StoreService:
         expected_artifact_id (altered on the way: DATA_LOSS).
         """
         intake = PageIntake(self._store, self._limits.spill_bytes)
-        manifest: pb.Manifest | None = None
-        expected_id = ""
         try:
             # Taken off the connection while the previous message is hashed and
             # stored; what was taken survives a cut call (kvgraftd.read_ahead).
             with closing(read_ahead(messages, READ_AHEAD_MESSAGES)) as received:
-                for raw in received:
-                    if manifest is not None:
-                        raise InvalidArgument(
-                            "the manifest must be the last message of PutArtifact"
-                        )
-                    chunks, manifest_bytes = wire.decode_envelope(
-                        raw, wire.PUT_PAGES, wire.PUT_MANIFEST
-                    )
-                    if manifest_bytes is not None:
-                        manifest = parse_manifest(manifest_bytes)
-                        expected_id = _expected_artifact_id(raw)
-                    intake.add(chunks)
+                manifest, expected_id = _receive(received, intake)
         except KvgraftError:
             raise
         except Exception:
@@ -257,6 +244,21 @@ class StoreService:
                     "once it is back"
                 )
             self._store.wait_for_change(WATCH_POLL_S)
+
+
+def _receive(messages: Iterable[bytes], intake: PageIntake) -> tuple[pb.Manifest | None, str]:
+    """Pages into `intake`; the manifest (the last message) and its expected id, if sent."""
+    manifest: pb.Manifest | None = None
+    expected_id = ""
+    for raw in messages:
+        if manifest is not None:
+            raise InvalidArgument("the manifest must be the last message of PutArtifact")
+        chunks, manifest_bytes = wire.decode_envelope(raw, wire.PUT_PAGES, wire.PUT_MANIFEST)
+        if manifest_bytes is not None:
+            manifest = parse_manifest(manifest_bytes)
+            expected_id = _expected_artifact_id(raw)
+        intake.add(chunks)
+    return manifest, expected_id
 
 
 def _expected_artifact_id(raw: bytes) -> str:
