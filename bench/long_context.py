@@ -64,7 +64,7 @@ from kvgraftd.device_pool import DevicePool  # noqa: E402
 from kvgraftd.host_cache import HostCache  # noqa: E402
 from kvgraftd.kv_context import KvContext, Tiers  # noqa: E402
 from kvgraftd.model_adapter import ModelGeometry  # noqa: E402
-from kvgraftd.page_records import page_record  # noqa: E402
+from kvgraftd.page_records import page_records_of  # noqa: E402
 from kvgraftd.server import rss_anon_bytes  # noqa: E402
 from kvgraftd.store import Store  # noqa: E402
 
@@ -106,9 +106,7 @@ def write_store(store: Store, pages: int) -> list[bytes]:
             page_sha256=hashes,
             labels={"bench": "long_context", "first_page": str(first)},
         )
-        store.commit_artifact(
-            manifest, {d: page_record(b) for d, b in zip(hashes, batch, strict=True)}
-        )
+        store.commit_artifact(manifest, page_records_of(dict(zip(hashes, batch, strict=True))))
         digests += hashes
         done = len(digests) * PAGE_BYTES
         print(

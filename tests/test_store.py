@@ -22,7 +22,7 @@ from kvgraft.errors import (
     ResourceExhausted,
 )
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.page_records import page_record
+from kvgraftd.page_records import PageRecord, page_record, page_records_of
 from kvgraftd.store import Store
 
 
@@ -33,7 +33,7 @@ def store(tmp_path: Path):
     s.close()
 
 
-def _records(artifact) -> dict[bytes, bytes]:
+def _records(artifact) -> dict[bytes, PageRecord]:
     return {digest: page_record(data) for digest, data in artifact.pages.items()}
 
 
@@ -212,6 +212,27 @@ def test_a_corrupt_page_in_a_large_read_is_named_and_nothing_is_served(tmp_path:
             assert [v.tobytes() for v in views] == [bytes(artifact.pages[d]) for d in intact]
     finally:
         store.close()
+
+
+def test_each_page_is_stored_as_its_xxh3_then_exactly_its_bytes(tmp_path: Path) -> None:
+    """The writer reuses one scratch buffer: a page written after a larger one
+    must be stored at its own size, with nothing of the larger one."""
+    rng = random.Random(3)
+    pages = [rng.randbytes(size) for size in (70_000, 5, 70_000, 300, 1)]
+    path = tmp_path / "s"
+    store = Store(path, initial_map_bytes=8 << 20, min_free_bytes=1 << 20)
+    try:
+        digests = [hashlib.sha256(page).digest() for page in pages]
+        records = page_records_of(dict(zip(digests, pages, strict=True)))
+        assert [bytes(r.data) for r in records.values()] == pages  # views, not copies
+        assert store.stage_pages(records) == len(pages)
+    finally:
+        store.close()
+    with lmdb.open(str(path), max_dbs=16, readonly=True, lock=False) as env:
+        db = env.open_db(b"pages", create=False)
+        with env.begin(db=db) as txn:
+            stored = [txn.get(digest) for digest in digests]
+    assert stored == [xxhash.xxh3_128_digest(page) + page for page in pages]
 
 
 def _flip_stored_byte(store: Store, page: bytes) -> None:

@@ -37,7 +37,7 @@ from kvgraftd.device_pool import DevicePool
 from kvgraftd.host_cache import HostCache
 from kvgraftd.kv_context import KvContext, Tiers
 from kvgraftd.model_adapter import ModelAdapter
-from kvgraftd.page_records import page_record
+from kvgraftd.page_records import page_records_of
 from kvgraftd.receipts import (
     compute_profile,
     input_sha256,
@@ -271,7 +271,7 @@ class Engine:
             receipt=receipt,
         )
         missing = set(self.store.missing_pages(list(page_sizes(artifact.manifest))))
-        records = {digest: page_record(artifact.pages[digest]) for digest in missing}
+        records = page_records_of({digest: artifact.pages[digest] for digest in missing})
         return self.store.commit_artifact(artifact.manifest, records).artifact_id
 
     # ------------------------------------------------------------------

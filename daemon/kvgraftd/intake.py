@@ -3,7 +3,8 @@
 Chunks are assembled into whole pages, and every whole page's SHA-256 is
 recomputed before it is accepted: this is a trust boundary (DESIGN.md). The
 pages a message completes are hashed side by side (kvgraft.page_checks). An
-accepted page is held as a store record (xxh3-128 || bytes) ready to commit.
+accepted page is held as a store record (its xxh3-128 and a view of the
+received bytes, kvgraftd.page_records) ready to commit.
 When the held bytes pass `spill_bytes`, they are staged in the store so that
 memory stays bounded and a cut transfer can resume without resending them.
 
@@ -21,7 +22,7 @@ from kvgraft.errors import DataLoss, InvalidArgument
 from kvgraft.page_checks import split_pages
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraft.wire import Chunk
-from kvgraftd.page_records import PAGE_CHECKSUM_BYTES, page_record
+from kvgraftd.page_records import PageRecord, page_record
 from kvgraftd.store import Store
 
 # SHA-256 runs at ~1.2 GB/s a core here: a message's pages are worth two threads from 1 MiB.
@@ -36,7 +37,7 @@ class PageIntake:
         self._spill_bytes = spill_bytes
         self._partial: dict[bytes, bytearray] = {}  # bytes received of pages still arriving
         self._page_bytes: dict[bytes, int] = {}  # the size each partial page announced
-        self.records: dict[bytes, bytes] = {}  # verified, not yet staged
+        self.records: dict[bytes, PageRecord] = {}  # verified, not yet staged
         self.staged: set[bytes] = set()  # verified and staged in the store
         self._held_bytes = 0
 
@@ -48,7 +49,7 @@ class PageIntake:
             if data is not None:
                 whole[chunk.sha256] = data
         pages = list(whole.items())
-        records: list[bytes] = [b""] * len(pages)
+        records: list[PageRecord | None] = [None] * len(pages)
 
         def verify(lo: int, hi: int) -> int | None:
             for index in range(lo, hi):
@@ -68,7 +69,7 @@ class PageIntake:
             )
         for (digest, _), record in zip(pages, records, strict=True):
             self.records[digest] = record
-            self._held_bytes += len(record)
+            self._held_bytes += len(record.data)
         if self._held_bytes >= self._spill_bytes:
             self.stage()
 
@@ -131,7 +132,7 @@ class PageIntake:
                 raise InvalidArgument(
                     f"page {digest.hex()[:16]} was sent but the manifest does not name it"
                 )
-            size = len(record) - PAGE_CHECKSUM_BYTES
+            size = len(record.data)
             if size != expected:
                 raise InvalidArgument(
                     f"page {digest.hex()[:16]} has {size} bytes; the manifest's layout needs "

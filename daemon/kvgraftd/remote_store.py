@@ -40,7 +40,7 @@ from kvgraft.artifact import parse_manifest
 from kvgraft.errors import KvgraftError, NotFound, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.chains import ChainEntry, chain_keys, manifest_entries
-from kvgraftd.page_records import page_record
+from kvgraftd.page_records import PageRecord, page_records_of
 from kvgraftd.remote import RemoteTier
 from kvgraftd.remote_transfer import find_remote, import_artifact, push_artifact
 from kvgraftd.store import CommitResult, Store
@@ -74,7 +74,7 @@ class RemoteBackedStore:
     # writes
 
     def commit_artifact(
-        self, manifest: pb.Manifest, records: Mapping[bytes, bytes]
+        self, manifest: pb.Manifest, records: Mapping[bytes, PageRecord]
     ) -> CommitResult:
         result = self._store.commit_artifact(manifest, records)
         if self._enqueue is not None:
@@ -198,7 +198,7 @@ class RemoteBackedStore:
             fingerprint, missing, timeout_s=max(0.0, deadline - time.monotonic())
         )
         if fetched:
-            self._store.stage_pages({d: page_record(data) for d, data in fetched.items()})
+            self._store.stage_pages(page_records_of(fetched))
         absent = set(missing) - set(fetched)
         for index, entry in enumerate(entries):
             if absent.intersection(entry.page_sha256):

@@ -26,7 +26,7 @@ from kvgraft.artifact import page_sizes, parse_manifest
 from kvgraft.errors import DataLoss, NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.chains import manifest_entries
-from kvgraftd.page_records import PAGE_CHECKSUM_BYTES, page_record
+from kvgraftd.page_records import PageRecord, page_records_of
 from kvgraftd.remote import RemoteTier
 from kvgraftd.store import Store
 
@@ -53,7 +53,7 @@ def push_artifact(
     store: Store,
     remote: RemoteTier,
     artifact_id: str,
-    records: Mapping[bytes, bytes] | None = None,
+    records: Mapping[bytes, PageRecord] | None = None,
 ) -> Moved:
     """Upload one local artifact unless the bucket has it (NotFound if it is not local).
 
@@ -69,7 +69,7 @@ def push_artifact(
     def source(digest: bytes):
         found = held.get(digest)
         if found is not None:
-            return memoryview(found)[PAGE_CHECKSUM_BYTES:]
+            return found.data
         return lambda: store.read_page(digest)[0]
 
     sizes = page_sizes(manifest)
@@ -152,13 +152,13 @@ def _fetch_and_stage(
     absent = [d for d in digests if d not in fetched or len(fetched[d]) != sizes[d]]
     if absent:
         if fetched:  # keep what was verified: a retry need not fetch it again
-            store.stage_pages({d: page_record(fetched[d]) for d in fetched if d not in absent})
+            store.stage_pages(page_records_of({d: fetched[d] for d in fetched if d not in absent}))
         remote.require()
         raise DataLoss(
             f"page {absent[0].hex()[:16]} of artifact {artifact_id[:16]} could not be read "
             f"from the remote tier intact ({len(absent)} of {len(digests)} pages missing or "
             "corrupt there); nothing was imported: `kvgraft remote status` says more"
         )
-    store.stage_pages({d: page_record(data) for d, data in fetched.items()})
+    store.stage_pages(page_records_of(fetched))
     moved.pages += len(fetched)
     moved.bytes += sum(len(data) for data in fetched.values())

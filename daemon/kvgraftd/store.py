@@ -61,7 +61,7 @@ from kvgraftd.catalog import (
 )
 from kvgraftd.chains import ChainEntry
 from kvgraftd.lmdb_env import LmdbEnv
-from kvgraftd.page_records import PAGE_CHECKSUM_BYTES
+from kvgraftd.page_records import PAGE_CHECKSUM_BYTES, PageRecord
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,7 @@ class Store:
         self._read = self._lmdb.read
         self._write = self._lmdb.write
         self._changed = threading.Condition()
+        self._records = page_records.RecordWriter()  # used under the write lock only
         try:
             self._check_format()
         except BaseException:
@@ -181,17 +182,17 @@ class Store:
         page_records.verify_framed(joined, checks)
         return joined
 
-    def stage_pages(self, records: Mapping[bytes, bytes]) -> int:
+    def stage_pages(self, records: Mapping[bytes, PageRecord]) -> int:
         """Persist received pages ahead of their manifest; returns pages written."""
-        needed = sum(len(r) for r in records.values())
+        needed = sum(PAGE_CHECKSUM_BYTES + len(r.data) for r in records.values())
 
         def body(txn: lmdb.Transaction) -> int:
             written = 0
             now = _U64.pack(_now_ms())
             for digest, record in records.items():
-                if txn.put(digest, record, db=self._db["pages"], overwrite=False):
+                if self._records.put(txn, self._db["pages"], digest, record, overwrite=False):
                     txn.put(digest, now, db=self._db["staged"])
-                    self._add_page_bytes(txn, len(record) - PAGE_CHECKSUM_BYTES)
+                    self._add_page_bytes(txn, len(record.data))
                     written += 1
             return written
 
@@ -222,7 +223,7 @@ class Store:
     # artifacts
 
     def commit_artifact(
-        self, manifest: pb.Manifest, records: Mapping[bytes, bytes]
+        self, manifest: pb.Manifest, records: Mapping[bytes, PageRecord]
     ) -> CommitResult:
         """Store a validated manifest with the page records not yet stored.
 
@@ -232,7 +233,8 @@ class Store:
         canonical = canonical_bytes(manifest)
         aid = hashlib.sha256(canonical).digest()
         sizes = page_sizes(manifest)
-        needed = sum(len(records[d]) for d in sizes if d in records) + len(canonical)
+        needed = sum(PAGE_CHECKSUM_BYTES + len(records[d].data) for d in sizes if d in records)
+        needed += len(canonical)
 
         def body(txn: lmdb.Transaction) -> CommitResult:
             found = txn.get(aid, db=self._db["artifacts"])
@@ -264,7 +266,9 @@ class Store:
             )
         return result
 
-    def _reference_page(self, txn, digest: bytes, size: int, records: Mapping[bytes, bytes]) -> int:
+    def _reference_page(
+        self, txn, digest: bytes, size: int, records: Mapping[bytes, PageRecord]
+    ) -> int:
         """Add one reference to a page, writing it if needed; 1 if written."""
         refs, pages = self._db["refs"], self._db["pages"]
         count = txn.get(digest, db=refs)
@@ -289,7 +293,7 @@ class Store:
                 f"page {digest.hex()[:16]} is neither stored nor sent; ask MissingPages and "
                 "send every page it returns before the manifest"
             )
-        txn.put(digest, record, db=pages)
+        self._records.put(txn, pages, digest, record)
         txn.put(digest, _U64.pack(1), db=refs)
         self._add_page_bytes(txn, size)
         return 1
