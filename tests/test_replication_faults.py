@@ -78,10 +78,13 @@ def test_cut_transfer_resumes_without_resending_what_arrived(start_daemon, rng) 
         whole, partial = _pages_on_the_wire(proxy, sizes)
         assert held and held <= whole  # the replica kept pages it received whole, only those
         # gRPC hands a server whole messages, one at a time, and drops the ones it
-        # holds when the call is cancelled: of what arrived, at most the message
-        # in flight and one whole message buffered in gRPC are not kept.
+        # holds when the call is cancelled. The handler's reader takes each as soon
+        # as gRPC delivers it, but delivery runs on Python threads: in a full test
+        # run on two busy cores gRPC once still held two whole messages at the cut
+        # (82 pages). Of what arrived, at most the message in flight and two whole
+        # messages held in gRPC are not kept.
         message_pages = wire.BLOCK_PAYLOAD_BYTES // (98_304 + wire.chunk_overhead_bytes(98_304))
-        assert len(whole - held) <= message_pages
+        assert len(whole - held) <= 2 * message_pages
         assert len(partial - held) <= message_pages
         lost = (whole | partial) - held  # arrived, and will be sent again
 
