@@ -24,7 +24,10 @@ Three ratios, each throughput(ours) / throughput(baseline), so higher is better:
   LMDB synced) against writing the same
   bytes to one file with `os.write` in 1 MiB pieces and an `fsync` after
   each artifact's bytes (as many durability points as commits; writing each
-  artifact in one call, reported too, was slower here). Both start from the page
+  artifact in one call, reported too, was slower here). Also reported, for
+  what the device itself takes: the same bytes written with O_DIRECT in 4 MiB
+  pieces and an fdatasync per artifact (no page cache; not a baseline of a
+  ratio: a store that wrote that way would have to manage its own caching). Both start from the page
   bytes in memory, in a fresh directory on the same filesystem (--dir). The
   store is called in-process rather than through PutArtifact because a put
   also pays the gRPC transfer and the daemon's SHA-256 of every page, which
@@ -322,6 +325,19 @@ def write_in_pieces(fd: int, data: memoryview, piece: int = FILE_WRITE_PIECE) ->
             view = view[os.write(fd, view) :]
 
 
+DIRECT_IO_ALIGN = 4096  # O_DIRECT wants buffer addresses, offsets and sizes aligned to this
+DIRECT_WRITE_PIECE = 4 << 20
+
+
+def direct_io_file(path: Path) -> int | None:
+    """A new file opened for O_DIRECT writes; None where the filesystem refuses it (tmpfs)."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o600)
+    except OSError:
+        path.unlink(missing_ok=True)
+        return None
+
+
 def bench_writes(corpus: Corpus, work: Path, trials: int) -> list[Row]:
     n = corpus.total_bytes
     total = Row("write", "store page_records_of + commit_artifact (sync)", n)
@@ -329,6 +345,7 @@ def bench_writes(corpus: Corpus, work: Path, trials: int) -> list[Row]:
     records_row = Row("write", "page_records_of only (xxh3, in memory)", n)
     file_row = Row("write", "file os.write 1 MiB pieces + fsync per artifact  [baseline]", n)
     whole_row = Row("write", "file os.write whole artifact + fsync per artifact", n)
+    direct_row = Row("write", "file O_DIRECT 4 MiB writes + fdatasync (the device)", n)
 
     def store_trial() -> float:
         path = Path(tempfile.mkdtemp(prefix="write-store-", dir=work))
@@ -363,17 +380,46 @@ def bench_writes(corpus: Corpus, work: Path, trials: int) -> list[Row]:
             remove_settled(path)
         return end - start
 
-    interleaved(
-        trials,
-        [
-            (total, store_trial),
-            (file_row, lambda: file_trial(FILE_WRITE_PIECE)),
-            (whole_row, lambda: file_trial(corpus.geometry.artifact_bytes)),
-        ],
-    )
+    aligned: np.ndarray | None = None  # the corpus at an O_DIRECT-aligned address
+
+    def direct_trial() -> float:
+        path = Path(tempfile.mkdtemp(prefix="write-direct-", dir=work))
+        fd = direct_io_file(path / "pages")
+        assert fd is not None  # probed before the trials
+        try:
+            data = memoryview(aligned).cast("B")
+            start = time.perf_counter()
+            for index in range(len(corpus.artifacts)):
+                lo, hi = corpus.artifact_span(index)
+                write_in_pieces(fd, data[lo:hi], DIRECT_WRITE_PIECE)
+                os.fdatasync(fd)
+            end = time.perf_counter()
+        finally:
+            os.close(fd)
+            remove_settled(path)
+        return end - start
+
+    runs = [
+        (total, store_trial),
+        (file_row, lambda: file_trial(FILE_WRITE_PIECE)),
+        (whole_row, lambda: file_trial(corpus.geometry.artifact_bytes)),
+    ]
+    probe = direct_io_file(work / "direct-probe")
+    if probe is not None and corpus.geometry.artifact_bytes % DIRECT_IO_ALIGN == 0:
+        raw = np.empty(n + DIRECT_IO_ALIGN, np.uint8)
+        skip = -raw.ctypes.data % DIRECT_IO_ALIGN
+        aligned = raw[skip : skip + n]
+        np.copyto(aligned, corpus.data)
+        runs.append((direct_row, direct_trial))
+    if probe is not None:
+        os.close(probe)
+        (work / "direct-probe").unlink()
+    interleaved(trials, runs)
     # The warm-up appended to the side rows too: drop it.
     del records_row.seconds[0], commit.seconds[0]
-    return [total, commit, records_row, file_row, whole_row]
+    return [total, commit, records_row, file_row, whole_row] + (
+        [direct_row] if direct_row.seconds else []
+    )
 
 
 # --------------------------------------------------------------------------
@@ -612,6 +658,9 @@ def main(argv: list[str] | None = None) -> int:
         "write_store_gbps": round(write_ours.median_gbps, 3),
         "write_commit_only_gbps": round(commit_only.median_gbps, 3),
         "write_fsync_file_gbps": round(write_base.median_gbps, 3),
+        "write_direct_file_gbps": next(
+            (round(r.median_gbps, 3) for r in rows if r.name.startswith("file O_DIRECT")), None
+        ),
         "grpc_get_gbps": round(get_ours.median_gbps, 3),
         "grpc_stream_gbps": round(stream.median_gbps, 3),
         "tcp_gbps": round(tcp_base.median_gbps, 3),
