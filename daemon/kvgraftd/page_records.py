@@ -78,9 +78,12 @@ def page_records_of(pages: Mapping[bytes, Buffer]) -> dict[bytes, PageRecord]:
 class RecordWriter:
     """Puts records into a pages database as values `xxh3-128 || bytes`, one copy each.
 
-    The scratch buffer is reused for every put and grows to the largest page
-    written; callers serialize on it (the store's write lock does).
+    The scratch buffer is reused for every put and kept up to
+    `KEPT_SCRATCH_BYTES` (a larger page gets one of its own, let go after
+    the put); callers serialize on it (the store's write lock does).
     """
+
+    KEPT_SCRATCH_BYTES = 4 << 20
 
     def __init__(self) -> None:
         self._scratch = bytearray()
@@ -90,9 +93,12 @@ class RecordWriter:
     ) -> bool:
         """txn.put of the record's stored form; False where it exists and not `overwrite`."""
         size = PAGE_CHECKSUM_BYTES + len(record.data)
-        if len(self._scratch) < size:
-            self._scratch = bytearray(size)
-        with memoryview(self._scratch)[:size] as value:
+        scratch = self._scratch
+        if len(scratch) < size:
+            scratch = bytearray(size)
+            if size <= self.KEPT_SCRATCH_BYTES:
+                self._scratch = scratch
+        with memoryview(scratch)[:size] as value:
             value[:PAGE_CHECKSUM_BYTES] = record.checksum
             value[PAGE_CHECKSUM_BYTES:] = record.data
             return txn.put(digest, value, db=db, overwrite=overwrite)  # LMDB copies it now
