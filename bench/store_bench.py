@@ -20,14 +20,14 @@ Three ratios, each throughput(ours) / throughput(baseline), so higher is better:
   pieces (`read_into_vs_pagewise_memcpy`).
 * write_vs_fsync_file: durable artifact writes through the real `Store`
   (`page_records_of` the pages: each page's xxh3-128, its bytes left where
-  they are; then one `commit_artifact` write transaction per artifact,
-  LMDB synced) against writing the same
-  bytes to one file with `os.write` in 1 MiB pieces and an `fsync` after
-  each artifact's bytes (as many durability points as commits; writing each
-  artifact in one call, reported too, was slower here). Also reported, for
-  what the device itself takes: the same bytes written with O_DIRECT in 4 MiB
-  pieces and an fdatasync per artifact (no page cache; not a baseline of a
-  ratio: a store that wrote that way would have to manage its own caching). Both start from the page
+  they are; then one `commit_artifact` write transaction per artifact, LMDB
+  synced) against writing the same bytes to one file with `os.write` in
+  1 MiB pieces and an `fsync` after each artifact's bytes (as many
+  durability points as commits; writing each artifact in one call, reported
+  too, was slower here). Also reported, for what the device itself takes:
+  the same bytes written with O_DIRECT in 4 MiB pieces and an fdatasync per
+  artifact (no page cache; in no ratio: a store writing that way would have
+  to manage its own caching). Both start from the page
   bytes in memory, in a fresh directory on the same filesystem (--dir). The
   store is called in-process rather than through PutArtifact because a put
   also pays the gRPC transfer and the daemon's SHA-256 of every page, which
@@ -36,9 +36,8 @@ Three ratios, each throughput(ours) / throughput(baseline), so higher is better:
   while receiving) is reported too. The file baseline is not crash-atomic
   (a crash may leave half an artifact); a commit is. This process keeps
   the daemon's default heap pad (`malloc_top_pad_bytes`), as kvgraftd does,
-  and each write trial's files are deleted and synced away before the next
-  trial (on ext4 with online discard a deletion's work lands at the next
-  journal commit: in the next trial, whichever side it is).
+  and each write trial's files are deleted and synced before the next trial
+  starts, so that no trial pays for another's cleanup.
 * grpc_get_vs_tcp: `kvgraft.Client.get_artifact` of every artifact from a real
   kvgraftd on loopback, end to end as the library does it (the stream, the
   wire decoding and the xxh3-128 check of every page on arrival), against a
