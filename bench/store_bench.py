@@ -363,35 +363,25 @@ def bench_writes(corpus: Corpus, work: Path, trials: int) -> list[Row]:
         commit.seconds.append(end - built)
         return end - start
 
-    def file_trial(piece: int) -> float:
+    def file_trial(source: np.ndarray, piece: int, direct: bool = False) -> float:
+        """`source` written per artifact in `piece`-byte writes, each artifact synced.
+
+        `direct`: O_DIRECT (`source` aligned) and fdatasync; else buffered and fsync.
+        """
         path = Path(tempfile.mkdtemp(prefix="write-file-", dir=work))
-        fd = os.open(path / "pages", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        if direct:
+            fd = direct_io_file(path / "pages")
+            assert fd is not None  # probed before the trials
+        else:
+            fd = os.open(path / "pages", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        sync = os.fdatasync if direct else os.fsync
         try:
-            data = memoryview(corpus.data).cast("B")
+            data = memoryview(source).cast("B")
             start = time.perf_counter()
             for index in range(len(corpus.artifacts)):
                 lo, hi = corpus.artifact_span(index)
                 write_in_pieces(fd, data[lo:hi], piece)
-                os.fsync(fd)
-            end = time.perf_counter()
-        finally:
-            os.close(fd)
-            remove_settled(path)
-        return end - start
-
-    aligned: np.ndarray | None = None  # the corpus at an O_DIRECT-aligned address
-
-    def direct_trial() -> float:
-        path = Path(tempfile.mkdtemp(prefix="write-direct-", dir=work))
-        fd = direct_io_file(path / "pages")
-        assert fd is not None  # probed before the trials
-        try:
-            data = memoryview(aligned).cast("B")
-            start = time.perf_counter()
-            for index in range(len(corpus.artifacts)):
-                lo, hi = corpus.artifact_span(index)
-                write_in_pieces(fd, data[lo:hi], DIRECT_WRITE_PIECE)
-                os.fdatasync(fd)
+                sync(fd)
             end = time.perf_counter()
         finally:
             os.close(fd)
@@ -400,16 +390,16 @@ def bench_writes(corpus: Corpus, work: Path, trials: int) -> list[Row]:
 
     runs = [
         (total, store_trial),
-        (file_row, lambda: file_trial(FILE_WRITE_PIECE)),
-        (whole_row, lambda: file_trial(corpus.geometry.artifact_bytes)),
+        (file_row, lambda: file_trial(corpus.data, FILE_WRITE_PIECE)),
+        (whole_row, lambda: file_trial(corpus.data, corpus.geometry.artifact_bytes)),
     ]
     probe = direct_io_file(work / "direct-probe")
     if probe is not None and corpus.geometry.artifact_bytes % DIRECT_IO_ALIGN == 0:
         raw = np.empty(n + DIRECT_IO_ALIGN, np.uint8)
         skip = -raw.ctypes.data % DIRECT_IO_ALIGN
-        aligned = raw[skip : skip + n]
+        aligned = raw[skip : skip + n]  # the corpus at an O_DIRECT-aligned address
         np.copyto(aligned, corpus.data)
-        runs.append((direct_row, direct_trial))
+        runs.append((direct_row, lambda: file_trial(aligned, DIRECT_WRITE_PIECE, direct=True)))
     if probe is not None:
         os.close(probe)
         (work / "direct-probe").unlink()
