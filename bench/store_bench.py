@@ -3,15 +3,15 @@
 Three ratios, each throughput(ours) / throughput(baseline), so higher is better:
 
 * read_vs_memcpy: `Store.verified_pages` of every page of >= 1 GiB of
-  artifacts, artifact by artifact: each page looked up in LMDB and its
-  xxh3-128 checked where it lies in the map, handing the caller verified
+  artifacts, artifact by artifact: each page's location looked up in LMDB
+  and its xxh3-128 checked where it lies in its segment's mapping, handing the caller verified
   read-only views (the read path of a graft: the engine then copies each
   page once, into the attention block that needs it). The store splits a
   large read's checks over a pool of one thread per core
   (kvgraft.page_checks); the lookups run on the caller's thread. Against one
   `np.copyto` of a same-size in-memory buffer into a preallocated
   destination (a plain single-threaded memcpy). The store was just written
-  by this process, so its pages are in the page cache and mapped: both sides
+  by this process, so its pages are in the page cache: both sides
   read RAM. Also measured, against the same memcpy: `Store.read_pages_into`
   (`read_into_vs_memcpy`), which copies every page into a caller's buffer and
   verifies it there, for one caller and for two at once, and a page-by-page memcpy of
@@ -20,14 +20,17 @@ Three ratios, each throughput(ours) / throughput(baseline), so higher is better:
   pieces (`read_into_vs_pagewise_memcpy`).
 * write_vs_fsync_file: durable artifact writes through the real `Store`
   (`page_records_of` the pages: each page's xxh3-128, its bytes left where
-  they are; then one `commit_artifact` write transaction per artifact, LMDB
-  synced) against writing the same bytes to one file with `os.write` in
-  1 MiB pieces and an `fsync` after each artifact's bytes (as many
-  durability points as commits; writing each artifact in one call, reported
-  too, was slower here). Also reported, for what the device itself takes:
-  the same bytes written with O_DIRECT in 4 MiB pieces and an fdatasync per
-  artifact (no page cache; in no ratio: a store writing that way would have
-  to manage its own caching). Both start from the page
+  they are; then one `commit_artifact` per artifact: the pages appended to a
+  segment file, each MiB handed to the disk as it is written
+  (sync_file_range), fdatasync, then the LMDB index transaction, synced)
+  against writing the same bytes to one file with `os.write` in 1 MiB pieces
+  and an `fsync` after each artifact's bytes (as many durability points as
+  commits; writing each artifact in one call, reported too, was slower
+  here). Also reported: the file written the store's way (1 MiB writes, each
+  handed to the disk by sync_file_range, fsync per artifact;
+  `write_vs_writeback_file`: the store's own cost over the same I/O), and what
+  the device itself takes: the same bytes written with O_DIRECT in 4 MiB
+  pieces and an fdatasync per artifact (in no ratio). All start from the page
   bytes in memory, in a fresh directory on the same filesystem (--dir). The
   store is called in-process rather than through PutArtifact because a put
   also pays the gRPC transfer and the daemon's SHA-256 of every page, which
@@ -88,6 +91,7 @@ from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.config import DaemonConfig
 from kvgraftd.main import keep_heap_top
 from kvgraftd.page_records import page_records_of
+from kvgraftd.segments import start_writeback
 from kvgraftd.store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -316,12 +320,18 @@ def bench_reads(corpus: Corpus, work: Path, dest: np.ndarray, trials: int) -> li
 FILE_WRITE_PIECE = 1 << 20
 
 
-def write_in_pieces(fd: int, data: memoryview, piece: int = FILE_WRITE_PIECE) -> None:
-    """os.write all of `data`, `piece` bytes per call."""
+def write_in_pieces(
+    fd: int, data: memoryview, piece: int = FILE_WRITE_PIECE, writeback: bool = False
+) -> None:
+    """os.write all of `data`, `piece` bytes per call (`writeback`: each handed to the
+    disk as soon as it is written, as the store's segments do)."""
+    start = os.lseek(fd, 0, os.SEEK_CUR)
     for offset in range(0, len(data), piece):
         view = data[offset : offset + piece]
         while view:
             view = view[os.write(fd, view) :]
+        if writeback:
+            start_writeback(fd, start + offset, min(piece, len(data) - offset))
 
 
 DIRECT_IO_ALIGN = 4096  # O_DIRECT wants buffer addresses, offsets and sizes aligned to this
@@ -343,6 +353,7 @@ def bench_writes(corpus: Corpus, work: Path, trials: int) -> list[Row]:
     commit = Row("write", "store commit_artifact only (records prebuilt)", n)
     records_row = Row("write", "page_records_of only (xxh3, in memory)", n)
     file_row = Row("write", "file os.write 1 MiB pieces + fsync per artifact  [baseline]", n)
+    writeback_row = Row("write", "file writeback: 1 MiB os.write + sync_file_range + fsync", n)
     whole_row = Row("write", "file os.write whole artifact + fsync per artifact", n)
     direct_row = Row("write", "file O_DIRECT 4 MiB writes + fdatasync (the device)", n)
 
@@ -363,10 +374,13 @@ def bench_writes(corpus: Corpus, work: Path, trials: int) -> list[Row]:
         commit.seconds.append(end - built)
         return end - start
 
-    def file_trial(source: np.ndarray, piece: int, direct: bool = False) -> float:
+    def file_trial(
+        source: np.ndarray, piece: int, direct: bool = False, writeback: bool = False
+    ) -> float:
         """`source` written per artifact in `piece`-byte writes, each artifact synced.
 
         `direct`: O_DIRECT (`source` aligned) and fdatasync; else buffered and fsync.
+        `writeback`: each piece handed to the disk as soon as it is written.
         """
         path = Path(tempfile.mkdtemp(prefix="write-file-", dir=work))
         if direct:
@@ -380,7 +394,7 @@ def bench_writes(corpus: Corpus, work: Path, trials: int) -> list[Row]:
             start = time.perf_counter()
             for index in range(len(corpus.artifacts)):
                 lo, hi = corpus.artifact_span(index)
-                write_in_pieces(fd, data[lo:hi], piece)
+                write_in_pieces(fd, data[lo:hi], piece, writeback)
                 sync(fd)
             end = time.perf_counter()
         finally:
@@ -391,6 +405,7 @@ def bench_writes(corpus: Corpus, work: Path, trials: int) -> list[Row]:
     runs = [
         (total, store_trial),
         (file_row, lambda: file_trial(corpus.data, FILE_WRITE_PIECE)),
+        (writeback_row, lambda: file_trial(corpus.data, FILE_WRITE_PIECE, writeback=True)),
         (whole_row, lambda: file_trial(corpus.data, corpus.geometry.artifact_bytes)),
     ]
     probe = direct_io_file(work / "direct-probe")
@@ -406,7 +421,7 @@ def bench_writes(corpus: Corpus, work: Path, trials: int) -> list[Row]:
     interleaved(trials, runs)
     # The warm-up appended to the side rows too: drop it.
     del records_row.seconds[0], commit.seconds[0]
-    return [total, commit, records_row, file_row, whole_row] + (
+    return [total, commit, records_row, file_row, writeback_row, whole_row] + (
         [direct_row] if direct_row.seconds else []
     )
 
@@ -637,6 +652,7 @@ def main(argv: list[str] | None = None) -> int:
         "read_into_2threads_vs_memcpy_2threads": round(paired_ratio(read2_ours, read2_base), 3),
         "read_into_vs_pagewise_memcpy": round(paired_ratio(read_into, pagewise), 3),
         "write_commit_only_vs_fsync_file": round(paired_ratio(commit_only, write_base), 3),
+        "write_vs_writeback_file": round(paired_ratio(write_ours, row("file writeback")), 3),
         "write_vs_fsync_file_whole_writes": round(
             paired_ratio(write_ours, row("file os.write whole")), 3
         ),
@@ -647,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
         "write_store_gbps": round(write_ours.median_gbps, 3),
         "write_commit_only_gbps": round(commit_only.median_gbps, 3),
         "write_fsync_file_gbps": round(write_base.median_gbps, 3),
+        "write_writeback_file_gbps": round(row("file writeback").median_gbps, 3),
         "write_direct_file_gbps": next(
             (round(r.median_gbps, 3) for r in rows if r.name.startswith("file O_DIRECT")), None
         ),

@@ -89,7 +89,7 @@ def test_info_from_the_environment_variable(daemon: DaemonProcess, client: Clien
     document = kvgraft_json("info", env=env)
     assert document["server"] == daemon.address
     assert document["info"]["version"] == __version__
-    assert document["info"]["store_format_version"] == 1
+    assert document["info"]["store_format_version"] == 2
     assert [t["name"] for t in document["info"]["tiers"]] == ["lmdb"]
     stats = document["stats"]
     assert stats["artifacts"] == 1

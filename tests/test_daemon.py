@@ -538,7 +538,6 @@ def test_full_filesystem_refuses_writes_and_keeps_serving(small_disk: Path, rng)
             assert daemon.proc.poll() is None  # no SIGBUS
             stats = client.stats()
             assert stats.artifacts == len(stored) and stats.staged_pages == 0
-            assert stats.map_size_bytes > 16 << 20  # grew from 1 MiB
             assert stats.disk_free_bytes < 3 << 20
             for artifact in stored:
                 assert _same_pages(client.get_artifact(artifact.id), artifact)
@@ -547,7 +546,6 @@ def test_full_filesystem_refuses_writes_and_keeps_serving(small_disk: Path, rng)
             assert client.delete(gone.id).pages_freed == len(page_sizes(gone.manifest))
             assert client.stats().artifacts == len(stored)
         assert daemon.terminate() == 0
-        assert any("store map grown" in line for line in daemon.log_lines)
 
         daemon.launch()
         with Client(daemon.address) as client:
@@ -572,8 +570,8 @@ def test_deleting_on_a_full_filesystem_makes_room_for_puts(small_disk: Path, rng
 
 def test_map_grows_from_one_mib(start_daemon, rng) -> None:
     daemon = start_daemon(extra_args=["--map-initial-bytes", "1MiB"])
-    large = random_artifact(  # 24 MiB in 1 MiB pages: one commit much larger than the map
-        rng, num_layers=3, kv_heads=4, head_dim=64, kv_dtype=F32, page_tokens=512, tokens=4096
+    large = random_artifact(  # 8,192 pages: one commit whose index outgrows the map
+        rng, num_layers=8, kv_heads=1, head_dim=1, kv_dtype=F32, page_tokens=2, tokens=1024
     )
     smalls = [_small(rng) for _ in range(20)]
     with Client(daemon.address) as client:
@@ -584,7 +582,7 @@ def test_map_grows_from_one_mib(start_daemon, rng) -> None:
         assert stats.page_bytes == sum(
             sum(page_sizes(a.manifest).values()) for a in [large, *smalls]
         )
-        assert stats.map_size_bytes >= stats.map_used_bytes > 24 << 20
+        assert stats.map_size_bytes >= stats.map_used_bytes > 1 << 20
     assert daemon.terminate() == 0
     assert any("store map grown from 1 MiB" in line for line in daemon.log_lines)
     daemon.launch()

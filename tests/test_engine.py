@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from factory import random_artifact
+from on_disk import flip_stored_page
 
 from kvgraft.artifact import page_sizes
 from kvgraft.errors import DataLoss, FailedPrecondition, InvalidArgument
@@ -174,13 +175,7 @@ def test_a_corrupt_page_is_never_grafted(engine: Engine, rng: random.Random) -> 
     manifest = engine.store.get_record(result.artifact_id).manifest()
     page = next(iter(page_sizes(manifest)))
     data, _ = engine.store.read_page(page)
-    data_file = engine.store.path / "data.mdb"
-    offset = data_file.read_bytes().index(data[:64]) + 7
-    with open(data_file, "r+b") as f:
-        f.seek(offset)
-        original = f.read(1)
-        f.seek(offset)
-        f.write(bytes([original[0] ^ 1]))
+    assert flip_stored_page(engine.store.path, data) == 1
     with pytest.raises(DataLoss):
         _run(engine.graft(result.artifact_id, [1, 2], DecodeOptions()))
     with pytest.raises(DataLoss):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import mmap
 import os
 import random
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ import pytest
 import torch
 from daemon_process import DaemonProcess
 from factory import random_artifact
+from on_disk import flip_stored_page
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -249,24 +249,6 @@ def test_shared_pages_are_stored_once(client: Client, rng: random.Random) -> Non
 # corruption
 
 
-def _flip_on_disk(data_file: Path, page: bytes) -> int:
-    """Flip one byte of `page` where the store keeps it; returns the occurrences flipped."""
-    probe = bytes(page[len(page) // 2 : len(page) // 2 + 64])
-    with open(data_file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
-        offsets, start = [], view.find(probe)
-        while start != -1:
-            offsets.append(start)
-            start = view.find(probe, start + 1)
-    fd = os.open(data_file, os.O_RDWR)
-    try:
-        for offset in offsets:
-            byte = os.pread(fd, 1, offset + 7)
-            os.pwrite(fd, bytes([byte[0] ^ 0x01]), offset + 7)
-    finally:
-        os.close(fd)
-    return len(offsets)
-
-
 def _raw_get(address: str, artifact_id: str) -> tuple[list[bytes], grpc.RpcError | None]:
     """Digests of every page chunk a GetArtifact stream delivers, and how it ended."""
     delivered: list[bytes] = []
@@ -316,7 +298,7 @@ def test_flipped_byte_on_disk_is_data_loss(case: str, start_daemon, rng: random.
         client.put_artifact(victim)
         client.put_artifact(bystander)
         before = client.stats()
-        assert _flip_on_disk(daemon.data_dir / "store" / "data.mdb", victim.pages[victim_digest])
+        assert flip_stored_page(daemon.data_dir / "store", victim.pages[victim_digest])
 
         with pytest.raises(DataLoss, match=victim_digest.hex()[:16]):
             client.get_artifact(victim.id)

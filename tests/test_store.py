@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import os
+import itertools
 import random
 from pathlib import Path
 
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import xxhash
 from factory import random_artifact
+from on_disk import flip_stored_page, segment_files
 
 from kvgraft.artifact import page_sizes
 from kvgraft.errors import (
@@ -22,7 +23,7 @@ from kvgraft.errors import (
     ResourceExhausted,
 )
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.page_records import PageRecord, page_record, page_records_of
+from kvgraftd.page_records import INDEX_RECORD, PageRecord, page_record, page_records_of
 from kvgraftd.store import Store
 
 
@@ -139,23 +140,18 @@ def test_staged_pages_complete_a_later_commit_and_expire(store: Store, rng: rand
 
 
 def test_map_grows_past_its_initial_size(store: Store, rng: random.Random) -> None:
+    # The map holds the index (page bytes live in the segments): 1 MiB of it
+    # is a few thousand pages' records.
     artifacts = [
-        random_artifact(
-            rng,
-            num_layers=4,
-            kv_heads=4,
-            head_dim=64,
-            tokens=256,
-            kv_dtype=pb.KV_DTYPE_FLOAT32,
-            page_tokens=64,
-        )
+        random_artifact(rng, num_layers=8, kv_heads=1, head_dim=1, tokens=512, page_tokens=2)
         for _ in range(3)
-    ]
+    ]  # 8 layers x 256 pages x K,V = 4,096 pages each
     for artifact in artifacts:
         store.commit_artifact(artifact.manifest, _records(artifact))
     stats = store.stats()
     assert stats.map_size_bytes > 1 << 20
-    assert stats.page_bytes == 3 * 4 * 4 * 64 * 256 * 2 * 4
+    assert stats.pages == sum(len(a.pages) for a in artifacts)
+    assert stats.page_bytes == sum(len(b) for a in artifacts for b in a.pages.values())
     for artifact in artifacts:
         assert _read_all(store, artifact.manifest) == {
             d: bytes(b) for d, b in artifact.pages.items()
@@ -214,36 +210,47 @@ def test_a_corrupt_page_in_a_large_read_is_named_and_nothing_is_served(tmp_path:
         store.close()
 
 
-def test_each_page_is_stored_as_its_xxh3_then_exactly_its_bytes(tmp_path: Path) -> None:
-    """The writer reuses one scratch buffer: a page written after a larger one
-    must be stored at its own size, with nothing of the larger one (a page past
-    the kept scratch size gets a buffer of its own)."""
+def test_each_page_is_stored_aligned_and_exactly_with_its_xxh3(tmp_path: Path) -> None:
+    """Pages smaller and larger than the staging buffer, in two appends: each
+    lies at a 4 KiB-aligned offset of a segment, exactly its bytes, and its
+    index record holds its xxh3-128 and that location."""
     rng = random.Random(3)
-    sizes = (70_000, 5, 70_000, (5 << 20) + 3, 300, 1)
-    pages = [rng.randbytes(size) for size in sizes]
+    batches = [(70_000, 5, (8 << 20) + 5, 300), (1, (5 << 20) + 3, 4096)]
+    pages = [[rng.randbytes(size) for size in sizes] for sizes in batches]
     path = tmp_path / "s"
     store = Store(path, initial_map_bytes=32 << 20, min_free_bytes=1 << 20)
     try:
-        digests = [hashlib.sha256(page).digest() for page in pages]
-        records = page_records_of(dict(zip(digests, pages, strict=True)))
-        assert [bytes(r.data) for r in records.values()] == pages  # views, not copies
-        assert store.stage_pages(records) == len(pages)
+        for batch in pages:
+            records = page_records_of({hashlib.sha256(page).digest(): page for page in batch})
+            assert [bytes(r.data) for r in records.values()] == batch  # views, not copies
+            assert store.stage_pages(records) == len(batch)
     finally:
         store.close()
     with lmdb.open(str(path), max_dbs=16, readonly=True, lock=False) as env:
-        db = env.open_db(b"pages", create=False)
+        db = env.open_db(b"page_locations", create=False)
         with env.begin(db=db) as txn:
-            stored = [txn.get(digest) for digest in digests]
-    assert stored == [xxhash.xxh3_128_digest(page) + page for page in pages]
+            stored = [
+                INDEX_RECORD.unpack(txn.get(hashlib.sha256(page).digest()))
+                for batch in pages
+                for page in batch
+            ]
+    [segment] = segment_files(path)
+    data = segment.read_bytes()
+    assert len(data) % 4096 == 0
+    ends = []
+    for page, (checksum, segment_id, offset, length) in zip(
+        [p for batch in pages for p in batch], stored, strict=True
+    ):
+        assert (segment_id, offset % 4096, length) == (1, 0, len(page))
+        assert checksum == xxhash.xxh3_128_digest(page)
+        assert data[offset : offset + length] == page
+        ends.append((offset, offset + length))
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(ends))
 
 
 def _flip_stored_byte(store: Store, page: bytes) -> None:
-    """Flip one bit of `page` where it lies in the store's data file."""
-    data_file = store.path / "data.mdb"
-    offset = data_file.read_bytes().index(page[100:164]) + 10
-    with open(data_file, "r+b") as f:
-        original = os.pread(f.fileno(), 1, offset)
-        os.pwrite(f.fileno(), bytes([original[0] ^ 0x40]), offset)
+    """Flip one bit of `page` where it lies in the store's segment files."""
+    assert flip_stored_page(store.path, page) == 1
 
 
 def test_ids_resolve_by_unique_prefix(store: Store, rng: random.Random) -> None:

@@ -3,12 +3,13 @@
 Contract:
 * `read()` yields a read transaction whose values are buffers (views into
   the map, valid until the transaction ends); any number run at once.
-* `write(needed_bytes, body)` runs `body(txn)` in one write transaction
+* `write(needed_bytes, body, file_bytes=0)` runs `body(txn)` in one write transaction
   (writers are serialized) and returns its result. When the map is full it
   grows the map and runs `body` again from the start, so a body must not
   have effects outside its transaction. A write that would eat into
   `min_free_bytes` of the disk is refused with ResourceExhausted before it
-  starts, counting the space LMDB can reuse inside its file; a disk that
+  starts, counting the space LMDB can reuse inside its file (`file_bytes`,
+  what the body writes outside LMDB, cannot reuse it); a disk that
   fills anyway fails the write cleanly (ResourceExhausted), never the process.
   Writes with needed_bytes == 0 (deletes, pins) may use the reserve: they
   are how an operator frees space.
@@ -105,15 +106,21 @@ class LmdbEnv:
         with self._write_lock, self._gate.resize():
             self._env.close()
 
+    def open_db(self, name: str):
+        """A sub-database not in `names` (one at most), e.g. one an old format had."""
+        return self._env.open_db(name.encode())
+
     @contextmanager
     def read(self) -> Iterator[lmdb.Transaction]:
         with self._gate.open_txn(), self._env.begin(buffers=True) as txn:
             yield txn
 
-    def write(self, needed_bytes: int, body: Callable[[lmdb.Transaction], T]) -> T:
+    def write(
+        self, needed_bytes: int, body: Callable[[lmdb.Transaction], T], *, file_bytes: int = 0
+    ) -> T:
         """Run `body` in one write transaction, growing the map as needed."""
         with self._write_lock:
-            self._check_free_space(needed_bytes)
+            self._check_free_space(needed_bytes, file_bytes)
             while True:
                 try:
                     # buffers=True: reads inside a write return views, not copies of pages;
@@ -135,14 +142,14 @@ class LmdbEnv:
         info = self._env.info()
         return info["map_size"], (info["last_pgno"] + 1) * LMDB_PAGE_BYTES
 
-    def _check_free_space(self, needed_bytes: int) -> None:
-        if not needed_bytes:
+    def _check_free_space(self, needed_bytes: int, file_bytes: int) -> None:
+        if not needed_bytes and not file_bytes:
             return
         free = shutil.disk_usage(self.path).free
         # LMDB rounds values up to whole 4 KiB pages and copies tree pages.
         needed = needed_bytes + needed_bytes // 16 + (1 << 20)
         # Pages freed by deletes are reused before the file grows.
-        growth = max(0, needed - self._reusable_bytes())
+        growth = max(0, needed - self._reusable_bytes()) + file_bytes
         if free - growth < self._min_free_bytes:
             raise ResourceExhausted(
                 f"the disk holding {self.path} has {_mib(free)} free; this write needs "

@@ -1,30 +1,29 @@
-"""Stored pages: their record format and verified reads out of an LMDB transaction.
+"""Stored pages: their index records and verified reads.
 
-A page is stored as one value of the `pages` sub-database:
+A page's bytes lie in a segment file (kvgraftd.segments); its record in the
+`page_locations` sub-database, keyed by the page's SHA-256, is
 
-    xxh3-128 of the bytes (16 bytes) || the page bytes
+    xxh3-128 of the bytes (16 bytes) || segment u32 || offset u64 || length u64
 
-keyed by the page's SHA-256. SHA-256 names the page everywhere (manifests,
-the wire, dedup); the xxh3-128 beside it is checked on every read, after the
-bytes are copied out of the map (or in place, for a caller that reads the
-map directly), because it costs a fraction of SHA-256 and catches what the
-disk or the map can do to a page. A mismatch raises DataLoss and no byte of
-the page reaches the caller: `read_into` zeroes its destinations,
-`verified_views` hands out no view, `verify_framed` fails before the joined
-bytes are handed on.
+SHA-256 names the page everywhere (manifests, the wire, dedup); the xxh3-128
+is checked on every read, after the bytes are copied out of the segment's
+mapping (or in place, for a caller that reads the mapping directly), because
+it costs a fraction of SHA-256 and catches what the disk or a stray write can
+do to a page. A mismatch raises DataLoss and no byte of the page reaches the
+caller: `read_into` zeroes its destinations, `verified_views` hands out no
+view, `verify_framed` fails before the joined bytes are handed on.
 
 A page on its way in is a `PageRecord`: its xxh3-128 and a view of its
-bytes, not yet joined. `RecordWriter` lays the two side by side in one
-scratch buffer right before LMDB copies the value into its own pages, so a
-written page costs one copy of its bytes in memory (LMDB's), where a joined
-record made ahead of the write cost an allocation and a copy more (about
-0.5 s per GB here, as much as the rest of the in-memory work together).
+bytes; `write_pages` appends the bytes of a batch (one copy, into the
+segments' staging buffer) and puts their records.
 
-Functions of a transaction; kvgraftd.store owns the transactions.
+Functions of a `StoredPages` (a transaction, the index and the segments);
+kvgraftd.store owns the transactions and reads inside `segments.reading()`.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -33,8 +32,9 @@ import numpy as np
 
 from kvgraft.errors import DataLoss, NotFound
 from kvgraft.page_checks import first_mismatch, split_pages, xxh3_128
+from kvgraftd.segments import Location, SegmentFiles
 
-PAGE_CHECKSUM_BYTES = 16  # xxh3-128 ahead of each stored page
+INDEX_RECORD = struct.Struct("<16sIQQ")  # xxh3-128, segment, offset, length
 
 Buffer = bytes | bytearray | memoryview | np.ndarray  # a page's bytes, C-contiguous
 
@@ -75,90 +75,89 @@ def page_records_of(pages: Mapping[bytes, Buffer]) -> dict[bytes, PageRecord]:
     return {digest: record for (digest, _), record in zip(items, records, strict=True)}
 
 
-class RecordWriter:
-    """Puts records into a pages database as values `xxh3-128 || bytes`, one copy each.
+class StoredPages(NamedTuple):
+    """The pages an index transaction sees, with the segments that hold their bytes."""
 
-    The scratch buffer is reused for every put and kept up to
-    `KEPT_SCRATCH_BYTES` (a larger page gets one of its own, let go after
-    the put); callers serialize on it (the store's write lock does).
+    txn: lmdb.Transaction
+    db: object
+    segments: SegmentFiles
+
+    def locate(self, digest: bytes) -> tuple[bytes, Location]:
+        """(xxh3-128, location) of a stored page."""
+        record = self.txn.get(digest, db=self.db)
+        if record is None:
+            raise NotFound(f"page {digest.hex()[:16]} is not in the store")
+        checksum, segment, offset, length = INDEX_RECORD.unpack(record)
+        return checksum, Location(segment, offset, length)
+
+    def page(self, digest: bytes) -> tuple[bytes, memoryview]:
+        """(xxh3-128, bytes not yet verified) of a stored page."""
+        checksum, location = self.locate(digest)
+        return checksum, self.segments.view(location)
+
+
+def write_pages(stored: StoredPages, records: Mapping[bytes, PageRecord]) -> None:
+    """Append the records' bytes to the segments and put their index records.
+
+    The bytes are durable when this returns; they belong to the store once
+    the transaction commits and the caller commits the segments.
     """
-
-    KEPT_SCRATCH_BYTES = 4 << 20
-
-    def __init__(self) -> None:
-        self._scratch = bytearray()
-
-    def put(
-        self, txn: lmdb.Transaction, db, digest: bytes, record: PageRecord, overwrite: bool = True
-    ) -> bool:
-        """txn.put of the record's stored form; False where it exists and not `overwrite`."""
-        size = PAGE_CHECKSUM_BYTES + len(record.data)
-        scratch = self._scratch
-        if len(scratch) < size:
-            scratch = bytearray(size)
-            if size <= self.KEPT_SCRATCH_BYTES:
-                self._scratch = scratch
-        with memoryview(scratch)[:size] as value:
-            value[:PAGE_CHECKSUM_BYTES] = record.checksum
-            value[PAGE_CHECKSUM_BYTES:] = record.data
-            return txn.put(digest, value, db=db, overwrite=overwrite)  # LMDB copies it now
+    locations = stored.segments.append([record.data for record in records.values()])
+    for (digest, record), location in zip(records.items(), locations, strict=True):
+        stored.txn.put(digest, INDEX_RECORD.pack(record.checksum, *location), db=stored.db)
 
 
-def read_into(
-    txn: lmdb.Transaction, db, digests: Sequence[bytes], dests: Sequence[np.ndarray]
-) -> None:
+def read_into(stored: StoredPages, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:
     """Copy each page into its uint8 destination and verify it there (runs side by side)."""
-    records = [_record(txn, db, digest) for digest in digests]
-    for digest, record, dest in zip(digests, records, dests, strict=True):
-        if len(record) - PAGE_CHECKSUM_BYTES != dest.nbytes:
+    pages = [stored.page(digest) for digest in digests]
+    for digest, (_, data), dest in zip(digests, pages, dests, strict=True):
+        if len(data) != dest.nbytes:
             raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
 
     def copy_and_check(lo: int, hi: int) -> int | None:
         # each page checked right after its copy, while it is still in cache
         for index in range(lo, hi):
-            record, dest = records[index], dests[index]
-            dest[:] = np.frombuffer(record, np.uint8, offset=PAGE_CHECKSUM_BYTES)
-            if xxh3_128(dest) != record[:PAGE_CHECKSUM_BYTES]:
+            (checksum, data), dest = pages[index], dests[index]
+            dest[:] = np.frombuffer(data, np.uint8)
+            if xxh3_128(dest) != checksum:
                 return index
         return None
 
-    bad = split_pages(len(records), sum(d.nbytes for d in dests), copy_and_check)
+    bad = split_pages(len(pages), sum(d.nbytes for d in dests), copy_and_check)
     if bad is not None:
         for dest in dests:
             dest[:] = 0  # never leave corrupt bytes where a caller may look
         raise DataLoss(corrupt_message(digests[bad]))
 
 
-def verified_views(txn: lmdb.Transaction, db, digests: Sequence[bytes]) -> list[np.ndarray]:
-    """Each page as a read-only uint8 view of the map, checked in place (runs side by side).
+def verified_views(stored: StoredPages, digests: Sequence[bytes]) -> list[np.ndarray]:
+    """Each page as a read-only uint8 view of its segment, checked in place (side by side).
 
-    No copy: one read of the bytes, for the check. The views are valid while
-    `txn` is open.
+    No copy: one read of the bytes, for the check. The views stay valid bytes
+    while the read (`segments.reading()`) they were made in lasts.
     """
-    records = [_record(txn, db, digest) for digest in digests]
-    views = [np.frombuffer(record, np.uint8, offset=PAGE_CHECKSUM_BYTES) for record in records]
-    bad = first_mismatch(views, [record[:PAGE_CHECKSUM_BYTES] for record in records])
+    pages = [stored.page(digest) for digest in digests]
+    views = [np.frombuffer(data, np.uint8) for _, data in pages]
+    bad = first_mismatch(views, [checksum for checksum, _ in pages])
     if bad is not None:
         raise DataLoss(corrupt_message(digests[bad]))
     return views
 
 
 def gather_framed(
-    txn: lmdb.Transaction, db, digests: Sequence[bytes], frame: Framer
+    stored: StoredPages, digests: Sequence[bytes], frame: Framer
 ) -> tuple[bytes, FramedChecks]:
     """frame(0, ...) + page 0 + frame(1, ...) + page 1 + ... in one copy, not yet verified."""
     parts: list[bytes | memoryview] = []
     checks: FramedChecks = []
     offset = 0
     for index, digest in enumerate(digests):
-        view = _record(txn, db, digest)
-        checksum = bytes(view[:PAGE_CHECKSUM_BYTES])
-        size = len(view) - PAGE_CHECKSUM_BYTES
-        prefix = frame(index, digest, checksum, size)
-        parts += (prefix, view[PAGE_CHECKSUM_BYTES:])
+        checksum, data = stored.page(digest)
+        prefix = frame(index, digest, checksum, len(data))
+        parts += (prefix, data)
         offset += len(prefix)
-        checks.append((digest, checksum, offset, size))
-        offset += size
+        checks.append((digest, checksum, offset, len(data)))
+        offset += len(data)
     return b"".join(parts), checks
 
 
@@ -176,10 +175,3 @@ def corrupt_message(digest: bytes) -> str:
         f"page {digest.hex()[:16]} is corrupt on disk (checksum mismatch); it was not served. "
         "Restore the store from a replica or re-deposit the artifact."
     )
-
-
-def _record(txn: lmdb.Transaction, db, digest: bytes) -> memoryview:
-    record = txn.get(digest, db=db)
-    if record is None:
-        raise NotFound(f"page {digest.hex()[:16]} is not in the store")
-    return memoryview(record)

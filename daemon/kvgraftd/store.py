@@ -1,17 +1,20 @@
-"""The artifact store: one LMDB environment, content-addressed pages.
+"""The artifact store: an LMDB index and segment files of content-addressed pages.
 
-Sub-databases (DESIGN.md, store layout):
-  pages      sha256 -> xxh3-128 (16 bytes) || page bytes     immutable, written once
+Sub-databases (DESIGN.md, store layout; format 2, see README "Store layout"):
+  page_locations  sha256 -> xxh3-128 || segment, offset, length   the bytes: segments/
   refs       sha256 -> u64 reference count                   pages referenced by artifacts
   staged     sha256 -> u64 unix ms                           pages received, not yet referenced
   artifacts  artifact id (32 bytes) -> record header || canonical manifest
   log        u64 sequence (big-endian) -> ChangeRecord        the replication feed
   chains     chain key -> chain entry                        prefix lookup (engine)
-  meta       name -> value                                   format version, counters
+  meta       name -> value                         format version, counters, segment tail
 
 Invariants:
 * An artifact's pages, reference counts, manifest and log record commit in
   one write transaction; a reader sees an artifact whole or not at all.
+  Page bytes are appended to the segment files and synced before that
+  transaction commits (kvgraftd.segments), so an index record never names
+  bytes that are not durable; bytes whose transaction failed are cut off.
 * Every page read is checked against its xxh3-128 after the copy (in place
   for `verified_pages`); a mismatch raises DataLoss and no byte of the page
   is returned.
@@ -23,8 +26,8 @@ Invariants:
   never the process (kvgraftd.lmdb_env keeps the environment: transactions,
   map growth, the disk reserve).
 
-Only this module, kvgraftd.lmdb_env and kvgraftd.page_records import lmdb;
-none of them knows about gRPC.
+Only this module, kvgraftd.lmdb_env, kvgraftd.page_records and
+kvgraftd.store_migration import lmdb; none of them knows about gRPC.
 """
 
 from __future__ import annotations
@@ -36,10 +39,11 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import lmdb
 import numpy as np
@@ -51,7 +55,7 @@ from kvgraft.errors import (
     NotFound,
 )
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd import catalog, chains, page_records
+from kvgraftd import catalog, chains, page_records, store_migration
 from kvgraftd.catalog import (
     SEQUENCE_KEY,
     ArtifactRecord,
@@ -61,12 +65,16 @@ from kvgraftd.catalog import (
 )
 from kvgraftd.chains import ChainEntry
 from kvgraftd.lmdb_env import LmdbEnv
-from kvgraftd.page_records import PAGE_CHECKSUM_BYTES, PageRecord
+from kvgraftd.page_records import INDEX_RECORD, PageRecord, StoredPages
+from kvgraftd.segments import DEFAULT_SEGMENT_BYTES, Location, SegmentFiles, Tail, align_up
 
 log = logging.getLogger(__name__)
 
-STORE_FORMAT_VERSION = 1
+STORE_FORMAT_VERSION = 2
 _U64 = struct.Struct("<Q")
+_TAIL = struct.Struct("<IQ")  # meta segment_tail: the committed end of the segments
+INDEX_BYTES_PER_PAGE = 256  # what a page's records cost LMDB, with room to spare
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -99,58 +107,107 @@ class Store:
         *,
         initial_map_bytes: int = 1 << 30,
         min_free_bytes: int = 256 << 20,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     ) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self._lmdb = LmdbEnv(
             self.path,
-            ("pages", "refs", "staged", "artifacts", "log", "chains", "meta"),
+            ("page_locations", "refs", "staged", "artifacts", "log", "chains", "meta"),
             initial_map_bytes=initial_map_bytes,
             min_free_bytes=min_free_bytes,
         )
         self._db = self._lmdb.db
         self._read = self._lmdb.read
         self._write = self._lmdb.write
+        self._segments = SegmentFiles(self.path / "segments", segment_bytes=segment_bytes)
+        self._appending = threading.Lock()  # one append to the segments at a time
         self._changed = threading.Condition()
-        self._records = page_records.RecordWriter()  # used under the write lock only
         try:
             self._check_format()
+            self._segments.open(self._tail(), self._live_locations())
         except BaseException:
-            self._lmdb.close()
+            self.close()
             raise
 
     def close(self) -> None:
         self._lmdb.close()
+        self._segments.close()
 
     def _check_format(self) -> None:
-        def body(txn: lmdb.Transaction) -> None:
+        def body(txn: lmdb.Transaction) -> int:
             meta = self._db["meta"]
             found = txn.get(b"format_version", db=meta)
             if found is None:
                 txn.put(b"format_version", str(STORE_FORMAT_VERSION).encode(), db=meta)
                 txn.put(b"created_unix_ms", str(_now_ms()).encode(), db=meta)
-            elif int(bytes(found)) != STORE_FORMAT_VERSION:
-                raise FailedPrecondition(
-                    f"store {self.path} has format {int(bytes(found))}; this kvgraftd reads "
-                    f"format {STORE_FORMAT_VERSION}. Use a matching kvgraft version."
-                )
+                return STORE_FORMAT_VERSION
+            return int(bytes(found))
 
-        self._write(0, body)
+        version = self._write(0, body)
+        if version == 1:
+            self._segments.open(self._tail(), self._live_locations())
+            store_migration.migrate_v1(self._lmdb, self._write_appending, self._append_pages)
+        elif version != STORE_FORMAT_VERSION:
+            raise FailedPrecondition(
+                f"store {self.path} has format {version}; this kvgraftd reads formats 1 and "
+                f"{STORE_FORMAT_VERSION}. Use a matching kvgraft version."
+            )
+
+    def _tail(self) -> Tail:
+        with self._read() as txn:
+            found = txn.get(b"segment_tail", db=self._db["meta"])
+            return Tail(*_TAIL.unpack(found)) if found is not None else Tail(1, 0)
+
+    def _live_locations(self) -> list[Location]:
+        with self._read() as txn:
+            return [
+                Location(*INDEX_RECORD.unpack(record)[1:])
+                for record in txn.cursor(db=self._db["page_locations"]).iternext(
+                    values=True, keys=False
+                )
+            ]
+
+    def _write_appending(self, needed_bytes: int, file_bytes: int, body: Callable[..., T]) -> T:
+        """self._write(body) where body may `_append_pages`: the segments follow its fate."""
+        with self._appending:
+            try:
+                result = self._write(needed_bytes, body, file_bytes=file_bytes)
+            except BaseException:
+                self._segments.discard()
+                raise
+            self._segments.commit()
+            return result
+
+    def _append_pages(self, txn, records: Mapping[bytes, PageRecord]) -> None:
+        """Write the records' bytes and index them (inside `_write_appending`)."""
+        if not records:
+            return
+        page_records.write_pages(self._stored(txn), records)
+        txn.put(b"segment_tail", _TAIL.pack(*self._segments.pending), db=self._db["meta"])
+
+    def _stored(self, txn) -> StoredPages:
+        return StoredPages(txn, self._db["page_locations"], self._segments)
+
+    @contextmanager
+    def _reading_pages(self) -> Iterator[StoredPages]:
+        with self._segments.reading(), self._read() as txn:
+            yield self._stored(txn)
 
     # ------------------------------------------------------------------
     # pages
 
     def missing_pages(self, digests: Sequence[bytes]) -> list[bytes]:
         """The digests whose pages are not stored (staged pages count as stored)."""
-        pages = self._db["pages"]
+        pages = self._db["page_locations"]
         with self._read() as txn:
             cursor = txn.cursor(db=pages)
             return [digest for digest in digests if not cursor.set_key(digest)]
 
     def read_pages_into(self, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:
         """Copy each page into its uint8 destination and verify it there."""
-        with self._read() as txn:
-            page_records.read_into(txn, self._db["pages"], digests, dests)
+        with self._reading_pages() as stored:
+            page_records.read_into(stored, digests, dests)
 
     @contextmanager
     def verified_pages(self, digests: Sequence[bytes]) -> Iterator[list[np.ndarray]]:
@@ -158,10 +215,10 @@ class Store:
 
         The cheapest read: the bytes are read once, by the check, and copied
         only where the caller copies them. The views are valid inside the
-        `with` block only (they point into the map, which may move after).
+        `with` block only (after it, a deleted page's space may be given back).
         """
-        with self._read() as txn:
-            yield page_records.verified_views(txn, self._db["pages"], digests)
+        with self._reading_pages() as stored:
+            yield page_records.verified_views(stored, digests)
 
     def read_page(self, digest: bytes) -> tuple[bytes, bytes]:
         """One page's bytes and xxh3-128, verified."""
@@ -177,44 +234,43 @@ class Store:
         `frame(index, sha256, xxh3, size)` gives the bytes that precede page
         `index`. Used to put pages on the wire with a single copy.
         """
-        with self._read() as txn:
-            joined, checks = page_records.gather_framed(txn, self._db["pages"], digests, frame)
+        with self._reading_pages() as stored:
+            joined, checks = page_records.gather_framed(stored, digests, frame)
         page_records.verify_framed(joined, checks)
         return joined
 
     def stage_pages(self, records: Mapping[bytes, PageRecord]) -> int:
         """Persist received pages ahead of their manifest; returns pages written."""
-        needed = sum(PAGE_CHECKSUM_BYTES + len(r.data) for r in records.values())
 
         def body(txn: lmdb.Transaction) -> int:
-            written = 0
+            locations = self._db["page_locations"]
+            new = {d: r for d, r in records.items() if txn.get(d, db=locations) is None}
+            self._append_pages(txn, new)
             now = _U64.pack(_now_ms())
-            for digest, record in records.items():
-                if self._records.put(txn, self._db["pages"], digest, record, overwrite=False):
-                    txn.put(digest, now, db=self._db["staged"])
-                    self._add_page_bytes(txn, len(record.data))
-                    written += 1
-            return written
+            for digest in new:
+                txn.put(digest, now, db=self._db["staged"])
+            self._add_page_bytes(txn, sum(len(record.data) for record in new.values()))
+            return len(new)
 
-        return self._write(needed, body)
+        return self._write_appending(*_needs(records.values()), body)
 
     def collect_staged(self, older_than_s: float) -> int:
         """Delete staged pages older than `older_than_s` that nothing references."""
         limit = _now_ms() - int(older_than_s * 1000)
 
-        def body(txn: lmdb.Transaction) -> int:
+        def body(txn: lmdb.Transaction) -> tuple[int, list[Location]]:
             cursor = txn.cursor(db=self._db["staged"])
             doomed = [bytes(k) for k, v in cursor if _U64.unpack(v)[0] <= limit]
+            freed: list[Location] = []
             for digest in doomed:
                 txn.delete(digest, db=self._db["staged"])
                 if txn.get(digest, db=self._db["refs"]) is not None:
                     continue  # claimed by an artifact since: keep it
-                record = txn.pop(digest, db=self._db["pages"])
-                if record is not None:
-                    self._add_page_bytes(txn, -(len(record) - PAGE_CHECKSUM_BYTES))
-            return len(doomed)
+                freed += self._drop_page(txn, digest)
+            return len(doomed), freed
 
-        collected = self._write(0, body)
+        collected, freed = self._write(0, body)
+        self._segments.free(freed)
         if collected:
             log.info("collected %d staged pages older than %.0f s", collected, older_than_s)
         return collected
@@ -233,26 +289,27 @@ class Store:
         canonical = canonical_bytes(manifest)
         aid = hashlib.sha256(canonical).digest()
         sizes = page_sizes(manifest)
-        needed = sum(PAGE_CHECKSUM_BYTES + len(records[d].data) for d in sizes if d in records)
-        needed += len(canonical)
+        index_bytes, file_bytes = _needs(records[d] for d in sizes if d in records)
 
         def body(txn: lmdb.Transaction) -> CommitResult:
             found = txn.get(aid, db=self._db["artifacts"])
             if found is not None:
                 sequence = decode_record(found).sequence
                 return CommitResult(aid.hex(), True, 0, 0, sequence)
-            written = written_bytes = 0
-            for digest, size in sizes.items():
-                written_now = self._reference_page(txn, digest, size, records)
-                written += written_now
-                written_bytes += size * written_now
+            new = self._new_pages(txn, sizes, records)
+            self._append_pages(txn, new)
+            for digest in sizes:
+                self._reference_page(txn, digest)
+            written_bytes = sum(len(record.data) for record in new.values())
+            self._add_page_bytes(txn, written_bytes)
+            written = len(new)
             chains.register(txn, self._db["chains"], manifest, +1)
             sequence = self._append_log(txn, pb.ChangeRecord.KIND_ADDED, aid)
             record = ArtifactRecord(_now_ms(), sequence, False, canonical)
             txn.put(aid, encode_record(record), db=self._db["artifacts"])
             return CommitResult(aid.hex(), False, written, written_bytes, sequence)
 
-        result = self._write(needed, body)
+        result = self._write_appending(index_bytes + len(canonical), file_bytes, body)
         if not result.already_present:
             self._notify_change()
             log.info(  # one logfmt line per artifact written: machines read it
@@ -266,37 +323,48 @@ class Store:
             )
         return result
 
-    def _reference_page(
-        self, txn, digest: bytes, size: int, records: Mapping[bytes, PageRecord]
-    ) -> int:
-        """Add one reference to a page, writing it if needed; 1 if written."""
-        refs, pages = self._db["refs"], self._db["pages"]
+    def _new_pages(
+        self, txn, sizes: Mapping[bytes, int], records: Mapping[bytes, PageRecord]
+    ) -> dict[bytes, PageRecord]:
+        """The records of the manifest's pages not stored yet; every other page must be."""
+        stored = self._stored(txn)
+        new: dict[bytes, PageRecord] = {}
+        for digest, size in sizes.items():
+            if txn.get(digest, db=stored.db) is None:
+                record = records.get(digest)
+                if record is None:
+                    raise InvalidArgument(
+                        f"page {digest.hex()[:16]} is neither stored nor sent; ask MissingPages "
+                        "and send every page it returns before the manifest"
+                    )
+                new[digest] = record
+                continue
+            # A hash names one byte string, so one size: a manifest naming a stored
+            # page at another size would commit an artifact nobody can read back.
+            length = stored.locate(digest)[1].length
+            if length != size:
+                raise InvalidArgument(
+                    f"page {digest.hex()[:16]} is stored with {length} bytes; the manifest's "
+                    f"layout needs {size}: fix the manifest's layout"
+                )
+        return new
+
+    def _reference_page(self, txn, digest: bytes) -> None:
+        """Add one reference to a stored page (a staged page is staged no more)."""
+        refs = self._db["refs"]
         count = txn.get(digest, db=refs)
-        stored = txn.get(digest, db=pages)
-        # A hash names one byte string, so one size: a manifest naming a stored
-        # page at another size would commit an artifact nobody can read back.
-        if stored is not None and len(stored) - PAGE_CHECKSUM_BYTES != size:
-            raise InvalidArgument(
-                f"page {digest.hex()[:16]} is stored with {len(stored) - PAGE_CHECKSUM_BYTES} "
-                f"bytes; the manifest's layout needs {size}: fix the manifest's layout"
-            )
-        if count is not None:
-            txn.put(digest, _U64.pack(_U64.unpack(count)[0] + 1), db=refs)
-            return 0
-        if stored is not None:  # staged earlier
+        if count is None:
             txn.delete(digest, db=self._db["staged"])
-            txn.put(digest, _U64.pack(1), db=refs)
-            return 0
-        record = records.get(digest)
+        txn.put(digest, _U64.pack(1 if count is None else _U64.unpack(count)[0] + 1), db=refs)
+
+    def _drop_page(self, txn, digest: bytes) -> list[Location]:
+        """Remove a page's index record; its location, for the segments to free."""
+        record = txn.pop(digest, db=self._db["page_locations"])
         if record is None:
-            raise InvalidArgument(
-                f"page {digest.hex()[:16]} is neither stored nor sent; ask MissingPages and "
-                "send every page it returns before the manifest"
-            )
-        self._records.put(txn, pages, digest, record)
-        txn.put(digest, _U64.pack(1), db=refs)
-        self._add_page_bytes(txn, size)
-        return 1
+            return []
+        location = Location(*INDEX_RECORD.unpack(record)[1:])
+        self._add_page_bytes(txn, -location.length)
+        return [location]
 
     def longest_chain(
         self,
@@ -340,23 +408,22 @@ class Store:
                 raise FailedPrecondition(
                     f"artifact {artifact_id} is pinned; unpin it first (kvgraft pin --off ID)"
                 )
-            freed = freed_bytes = 0
-            for digest, size in page_sizes(record.manifest()).items():
+            locations: list[Location] = []
+            for digest in page_sizes(record.manifest()):
                 count = _U64.unpack(txn.get(digest, db=self._db["refs"]))[0] - 1
                 if count:
                     txn.put(digest, _U64.pack(count), db=self._db["refs"])
                     continue
                 txn.delete(digest, db=self._db["refs"])
-                txn.delete(digest, db=self._db["pages"])
-                self._add_page_bytes(txn, -size)
-                freed += 1
-                freed_bytes += size
+                locations += self._drop_page(txn, digest)
             chains.register(txn, self._db["chains"], record.manifest(), -1)
             txn.delete(aid, db=self._db["artifacts"])
             self._append_log(txn, pb.ChangeRecord.KIND_DELETED, aid)
-            return freed, freed_bytes
+            return locations
 
-        freed, freed_bytes = self._write(0, body)
+        locations = self._write(0, body)
+        self._segments.free(locations)
+        freed, freed_bytes = len(locations), sum(location.length for location in locations)
         self._notify_change()
         log.info(  # one logfmt line per artifact deleted
             "event=artifact_deleted artifact_id=%s pages_freed=%d bytes_freed=%d",
@@ -422,7 +489,7 @@ class Store:
             page_bytes = txn.get(b"page_bytes", db=self._db["meta"])
             stats = StoreStats(
                 artifacts=txn.stat(self._db["artifacts"])["entries"],
-                pages=txn.stat(self._db["pages"])["entries"],
+                pages=txn.stat(self._db["page_locations"])["entries"],
                 page_bytes=_U64.unpack(page_bytes)[0] if page_bytes is not None else 0,
                 staged_pages=txn.stat(self._db["staged"])["entries"],
                 map_size_bytes=0,
@@ -442,6 +509,12 @@ def _parse_full_id(artifact_id: str) -> bytes:
     if len(aid) != 32:
         raise InvalidArgument(f"{artifact_id!r} is not a full artifact id (64 hex characters)")
     return aid
+
+
+def _needs(records: Iterable[PageRecord]) -> tuple[int, int]:
+    """(bytes of the index, bytes of the segments) that writing `records` takes."""
+    sizes = [len(record.data) for record in records]
+    return INDEX_BYTES_PER_PAGE * len(sizes), sum(align_up(size) for size in sizes)
 
 
 def _now_ms() -> int:

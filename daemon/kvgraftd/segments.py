@@ -1,0 +1,401 @@
+"""Segment files: where a store keeps its page bytes, written around the page cache.
+
+A store's page bytes live in append-only files `segments/NNNNNNNN.seg`
+beside the LMDB index, which holds each page's location (segment, offset,
+length) and checksum (kvgraftd.page_records). This module keeps the files;
+what a location means is the index's business.
+
+Contract:
+* `append(pages)` writes a batch at the committed end of the active segment
+  (a new segment once it holds `segment_bytes`), every page at a 4 KiB-aligned
+  offset (so that a freed page's blocks can be given back alone), straight
+  from the pages' buffers (pwritev: the one copy is the kernel's, into the
+  page cache), handing each MiB to the device as soon as it is written
+  (sync_file_range), then fdatasync; it returns the pages' locations and
+  leaves the new end `pending`. The caller records the locations and
+  `pending` in its index transaction, then calls `commit()` once that
+  transaction is durable, or `discard()` if it failed: the bytes past the
+  committed end are cut off and written over by the next append. One
+  appender at a time (the caller serializes); an `append` after an `append`
+  without `commit` starts again from the committed end.
+* `open(tail, live)`, at start, makes the files agree with the index: files
+  past the committed tail (a crash between `append` and the index commit)
+  are cut off or removed, segments nothing lives in are removed, and the
+  space between live pages is given back to the filesystem.
+* `view(location)` is a read-only view of a page's bytes in a shared
+  mapping of its segment, valid for as long as it is referenced. Reads
+  happen inside `reading()`.
+* `free(locations)` returns the space of pages the index no longer names, but
+  only once every `reading()` that began before the free has ended (until
+  then such a reader may still be looking at the bytes): the hole is
+  punched (FALLOC_FL_PUNCH_HOLE) and a segment left empty, other than the
+  active one, is removed. Space freed and not yet given back when the
+  process dies is given back by the next `open`.
+
+Why not in LMDB: a page written into LMDB is copied into LMDB's dirty pages,
+then into the page cache by its write-out, and reaches the device only at
+the sync, while the CPU waits; here it is copied once and the device writes
+while the next MiB is copied. See bench/README.md (store_bench, the write
+rows).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import mmap
+import os
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NamedTuple
+
+from kvgraft.errors import DataLoss, ResourceExhausted
+
+log = logging.getLogger(__name__)
+
+BLOCK_BYTES = 4096  # pages start on filesystem blocks
+WRITEBACK_BYTES = 1 << 20  # written, then handed to the device at once (sync_file_range)
+IOV_MAX = 1024
+DEFAULT_SEGMENT_BYTES = 1 << 30
+_NAME = re.compile(r"^(\d{8})\.seg$")
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+_ZEROS = memoryview(bytes(BLOCK_BYTES))
+
+
+class Location(NamedTuple):
+    """Where a page's bytes are: `length` bytes at `offset` of segment `segment`."""
+
+    segment: int
+    offset: int
+    length: int
+
+
+class Tail(NamedTuple):
+    """The end of what the store has committed: the active segment and its length."""
+
+    segment: int
+    end: int
+
+
+def align_up(count: int) -> int:
+    return -(-count // BLOCK_BYTES) * BLOCK_BYTES
+
+
+class SegmentFiles:
+    """The segment files of one store directory (`directory` is created if missing)."""
+
+    def __init__(self, directory: Path, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._segment_bytes = segment_bytes
+        self._committed = Tail(1, 0)
+        self.pending = self._committed
+        self._fd: int | None = None  # the active segment, opened for appends
+        self._fd_segment = 0
+        self._maps: dict[int, mmap.mmap] = {}
+        self._map_lock = threading.Lock()
+        self._lock = threading.Lock()  # epochs, readers, frees, live bytes
+        self._epoch = 0
+        self._readers: Counter[int] = Counter()
+        self._freed: list[tuple[int, list[Location]]] = []
+        self._live: Counter[int] = Counter()
+
+    # ------------------------------------------------------------------
+    # start and stop
+
+    def open(self, tail: Tail, live: Iterable[Location]) -> None:
+        """Make the files agree with the index (its committed `tail` and `live` pages)."""
+        self._committed = self.pending = tail
+        self._live = Counter()
+        by_segment: dict[int, list[Location]] = {}
+        for location in live:
+            by_segment.setdefault(location.segment, []).append(location)
+            self._live[location.segment] += align_up(location.length)
+        for segment in self._existing():
+            if segment > tail.segment:
+                self._path(segment).unlink()  # begun by an append never committed
+            elif segment < tail.segment and segment not in by_segment:
+                self._path(segment).unlink()  # everything in it was freed
+        active = self._path(tail.segment)
+        with open(active, "ab") as f:  # created if missing
+            if f.tell() > tail.end:
+                f.truncate(tail.end)  # appended, never committed
+        for segment, locations in by_segment.items():
+            if not self._path(segment).exists():
+                log.error("segment %s is missing: its pages will read as lost", segment)
+                continue
+            end = tail.end if segment == tail.segment else None
+            self._punch_gaps(segment, sorted(locations), end)
+        _sync_directory(self.directory)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._maps.clear()  # a mapping closes when its last view is gone
+
+    # ------------------------------------------------------------------
+    # appends
+
+    def append(self, pages: Sequence[memoryview]) -> list[Location]:
+        """Write `pages` durably past the committed end; see the module contract."""
+        start = self._committed
+        if start.end >= self._segment_bytes:
+            start = Tail(start.segment + 1, 0)
+        try:
+            locations, end = self._write(start, pages)
+        except OSError as exc:
+            self.discard()
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise ResourceExhausted(
+                    f"the disk holding {self.directory} is full; nothing was written. Free "
+                    "disk space or delete artifacts (kvgraft rm ID)."
+                ) from None
+            raise
+        self.pending = Tail(start.segment, end)
+        return locations
+
+    def commit(self) -> None:
+        """The index holds what the last `append` wrote: it is the store's now."""
+        segment = self.pending.segment
+        with self._lock:
+            self._live[segment] += self.pending.end - (
+                self._committed.end if segment == self._committed.segment else 0
+            )  # an upper bound: alignment padding counts as live until freed with its page
+        self._committed = self.pending
+
+    def discard(self) -> None:
+        """Forget the last `append`: its bytes are cut off."""
+        self.pending = self._committed
+        if self._fd is not None and self._fd_segment != self._committed.segment:
+            os.close(self._fd)
+            self._fd = None
+            self._path(self._fd_segment).unlink(missing_ok=True)
+        try:
+            os.truncate(self._path(self._committed.segment), self._committed.end)
+        except OSError:
+            log.exception("could not cut segment %d back", self._committed.segment)
+
+    def _write(self, start: Tail, pages: Sequence[memoryview]) -> tuple[list[Location], int]:
+        fd = self._append_fd(start.segment)
+        locations: list[Location] = []
+        pieces: list[memoryview] = []  # the next write: up to WRITEBACK_BYTES of pages
+        queued = 0
+        at = written = start.end
+
+        def write_queued() -> None:
+            nonlocal pieces, queued, written
+            _pwritev_all(fd, pieces, written)
+            start_writeback(fd, written, queued)
+            written += queued
+            pieces, queued = [], 0
+
+        def queue(data: memoryview) -> None:
+            nonlocal queued
+            while data:
+                piece = data[: WRITEBACK_BYTES - queued]
+                pieces.append(piece)
+                queued += len(piece)
+                data = data[len(piece) :]
+                if queued == WRITEBACK_BYTES or len(pieces) == IOV_MAX:
+                    write_queued()
+
+        for page in pages:
+            padding = align_up(at) - at
+            queue(_ZEROS[:padding])
+            locations.append(Location(start.segment, at + padding, len(page)))
+            queue(page)
+            at += padding + len(page)
+        queue(_ZEROS[: align_up(at) - at])
+        if queued:
+            write_queued()
+        os.fdatasync(fd)
+        return locations, align_up(at)
+
+    def _append_fd(self, segment: int) -> int:
+        if self._fd is not None and self._fd_segment == segment:
+            return self._fd
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        path = self._path(segment)
+        created = not path.exists()
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        self._fd_segment = segment
+        if created:
+            _sync_directory(self.directory)
+        return self._fd
+
+    # ------------------------------------------------------------------
+    # reads
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Views handed out inside stay valid bytes until it ends (see `free`)."""
+        with self._lock:
+            epoch = self._epoch
+            self._readers[epoch] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._readers[epoch] -= 1
+                if not self._readers[epoch]:
+                    del self._readers[epoch]
+            if self._freed:
+                self._reclaim()
+
+    def view(self, location: Location) -> memoryview:
+        """The bytes at `location`, read-only (DataLoss where the file lacks them)."""
+        segment, offset, length = location
+        mapped = self._maps.get(segment)
+        if mapped is None or offset + length > len(mapped):
+            mapped = self._map(segment, offset + length)
+        return memoryview(mapped)[offset : offset + length]
+
+    def _map(self, segment: int, needed: int) -> mmap.mmap:
+        with self._map_lock:
+            mapped = self._maps.get(segment)
+            if mapped is not None and needed <= len(mapped):
+                return mapped
+            try:
+                with open(self._path(segment), "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    if size < needed:
+                        raise DataLoss(
+                            f"segment {segment} of {self.directory} is shorter than the index "
+                            "says; its pages were not served. Restore the store from a replica."
+                        )
+                    mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+            except FileNotFoundError:
+                raise DataLoss(
+                    f"segment {segment} of {self.directory} is missing; its pages were not "
+                    "served. Restore the store from a replica."
+                ) from None
+            self._maps[segment] = mapped  # the old mapping lives on in its views
+            return mapped
+
+    # ------------------------------------------------------------------
+    # freeing space
+
+    def free(self, locations: list[Location]) -> None:
+        """Give back the space of pages the index has dropped (once no reader can see them)."""
+        if not locations:
+            return
+        with self._lock:
+            self._freed.append((self._epoch, locations))
+            self._epoch += 1
+        self._reclaim()
+
+    def _reclaim(self) -> None:
+        with self._lock:
+            oldest = min(self._readers, default=self._epoch + 1)
+            ready = [locations for epoch, locations in self._freed if epoch < oldest]
+            self._freed = [(epoch, locs) for epoch, locs in self._freed if epoch >= oldest]
+            emptied: set[int] = set()
+            for locations in ready:
+                for location in locations:
+                    self._live[location.segment] -= align_up(location.length)
+                    if self._live[location.segment] <= 0:
+                        emptied.add(location.segment)
+            active = {self._committed.segment, self.pending.segment}
+            for segment in emptied - active:
+                del self._live[segment]
+                self._maps.pop(segment, None)
+                self._path(segment).unlink(missing_ok=True)
+                log.info("segment %d emptied and removed", segment)
+            for locations in ready:
+                self._punch([loc for loc in locations if loc.segment not in emptied - active])
+
+    def _punch(self, locations: list[Location]) -> None:
+        by_segment: dict[int, list[Location]] = {}
+        for location in locations:
+            by_segment.setdefault(location.segment, []).append(location)
+        for segment, found in by_segment.items():
+            with _opened(self._path(segment)) as fd:
+                for location in found:
+                    _punch_hole(fd, location.offset, align_up(location.length))
+
+    def _punch_gaps(self, segment: int, live: list[Location], end: int | None) -> None:
+        with _opened(self._path(segment)) as fd:
+            at = 0
+            for location in live:
+                if location.offset > at:
+                    _punch_hole(fd, at, location.offset - at)
+                at = max(at, align_up(location.offset + location.length))
+            size = os.fstat(fd).st_size if end is None else end
+            if size > at:
+                _punch_hole(fd, at, size - at)
+
+    def _existing(self) -> list[int]:
+        return sorted(
+            int(match.group(1))
+            for match in map(_NAME.match, os.listdir(self.directory))
+            if match is not None
+        )
+
+    def _path(self, segment: int) -> Path:
+        return self.directory / f"{segment:08d}.seg"
+
+
+@contextmanager
+def _opened(path: Path) -> Iterator[int]:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+_libc.sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+_SYNC_FILE_RANGE_WRITE = 0x02
+_punch_refused = False
+
+
+def _punch_hole(fd: int, offset: int, length: int) -> None:
+    """Give `length` bytes at `offset` back to the filesystem (reads of them return zeros)."""
+    global _punch_refused
+    if _punch_refused or length <= 0:
+        return
+    mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
+    if _libc.fallocate(fd, mode, offset, length) != 0:
+        code = ctypes.get_errno()
+        if code not in (errno.EOPNOTSUPP, errno.ENOSYS):
+            raise OSError(code, os.strerror(code))
+        _punch_refused = True
+        log.warning("this filesystem cannot punch holes: freed page space is given back "
+                    "only when a whole segment empties")  # fmt: skip
+
+
+def _pwritev_all(fd: int, pieces: list[memoryview], offset: int) -> None:
+    """os.pwritev of every piece, again for whatever a short write left."""
+    while pieces:
+        written = os.pwritev(fd, pieces, offset)
+        offset += written
+        while pieces and written >= len(pieces[0]):
+            written -= len(pieces[0])
+            pieces = pieces[1:]
+        if pieces and written:
+            pieces = [pieces[0][written:], *pieces[1:]]
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Hand the range to the device now, not at the fdatasync (the disk works while
+    the next piece is copied: about 1.5x the throughput of write-then-sync here)."""
+    _libc.sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)  # a hint: errors ignored
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

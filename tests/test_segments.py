@@ -1,0 +1,191 @@
+"""Segment files (kvgraftd.segments) on their own and under the store: appends,
+recovery at open, and giving the space of deleted pages back."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from factory import random_artifact
+from on_disk import segment_files
+
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.page_records import page_records_of
+from kvgraftd.segments import Location, SegmentFiles, Tail, align_up
+from kvgraftd.store import Store
+
+F32 = pb.KV_DTYPE_FLOAT32
+
+
+def _allocated(path: Path) -> int:
+    """Bytes the filesystem holds for `path` (holes excluded)."""
+    return os.stat(path).st_blocks * 512
+
+
+def _artifact(rng: random.Random, mib: int):
+    """`mib` MiB of float32 KV in 64 KiB pages (64 tokens x 4 heads x 64 x 4 bytes)."""
+    return random_artifact(
+        rng, num_layers=mib * 8, kv_heads=4, head_dim=64, kv_dtype=F32, page_tokens=64, tokens=64
+    )
+
+
+def _commit(store: Store, artifact) -> None:
+    store.commit_artifact(artifact.manifest, page_records_of(artifact.pages))
+
+
+def _read(store: Store, artifact) -> dict[bytes, bytes]:
+    digests = list(artifact.pages)
+    with store.verified_pages(digests) as views:
+        return {digest: view.tobytes() for digest, view in zip(digests, views, strict=True)}
+
+
+def _pages(artifact) -> dict[bytes, bytes]:
+    return {digest: bytes(data) for digest, data in artifact.pages.items()}
+
+
+def test_an_append_never_committed_is_cut_off_at_open(tmp_path: Path) -> None:
+    rng = random.Random(1)
+    kept = [memoryview(rng.randbytes(size)) for size in (10_000, 5, 70_000)]
+    lost = [memoryview(rng.randbytes(9_000))]
+    segments = SegmentFiles(tmp_path)
+    segments.open(Tail(1, 0), [])
+    locations = segments.append(kept)
+    segments.commit()
+    tail = segments.pending
+    segments.append(lost)  # the process dies before the index commits
+    segments.close()
+    assert os.path.getsize(tmp_path / "00000001.seg") > tail.end
+
+    reopened = SegmentFiles(tmp_path)
+    reopened.open(tail, locations)
+    assert os.path.getsize(tmp_path / "00000001.seg") == tail.end
+    assert [bytes(reopened.view(loc)) for loc in locations] == [bytes(p) for p in kept]
+    again = reopened.append(lost)
+    assert again[0].offset == tail.end  # written where the lost one was
+    reopened.commit()
+    assert bytes(reopened.view(again[0])) == bytes(lost[0])
+    reopened.close()
+
+
+def test_open_removes_segments_past_the_tail_and_segments_nothing_lives_in(
+    tmp_path: Path,
+) -> None:
+    segments = SegmentFiles(tmp_path, segment_bytes=4096)
+    segments.open(Tail(1, 0), [])
+    placed = []
+    for index in range(4):  # one segment each: every append fills its segment
+        placed += segments.append([memoryview(bytes([index]) * 5000)])
+        segments.commit()
+    tail = segments.pending
+    segments.append([memoryview(b"x" * 10)])  # begins segment 5, never committed
+    segments.close()
+    assert [p.name for p in sorted(tmp_path.glob("*.seg"))][-1] == "00000005.seg"
+
+    live = [placed[1], placed[3]]  # the pages of segments 1 and 3 were freed
+    reopened = SegmentFiles(tmp_path, segment_bytes=4096)
+    reopened.open(tail, live)
+    assert sorted(p.name for p in tmp_path.glob("*.seg")) == ["00000002.seg", "00000004.seg"]
+    assert [bytes(reopened.view(loc)) for loc in live] == [b"\x01" * 5000, b"\x03" * 5000]
+    reopened.close()
+
+
+def test_open_gives_back_the_space_between_live_pages(tmp_path: Path) -> None:
+    segments = SegmentFiles(tmp_path)
+    segments.open(Tail(1, 0), [])
+    pages = [memoryview(bytes([i + 1]) * (1 << 20)) for i in range(4)]
+    locations = segments.append(pages)
+    segments.commit()
+    tail = segments.pending
+    segments.close()
+    path = tmp_path / "00000001.seg"
+    assert _allocated(path) >= 4 << 20
+
+    reopened = SegmentFiles(tmp_path)
+    reopened.open(tail, [locations[0], locations[3]])  # pages 1 and 2 freed before a crash
+    assert _allocated(path) <= (2 << 20) + 8192
+    assert bytes(reopened.view(locations[3])) == bytes(pages[3])
+    reopened.close()
+
+
+def test_a_commit_whose_index_outgrows_the_map_writes_its_bytes_once(tmp_path: Path) -> None:
+    # The map starts at 1 MiB; 8,192 pages' records do not fit, so the write
+    # transaction runs again after the map grows, and with it the append.
+    store = Store(tmp_path / "s", initial_map_bytes=1 << 20, min_free_bytes=1 << 20)
+    try:
+        artifact = random_artifact(
+            random.Random(2), num_layers=8, kv_heads=1, head_dim=1, tokens=1024, page_tokens=2
+        )
+        _commit(store, artifact)
+        assert store.stats().map_size_bytes > 1 << 20
+        [segment] = segment_files(store.path)
+        assert segment.stat().st_size == sum(align_up(len(p)) for p in artifact.pages.values())
+        assert _read(store, artifact) == _pages(artifact)
+    finally:
+        store.close()
+
+
+def test_deleted_artifacts_give_their_disk_space_back(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    store = Store(tmp_path / "s", min_free_bytes=1 << 20, segment_bytes=1 << 20)
+    try:
+        first, second, third = (_artifact(rng, 2) for _ in range(3))
+        for artifact in (first, second, third):
+            _commit(store, artifact)  # one segment each: each fills its segment
+        one, two, three = segment_files(store.path)
+        store.delete_artifact(first.id)
+        assert not one.exists()  # emptied, not the active segment: removed
+        store.delete_artifact(third.id)
+        assert three.exists() and _allocated(three) < 64 << 10  # active: its holes punched
+        assert _read(store, second) == _pages(second)
+        assert _allocated(two) >= 2 << 20
+    finally:
+        store.close()
+    reopened = Store(tmp_path / "s", min_free_bytes=1 << 20, segment_bytes=1 << 20)
+    try:
+        assert _read(reopened, second) == _pages(second)
+        _commit(reopened, first)  # written again, after the others
+        assert _read(reopened, first) == _pages(first)
+    finally:
+        reopened.close()
+
+
+def test_a_read_in_progress_keeps_the_bytes_of_pages_deleted_under_it(tmp_path: Path) -> None:
+    rng = random.Random(4)
+    store = Store(tmp_path / "s", min_free_bytes=1 << 20, segment_bytes=1 << 20)
+    try:
+        doomed, later = _artifact(rng, 2), _artifact(rng, 2)
+        _commit(store, doomed)
+        _commit(store, later)  # so that the doomed artifact's segment is not the active one
+        [first, _] = segment_files(store.path)
+        digests = list(doomed.pages)
+        with store.verified_pages(digests) as views:
+            store.delete_artifact(doomed.id)
+            assert first.exists()  # a reader may still look at it
+            assert [v.tobytes() for v in views] == [bytes(doomed.pages[d]) for d in digests]
+            assert [hashlib.sha256(v).digest() for v in views] == digests
+        assert not first.exists()  # given back once the read ended
+        assert store.missing_pages(digests) == digests
+        with pytest.raises(Exception, match="not in the store"):
+            store.read_pages_into(digests[:1], [np.empty(len(doomed.pages[digests[0]]), np.uint8)])
+    finally:
+        store.close()
+
+
+def test_locations_never_overlap_across_appends(tmp_path: Path) -> None:
+    segments = SegmentFiles(tmp_path)
+    segments.open(Tail(1, 0), [])
+    rng = random.Random(5)
+    placed: list[tuple[Location, bytes]] = []
+    for _ in range(20):
+        batch = [rng.randbytes(rng.choice((1, 4095, 4096, 4097, 100_000))) for _ in range(3)]
+        placed += zip(segments.append([memoryview(p) for p in batch]), batch, strict=True)
+        segments.commit()
+    spans = sorted((loc.offset, loc.offset + loc.length) for loc, _ in placed)
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
+    assert all(bytes(segments.view(loc)) == data for loc, data in placed)
+    segments.close()
