@@ -1,6 +1,6 @@
 """The artifact store: an LMDB index and segment files of content-addressed pages.
 
-Sub-databases (DESIGN.md, store layout; format 2, see README "Store layout"):
+Sub-databases (DESIGN.md, store layout; format 2: README, "The store on disk"):
   page_locations  sha256 -> xxh3-128 || segment, offset, length   the bytes: segments/
   refs       sha256 -> u64 reference count                   pages referenced by artifacts
   staged     sha256 -> u64 unix ms                           pages received, not yet referenced
@@ -26,8 +26,10 @@ Invariants:
   never the process (kvgraftd.lmdb_env keeps the environment: transactions,
   map growth, the disk reserve).
 
-Only this module, kvgraftd.lmdb_env, kvgraftd.page_records and
-kvgraftd.store_migration import lmdb; none of them knows about gRPC.
+This module keeps artifacts, references and the change log; the pages are
+kvgraftd.page_store's. Only this module, kvgraftd.lmdb_env, kvgraftd.page_store,
+kvgraftd.page_records and kvgraftd.store_migration import lmdb; none of them
+knows about gRPC.
 """
 
 from __future__ import annotations
@@ -39,11 +41,10 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import lmdb
 import numpy as np
@@ -55,7 +56,7 @@ from kvgraft.errors import (
     NotFound,
 )
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd import catalog, chains, page_records, store_migration
+from kvgraftd import catalog, chains, page_records
 from kvgraftd.catalog import (
     SEQUENCE_KEY,
     ArtifactRecord,
@@ -65,16 +66,15 @@ from kvgraftd.catalog import (
 )
 from kvgraftd.chains import ChainEntry
 from kvgraftd.lmdb_env import LmdbEnv
-from kvgraftd.page_records import INDEX_RECORD, PageRecord, StoredPages
-from kvgraftd.segments import DEFAULT_SEGMENT_BYTES, Location, SegmentFiles, Tail, align_up
+from kvgraftd.page_records import PageRecord
+from kvgraftd.page_store import PageStore
+from kvgraftd.segments import DEFAULT_SEGMENT_BYTES, Location, align_up
 
 log = logging.getLogger(__name__)
 
 STORE_FORMAT_VERSION = 2
 _U64 = struct.Struct("<Q")
-_TAIL = struct.Struct("<IQ")  # meta segment_tail: the committed end of the segments
 INDEX_BYTES_PER_PAGE = 256  # what a page's records cost LMDB, with room to spare
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -120,21 +120,19 @@ class Store:
         self._db = self._lmdb.db
         self._read = self._lmdb.read
         self._write = self._lmdb.write
-        self._segments = SegmentFiles(self.path / "segments", segment_bytes=segment_bytes)
-        self._appending = threading.Lock()  # one append to the segments at a time
+        self._pages = PageStore(self._lmdb, self.path / "segments", segment_bytes=segment_bytes)
         self._changed = threading.Condition()
         try:
-            self._check_format()
-            self._segments.open(self._tail(), self._live_locations())
+            self._pages.open(self._check_format())
         except BaseException:
             self.close()
             raise
 
     def close(self) -> None:
         self._lmdb.close()
-        self._segments.close()
+        self._pages.close()
 
-    def _check_format(self) -> None:
+    def _check_format(self) -> int:
         def body(txn: lmdb.Transaction) -> int:
             meta = self._db["meta"]
             found = txn.get(b"format_version", db=meta)
@@ -145,69 +143,23 @@ class Store:
             return int(bytes(found))
 
         version = self._write(0, body)
-        if version == 1:
-            self._segments.open(self._tail(), self._live_locations())
-            store_migration.migrate_v1(self._lmdb, self._write_appending, self._append_pages)
-        elif version != STORE_FORMAT_VERSION:
+        if version not in (1, STORE_FORMAT_VERSION):  # 1: migrated by PageStore.open
             raise FailedPrecondition(
                 f"store {self.path} has format {version}; this kvgraftd reads formats 1 and "
                 f"{STORE_FORMAT_VERSION}. Use a matching kvgraft version."
             )
-
-    def _tail(self) -> Tail:
-        with self._read() as txn:
-            found = txn.get(b"segment_tail", db=self._db["meta"])
-            return Tail(*_TAIL.unpack(found)) if found is not None else Tail(1, 0)
-
-    def _live_locations(self) -> list[Location]:
-        with self._read() as txn:
-            return [
-                Location(*INDEX_RECORD.unpack(record)[1:])
-                for record in txn.cursor(db=self._db["page_locations"]).iternext(
-                    values=True, keys=False
-                )
-            ]
-
-    def _write_appending(self, needed_bytes: int, file_bytes: int, body: Callable[..., T]) -> T:
-        """self._write(body) where body may `_append_pages`: the segments follow its fate."""
-        with self._appending:
-            try:
-                result = self._write(needed_bytes, body, file_bytes=file_bytes)
-            except BaseException:
-                self._segments.discard()
-                raise
-            self._segments.commit()
-            return result
-
-    def _append_pages(self, txn, records: Mapping[bytes, PageRecord]) -> None:
-        """Write the records' bytes and index them (inside `_write_appending`)."""
-        if not records:
-            return
-        page_records.write_pages(self._stored(txn), records)
-        txn.put(b"segment_tail", _TAIL.pack(*self._segments.pending), db=self._db["meta"])
-
-    def _stored(self, txn) -> StoredPages:
-        return StoredPages(txn, self._db["page_locations"], self._segments)
-
-    @contextmanager
-    def _reading_pages(self) -> Iterator[StoredPages]:
-        with self._segments.reading(), self._read() as txn:
-            yield self._stored(txn)
+        return version
 
     # ------------------------------------------------------------------
     # pages
 
     def missing_pages(self, digests: Sequence[bytes]) -> list[bytes]:
         """The digests whose pages are not stored (staged pages count as stored)."""
-        pages = self._db["page_locations"]
-        with self._read() as txn:
-            cursor = txn.cursor(db=pages)
-            return [digest for digest in digests if not cursor.set_key(digest)]
+        return self._pages.missing(digests)
 
     def read_pages_into(self, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:
         """Copy each page into its uint8 destination and verify it there."""
-        with self._reading_pages() as stored:
-            page_records.read_into(stored, digests, dests)
+        self._pages.read_into(digests, dests)
 
     @contextmanager
     def verified_pages(self, digests: Sequence[bytes]) -> Iterator[list[np.ndarray]]:
@@ -217,8 +169,8 @@ class Store:
         only where the caller copies them. The views are valid inside the
         `with` block only (after it, a deleted page's space may be given back).
         """
-        with self._reading_pages() as stored:
-            yield page_records.verified_views(stored, digests)
+        with self._pages.verified(digests) as views:
+            yield views
 
     def read_page(self, digest: bytes) -> tuple[bytes, bytes]:
         """One page's bytes and xxh3-128, verified."""
@@ -234,25 +186,21 @@ class Store:
         `frame(index, sha256, xxh3, size)` gives the bytes that precede page
         `index`. Used to put pages on the wire with a single copy.
         """
-        with self._reading_pages() as stored:
-            joined, checks = page_records.gather_framed(stored, digests, frame)
-        page_records.verify_framed(joined, checks)
-        return joined
+        return self._pages.read_framed(digests, frame)
 
     def stage_pages(self, records: Mapping[bytes, PageRecord]) -> int:
         """Persist received pages ahead of their manifest; returns pages written."""
 
         def body(txn: lmdb.Transaction) -> int:
-            locations = self._db["page_locations"]
-            new = {d: r for d, r in records.items() if txn.get(d, db=locations) is None}
-            self._append_pages(txn, new)
+            new = {d: r for d, r in records.items() if not self._pages.is_stored(txn, d)}
+            self._pages.append(txn, new)
             now = _U64.pack(_now_ms())
             for digest in new:
                 txn.put(digest, now, db=self._db["staged"])
             self._add_page_bytes(txn, sum(len(record.data) for record in new.values()))
             return len(new)
 
-        return self._write_appending(*_needs(records.values()), body)
+        return self._pages.write(*_needs(records.values()), body)
 
     def collect_staged(self, older_than_s: float) -> int:
         """Delete staged pages older than `older_than_s` that nothing references."""
@@ -270,7 +218,7 @@ class Store:
             return len(doomed), freed
 
         collected, freed = self._write(0, body)
-        self._segments.free(freed)
+        self._pages.free(freed)
         if collected:
             log.info("collected %d staged pages older than %.0f s", collected, older_than_s)
         return collected
@@ -296,8 +244,8 @@ class Store:
             if found is not None:
                 sequence = decode_record(found).sequence
                 return CommitResult(aid.hex(), True, 0, 0, sequence)
-            new = self._new_pages(txn, sizes, records)
-            self._append_pages(txn, new)
+            new = self._pages.new_pages(txn, sizes, records)
+            self._pages.append(txn, new)
             for digest in sizes:
                 self._reference_page(txn, digest)
             written_bytes = sum(len(record.data) for record in new.values())
@@ -309,7 +257,7 @@ class Store:
             txn.put(aid, encode_record(record), db=self._db["artifacts"])
             return CommitResult(aid.hex(), False, written, written_bytes, sequence)
 
-        result = self._write_appending(index_bytes + len(canonical), file_bytes, body)
+        result = self._pages.write(index_bytes + len(canonical), file_bytes, body)
         if not result.already_present:
             self._notify_change()
             log.info(  # one logfmt line per artifact written: machines read it
@@ -323,32 +271,6 @@ class Store:
             )
         return result
 
-    def _new_pages(
-        self, txn, sizes: Mapping[bytes, int], records: Mapping[bytes, PageRecord]
-    ) -> dict[bytes, PageRecord]:
-        """The records of the manifest's pages not stored yet; every other page must be."""
-        stored = self._stored(txn)
-        new: dict[bytes, PageRecord] = {}
-        for digest, size in sizes.items():
-            if txn.get(digest, db=stored.db) is None:
-                record = records.get(digest)
-                if record is None:
-                    raise InvalidArgument(
-                        f"page {digest.hex()[:16]} is neither stored nor sent; ask MissingPages "
-                        "and send every page it returns before the manifest"
-                    )
-                new[digest] = record
-                continue
-            # A hash names one byte string, so one size: a manifest naming a stored
-            # page at another size would commit an artifact nobody can read back.
-            length = stored.locate(digest)[1].length
-            if length != size:
-                raise InvalidArgument(
-                    f"page {digest.hex()[:16]} is stored with {length} bytes; the manifest's "
-                    f"layout needs {size}: fix the manifest's layout"
-                )
-        return new
-
     def _reference_page(self, txn, digest: bytes) -> None:
         """Add one reference to a stored page (a staged page is staged no more)."""
         refs = self._db["refs"]
@@ -358,11 +280,10 @@ class Store:
         txn.put(digest, _U64.pack(1 if count is None else _U64.unpack(count)[0] + 1), db=refs)
 
     def _drop_page(self, txn, digest: bytes) -> list[Location]:
-        """Remove a page's index record; its location, for the segments to free."""
-        record = txn.pop(digest, db=self._db["page_locations"])
-        if record is None:
+        """Remove a page; its location, for the segments to free after the commit."""
+        location = self._pages.drop(txn, digest)
+        if location is None:
             return []
-        location = Location(*INDEX_RECORD.unpack(record)[1:])
         self._add_page_bytes(txn, -location.length)
         return [location]
 
@@ -422,7 +343,7 @@ class Store:
             return locations
 
         locations = self._write(0, body)
-        self._segments.free(locations)
+        self._pages.free(locations)
         freed, freed_bytes = len(locations), sum(location.length for location in locations)
         self._notify_change()
         log.info(  # one logfmt line per artifact deleted
@@ -489,7 +410,7 @@ class Store:
             page_bytes = txn.get(b"page_bytes", db=self._db["meta"])
             stats = StoreStats(
                 artifacts=txn.stat(self._db["artifacts"])["entries"],
-                pages=txn.stat(self._db["page_locations"])["entries"],
+                pages=self._pages.count(txn),
                 page_bytes=_U64.unpack(page_bytes)[0] if page_bytes is not None else 0,
                 staged_pages=txn.stat(self._db["staged"])["entries"],
                 map_size_bytes=0,
