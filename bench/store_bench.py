@@ -19,10 +19,11 @@ Three ratios, each throughput(ours) / throughput(baseline), so higher is better:
   separates the store's own overhead from the cost of copying in page-sized
   pieces (`read_into_vs_pagewise_memcpy`).
 * write_vs_fsync_file: durable artifact writes through the real `Store`
-  (`page_records_of` the pages: each page's xxh3-128, its bytes left where
-  they are; then one `commit_artifact` per artifact: the pages appended to a
-  segment file, each MiB handed to the disk as it is written
-  (sync_file_range), fdatasync, then the LMDB index transaction, synced)
+  (one `commit_artifact` per artifact of `page_records_of` its pages: views
+  of their bytes; the commit computes each page's xxh3-128 right before
+  appending it to a segment file, hands each MiB to the disk as soon as it is
+  written (sync_file_range), fdatasyncs, then commits the LMDB index
+  transaction, synced)
   against writing the same bytes to one file with `os.write` in 1 MiB pieces
   and an `fsync` after each artifact's bytes (as many durability points as
   commits; writing each artifact in one call, reported too, was slower
@@ -34,9 +35,8 @@ Three ratios, each throughput(ours) / throughput(baseline), so higher is better:
   bytes in memory, in a fresh directory on the same filesystem (--dir). The
   store is called in-process rather than through PutArtifact because a put
   also pays the gRPC transfer and the daemon's SHA-256 of every page, which
-  (c) measures; (b) is about what it costs to make pages durable. The
-  commit-only figure (records prebuilt, as the daemon's intake builds them
-  while receiving) is reported too. The file baseline is not crash-atomic
+  (c) measures; (b) is about what it costs to make pages durable. The file
+  baseline is not crash-atomic
   (a crash may leave half an artifact); a commit is. This process keeps
   the daemon's default heap pad (`malloc_top_pad_bytes`), as kvgraftd does,
   and each write trial's files are deleted and synced before the next trial
@@ -349,9 +349,7 @@ def direct_io_file(path: Path) -> int | None:
 
 def bench_writes(corpus: Corpus, work: Path, trials: int) -> list[Row]:
     n = corpus.total_bytes
-    total = Row("write", "store page_records_of + commit_artifact (sync)", n)
-    commit = Row("write", "store commit_artifact only (records prebuilt)", n)
-    records_row = Row("write", "page_records_of only (xxh3, in memory)", n)
+    total = Row("write", "store commit_artifact (xxh3, segments, index; sync)", n)
     file_row = Row("write", "file os.write 1 MiB pieces + fsync per artifact  [baseline]", n)
     writeback_row = Row("write", "file writeback: 1 MiB os.write + sync_file_range + fsync", n)
     whole_row = Row("write", "file os.write whole artifact + fsync per artifact", n)
@@ -362,17 +360,12 @@ def bench_writes(corpus: Corpus, work: Path, trials: int) -> list[Row]:
         store = Store(path, initial_map_bytes=2 * n)
         try:
             start = time.perf_counter()
-            records = [page_records_of(artifact.pages) for artifact in corpus.artifacts]
-            built = time.perf_counter()
-            for artifact, recs in zip(corpus.artifacts, records, strict=True):
-                store.commit_artifact(artifact.manifest, recs)
-            end = time.perf_counter()
+            for artifact in corpus.artifacts:
+                store.commit_artifact(artifact.manifest, page_records_of(artifact.pages))
+            return time.perf_counter() - start
         finally:
             store.close()
             remove_settled(path)
-        records_row.seconds.append(built - start)
-        commit.seconds.append(end - built)
-        return end - start
 
     def file_trial(
         source: np.ndarray, piece: int, direct: bool = False, writeback: bool = False
@@ -419,9 +412,7 @@ def bench_writes(corpus: Corpus, work: Path, trials: int) -> list[Row]:
         os.close(probe)
         (work / "direct-probe").unlink()
     interleaved(trials, runs)
-    # The warm-up appended to the side rows too: drop it.
-    del records_row.seconds[0], commit.seconds[0]
-    return [total, commit, records_row, file_row, writeback_row, whole_row] + (
+    return [total, file_row, writeback_row, whole_row] + (
         [direct_row] if direct_row.seconds else []
     )
 
@@ -637,8 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     read_into = row("store read_pages_into (copy")
     read2_ours, read2_base = row("store read_pages_into, 2 callers"), row("memcpy np.copyto, 2")
     pagewise = row("memcpy page by page")
-    write_ours, write_base = row("store page_records_of +"), row("file os.write 1 MiB")
-    commit_only = row("store commit_artifact only")
+    write_ours, write_base = row("store commit_artifact"), row("file os.write 1 MiB")
     get_ours, tcp_base, stream = (
         row("Client.get_artifact"),
         row("raw TCP"),
@@ -651,7 +641,6 @@ def main(argv: list[str] | None = None) -> int:
         "read_into_vs_memcpy": round(paired_ratio(read_into, read_base), 3),
         "read_into_2threads_vs_memcpy_2threads": round(paired_ratio(read2_ours, read2_base), 3),
         "read_into_vs_pagewise_memcpy": round(paired_ratio(read_into, pagewise), 3),
-        "write_commit_only_vs_fsync_file": round(paired_ratio(commit_only, write_base), 3),
         "write_vs_writeback_file": round(paired_ratio(write_ours, row("file writeback")), 3),
         "write_vs_fsync_file_whole_writes": round(
             paired_ratio(write_ours, row("file os.write whole")), 3
@@ -661,7 +650,6 @@ def main(argv: list[str] | None = None) -> int:
         "read_into_gbps": round(read_into.median_gbps, 3),
         "read_memcpy_gbps": round(read_base.median_gbps, 3),
         "write_store_gbps": round(write_ours.median_gbps, 3),
-        "write_commit_only_gbps": round(commit_only.median_gbps, 3),
         "write_fsync_file_gbps": round(write_base.median_gbps, 3),
         "write_writeback_file_gbps": round(row("file writeback").median_gbps, 3),
         "write_direct_file_gbps": next(

@@ -13,9 +13,11 @@ do to a page. A mismatch raises DataLoss and no byte of the page reaches the
 caller: `read_into` zeroes its destinations, `verified_views` hands out no
 view, `verify_framed` fails before the joined bytes are handed on.
 
-A page on its way in is a `PageRecord`: its xxh3-128 and a view of its
-bytes; `write_pages` appends the bytes of a batch (one copy, into the
-segments' staging buffer) and puts their records.
+A page on its way in is a `PageRecord`: a view of its bytes and its
+xxh3-128, or None where the checksum is left to `write_pages`, which then
+computes it right before the page's bytes are written (the page is read once
+from memory for both, and while the disk writes what came before).
+`write_pages` appends the bytes of a batch and puts their records.
 
 Functions of a `StoredPages` (a transaction, the index and the segments);
 kvgraftd.store owns the transactions and reads inside `segments.reading()`.
@@ -24,7 +26,7 @@ kvgraftd.store owns the transactions and reads inside `segments.reading()`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 import lmdb
@@ -45,14 +47,15 @@ FramedChecks = list[tuple[bytes, bytes, int, int]]
 
 
 class PageRecord(NamedTuple):
-    """A page ready to store: its xxh3-128 and its bytes, a view (not a copy).
+    """A page ready to store: its xxh3-128 (None: computed as it is written) and
+    its bytes, a view (not a copy).
 
     Whoever made it keeps the bytes unchanged until they are stored (a byte
     changed in between would be stored under a checksum it fails: caught on
     every read, never served).
     """
 
-    checksum: bytes
+    checksum: bytes | None
     data: memoryview
 
 
@@ -63,16 +66,8 @@ def page_record(data: Buffer) -> PageRecord:
 
 
 def page_records_of(pages: Mapping[bytes, Buffer]) -> dict[bytes, PageRecord]:
-    """`page_record` of every page, checksummed side by side (kvgraft.page_checks)."""
-    items = list(pages.items())
-    records: list[PageRecord | None] = [None] * len(items)
-
-    def checksum(lo: int, hi: int) -> None:
-        for index in range(lo, hi):
-            records[index] = page_record(items[index][1])
-
-    split_pages(len(items), sum(memoryview(data).nbytes for _, data in items), checksum)
-    return {digest: record for (digest, _), record in zip(items, records, strict=True)}
+    """Records of pages in memory, their checksums left to `write_pages`."""
+    return {digest: PageRecord(None, memoryview(data).cast("B")) for digest, data in pages.items()}
 
 
 class StoredPages(NamedTuple):
@@ -102,9 +97,17 @@ def write_pages(stored: StoredPages, records: Mapping[bytes, PageRecord]) -> Non
     The bytes are durable when this returns; they belong to the store once
     the transaction commits and the caller commits the segments.
     """
-    locations = stored.segments.append([record.data for record in records.values()])
-    for (digest, record), location in zip(records.items(), locations, strict=True):
-        stored.txn.put(digest, INDEX_RECORD.pack(record.checksum, *location), db=stored.db)
+    checksums = [record.checksum for record in records.values()]
+
+    def checked_pages() -> Iterator[memoryview]:
+        for index, record in enumerate(records.values()):
+            if checksums[index] is None:
+                checksums[index] = xxh3_128(record.data)
+            yield record.data
+
+    locations = stored.segments.append(checked_pages())
+    for digest, checksum, location in zip(records, checksums, locations, strict=True):
+        stored.txn.put(digest, INDEX_RECORD.pack(checksum, *location), db=stored.db)
 
 
 def read_into(stored: StoredPages, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:

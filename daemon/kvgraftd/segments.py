@@ -49,7 +49,7 @@ import os
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
@@ -122,10 +122,12 @@ class SegmentFiles:
                 self._path(segment).unlink()  # begun by an append never committed
             elif segment < tail.segment and segment not in by_segment:
                 self._path(segment).unlink()  # everything in it was freed
-        active = self._path(tail.segment)
-        with open(active, "ab") as f:  # created if missing
-            if f.tell() > tail.end:
-                f.truncate(tail.end)  # appended, never committed
+        fd = os.open(self._path(tail.segment), os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size > tail.end:
+                os.ftruncate(fd, tail.end)  # appended, never committed
+        finally:
+            os.close(fd)
         for segment, locations in by_segment.items():
             if not self._path(segment).exists():
                 log.error("segment %s is missing: its pages will read as lost", segment)
@@ -143,7 +145,7 @@ class SegmentFiles:
     # ------------------------------------------------------------------
     # appends
 
-    def append(self, pages: Sequence[memoryview]) -> list[Location]:
+    def append(self, pages: Iterable[memoryview]) -> list[Location]:
         """Write `pages` durably past the committed end; see the module contract."""
         start = self._committed
         if start.end >= self._segment_bytes:
@@ -182,7 +184,7 @@ class SegmentFiles:
         except OSError:
             log.exception("could not cut segment %d back", self._committed.segment)
 
-    def _write(self, start: Tail, pages: Sequence[memoryview]) -> tuple[list[Location], int]:
+    def _write(self, start: Tail, pages: Iterable[memoryview]) -> tuple[list[Location], int]:
         fd = self._append_fd(start.segment)
         locations: list[Location] = []
         pieces: list[memoryview] = []  # the next write: up to WRITEBACK_BYTES of pages
