@@ -64,11 +64,11 @@ def test_an_append_never_committed_is_cut_off_at_open(tmp_path: Path) -> None:
     reopened = SegmentFiles(tmp_path)
     reopened.open(tail, locations)
     assert os.path.getsize(tmp_path / "00000001.seg") == tail.end
-    assert [bytes(reopened.view(loc)) for loc in locations] == [bytes(p) for p in kept]
+    assert [bytes(reopened.view(*loc)) for loc in locations] == [bytes(p) for p in kept]
     again = reopened.append(lost)
     assert again[0].offset == tail.end  # written where the lost one was
     reopened.commit()
-    assert bytes(reopened.view(again[0])) == bytes(lost[0])
+    assert bytes(reopened.view(*again[0])) == bytes(lost[0])
     reopened.close()
 
 
@@ -90,7 +90,7 @@ def test_open_removes_segments_past_the_tail_and_segments_nothing_lives_in(
     reopened = SegmentFiles(tmp_path, segment_bytes=4096)
     reopened.open(tail, live)
     assert sorted(p.name for p in tmp_path.glob("*.seg")) == ["00000002.seg", "00000004.seg"]
-    assert [bytes(reopened.view(loc)) for loc in live] == [b"\x01" * 5000, b"\x03" * 5000]
+    assert [bytes(reopened.view(*loc)) for loc in live] == [b"\x01" * 5000, b"\x03" * 5000]
     reopened.close()
 
 
@@ -108,7 +108,7 @@ def test_open_gives_back_the_space_between_live_pages(tmp_path: Path) -> None:
     reopened = SegmentFiles(tmp_path)
     reopened.open(tail, [locations[0], locations[3]])  # pages 1 and 2 freed before a crash
     assert _allocated(path) <= (2 << 20) + 8192
-    assert bytes(reopened.view(locations[3])) == bytes(pages[3])
+    assert bytes(reopened.view(*locations[3])) == bytes(pages[3])
     reopened.close()
 
 
@@ -187,5 +187,5 @@ def test_locations_never_overlap_across_appends(tmp_path: Path) -> None:
         segments.commit()
     spans = sorted((loc.offset, loc.offset + loc.length) for loc, _ in placed)
     assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
-    assert all(bytes(segments.view(loc)) == data for loc, data in placed)
+    assert all(bytes(segments.view(*loc)) == data for loc, data in placed)
     segments.close()

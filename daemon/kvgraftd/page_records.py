@@ -85,10 +85,21 @@ class StoredPages(NamedTuple):
         checksum, segment, offset, length = INDEX_RECORD.unpack(record)
         return checksum, Location(segment, offset, length)
 
-    def page(self, digest: bytes) -> tuple[bytes, memoryview]:
-        """(xxh3-128, bytes not yet verified) of a stored page."""
-        checksum, location = self.locate(digest)
-        return checksum, self.segments.view(location)
+    def pages(self, digests: Sequence[bytes]) -> list[tuple[bytes, memoryview]]:
+        """(xxh3-128, bytes not yet verified) of each stored page.
+
+        The per-page cost of every read (~2 us of Python for a lookup and a
+        view, against ~8 us to copy a 98 KB page): kept to the bare calls.
+        """
+        get, db, unpack, view = self.txn.get, self.db, INDEX_RECORD.unpack, self.segments.view
+        found: list[tuple[bytes, memoryview]] = []
+        for digest in digests:
+            record = get(digest, db=db)
+            if record is None:
+                raise NotFound(f"page {digest.hex()[:16]} is not in the store")
+            checksum, segment, offset, length = unpack(record)
+            found.append((checksum, view(segment, offset, length)))
+        return found
 
 
 def write_pages(stored: StoredPages, records: Mapping[bytes, PageRecord]) -> None:
@@ -112,7 +123,7 @@ def write_pages(stored: StoredPages, records: Mapping[bytes, PageRecord]) -> Non
 
 def read_into(stored: StoredPages, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:
     """Copy each page into its uint8 destination and verify it there (runs side by side)."""
-    pages = [stored.page(digest) for digest in digests]
+    pages = stored.pages(digests)
     for digest, (_, data), dest in zip(digests, pages, dests, strict=True):
         if len(data) != dest.nbytes:
             raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
@@ -139,7 +150,7 @@ def verified_views(stored: StoredPages, digests: Sequence[bytes]) -> list[np.nda
     No copy: one read of the bytes, for the check. The views stay valid bytes
     while the read (`segments.reading()`) they were made in lasts.
     """
-    pages = [stored.page(digest) for digest in digests]
+    pages = stored.pages(digests)
     views = [np.frombuffer(data, np.uint8) for _, data in pages]
     bad = first_mismatch(views, [checksum for checksum, _ in pages])
     if bad is not None:
@@ -154,8 +165,9 @@ def gather_framed(
     parts: list[bytes | memoryview] = []
     checks: FramedChecks = []
     offset = 0
-    for index, digest in enumerate(digests):
-        checksum, data = stored.page(digest)
+    for index, (digest, (checksum, data)) in enumerate(
+        zip(digests, stored.pages(digests), strict=True)
+    ):
         prefix = frame(index, digest, checksum, len(data))
         parts += (prefix, data)
         offset += len(prefix)

@@ -98,7 +98,7 @@ class SegmentFiles:
         self.pending = self._committed
         self._fd: int | None = None  # the active segment, opened for appends
         self._fd_segment = 0
-        self._maps: dict[int, mmap.mmap] = {}
+        self._maps: dict[int, memoryview] = {}  # of read-only mappings, whole segments
         self._map_lock = threading.Lock()
         self._lock = threading.Lock()  # epochs, readers, frees, live bytes
         self._epoch = 0
@@ -253,15 +253,17 @@ class SegmentFiles:
             if self._freed:
                 self._reclaim()
 
-    def view(self, location: Location) -> memoryview:
-        """The bytes at `location`, read-only (DataLoss where the file lacks them)."""
-        segment, offset, length = location
+    def view(self, segment: int, offset: int, length: int) -> memoryview:
+        """The bytes at (segment, offset, length), read-only (DataLoss where the file lacks them).
+
+        Called for every page read: kept to a dictionary lookup and a slice.
+        """
         mapped = self._maps.get(segment)
         if mapped is None or offset + length > len(mapped):
             mapped = self._map(segment, offset + length)
-        return memoryview(mapped)[offset : offset + length]
+        return mapped[offset : offset + length]
 
-    def _map(self, segment: int, needed: int) -> mmap.mmap:
+    def _map(self, segment: int, needed: int) -> memoryview:
         with self._map_lock:
             mapped = self._maps.get(segment)
             if mapped is not None and needed <= len(mapped):
@@ -274,7 +276,7 @@ class SegmentFiles:
                             f"segment {segment} of {self.directory} is shorter than the index "
                             "says; its pages were not served. Restore the store from a replica."
                         )
-                    mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+                    mapped = memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ))
             except FileNotFoundError:
                 raise DataLoss(
                     f"segment {segment} of {self.directory} is missing; its pages were not "
