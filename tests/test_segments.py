@@ -3,6 +3,7 @@ recovery at open, and giving the space of deleted pages back."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
 import os
@@ -15,6 +16,7 @@ from factory import random_artifact
 from on_disk import segment_files
 
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd import segments
 from kvgraftd.page_records import page_records_of
 from kvgraftd.segments import Location, SegmentFiles, Tail, align_up
 from kvgraftd.store import Store
@@ -189,3 +191,32 @@ def test_locations_never_overlap_across_appends(tmp_path: Path) -> None:
     assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
     assert all(bytes(segments.view(*loc)) == data for loc, data in placed)
     segments.close()
+
+
+def test_a_delete_succeeds_when_its_space_cannot_be_given_back(tmp_path: Path, monkeypatch) -> None:
+    """Giving space back comes after the delete committed: failing there must not
+    fail the delete; the next open gives the space back."""
+    rng = random.Random(6)
+    store = Store(tmp_path / "s", min_free_bytes=1 << 20)
+    doomed, kept = _artifact(rng, 2), _artifact(rng, 2)
+    _commit(store, doomed)
+    _commit(store, kept)
+
+    def refused(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.EIO, "injected")
+
+    monkeypatch.setattr(segments, "_punch_hole", refused)
+    try:
+        assert store.delete_artifact(doomed.id)[0] == len(doomed.pages)
+        assert store.missing_pages(list(doomed.pages)) == list(doomed.pages)
+    finally:
+        store.close()
+    monkeypatch.undo()
+    [segment] = segment_files(tmp_path / "s")
+    assert _allocated(segment) >= 4 << 20  # nothing given back yet
+    reopened = Store(tmp_path / "s", min_free_bytes=1 << 20)
+    try:
+        assert _allocated(segment) < (2 << 20) + (64 << 10)
+        assert _read(reopened, kept) == _pages(kept)
+    finally:
+        reopened.close()

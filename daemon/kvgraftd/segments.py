@@ -22,21 +22,18 @@ Contract:
   past the committed tail (a crash between `append` and the index commit)
   are cut off or removed, segments nothing lives in are removed, and the
   space between live pages is given back to the filesystem.
-* `view(location)` is a read-only view of a page's bytes in a shared
-  mapping of its segment, valid for as long as it is referenced. Reads
-  happen inside `reading()`.
+* `view(segment, offset, length)`: a read-only view of a page's bytes in a
+  shared mapping of its segment. Reads happen inside `reading()`.
 * `free(locations)` returns the space of pages the index no longer names, but
   only once every `reading()` that began before the free has ended (until
   then such a reader may still be looking at the bytes): the hole is
   punched (FALLOC_FL_PUNCH_HOLE) and a segment left empty, other than the
-  active one, is removed. Space freed and not yet given back when the
-  process dies is given back by the next `open`.
+  active one, is removed. What is not given back then (a crash, an I/O
+  error) is given back by the next `open`.
 
-Why not in LMDB: a page written into LMDB is copied into LMDB's dirty pages,
-then into the page cache by its write-out, and reaches the device only at
-the sync, while the CPU waits; here it is copied once and the device writes
-while the next MiB is copied. See bench/README.md (store_bench, the write
-rows).
+Why not in LMDB: LMDB copies a value into its dirty pages and writes them out
+only at the commit; here each page is copied once and the disk writes while
+the next MiB is copied (bench/README.md, store_bench).
 """
 
 from __future__ import annotations
@@ -309,13 +306,17 @@ class SegmentFiles:
                     if self._live[location.segment] <= 0:
                         emptied.add(location.segment)
             active = {self._committed.segment, self.pending.segment}
-            for segment in emptied - active:
-                del self._live[segment]
-                self._maps.pop(segment, None)
-                self._path(segment).unlink(missing_ok=True)
-                log.info("segment %d emptied and removed", segment)
-            for locations in ready:
-                self._punch([loc for loc in locations if loc.segment not in emptied - active])
+            removed = emptied - active
+            try:  # the index no longer names these bytes: failing here loses no data
+                for segment in removed:
+                    del self._live[segment]
+                    self._maps.pop(segment, None)
+                    self._path(segment).unlink(missing_ok=True)
+                    log.info("segment %d emptied and removed", segment)
+                for locations in ready:
+                    self._punch([loc for loc in locations if loc.segment not in removed])
+            except OSError:
+                log.exception("could not give freed page space back; the next start will")
 
     def _punch(self, locations: list[Location]) -> None:
         by_segment: dict[int, list[Location]] = {}
@@ -338,19 +339,16 @@ class SegmentFiles:
                 _punch_hole(fd, at, size - at)
 
     def _existing(self) -> list[int]:
-        return sorted(
-            int(match.group(1))
-            for match in map(_NAME.match, os.listdir(self.directory))
-            if match is not None
-        )
+        names = map(_NAME.match, os.listdir(self.directory))
+        return sorted(int(match.group(1)) for match in names if match is not None)
 
     def _path(self, segment: int) -> Path:
         return self.directory / f"{segment:08d}.seg"
 
 
 @contextmanager
-def _opened(path: Path) -> Iterator[int]:
-    fd = os.open(path, os.O_WRONLY)
+def _opened(path: Path, flags: int = os.O_WRONLY) -> Iterator[int]:
+    fd = os.open(path, flags)
     try:
         yield fd
     finally:
@@ -398,8 +396,5 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
 
 
 def _sync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
+    with _opened(directory, os.O_RDONLY) as fd:
         os.fsync(fd)
-    finally:
-        os.close(fd)
