@@ -8,6 +8,7 @@ import hashlib
 import itertools
 import os
 import random
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -117,8 +118,7 @@ def test_open_gives_back_the_space_between_live_pages(tmp_path: Path) -> None:
 def test_a_commit_whose_index_outgrows_the_map_writes_its_bytes_once(tmp_path: Path) -> None:
     # The map starts at 1 MiB; 8,192 pages' records do not fit, so the write
     # transaction runs again after the map grows, and with it the append.
-    store = Store(tmp_path / "s", initial_map_bytes=1 << 20, min_free_bytes=1 << 20)
-    try:
+    with closing(Store(tmp_path / "s", initial_map_bytes=1 << 20, min_free_bytes=1 << 20)) as store:
         artifact = random_artifact(
             random.Random(2), num_layers=8, kv_heads=1, head_dim=1, tokens=1024, page_tokens=2
         )
@@ -127,14 +127,11 @@ def test_a_commit_whose_index_outgrows_the_map_writes_its_bytes_once(tmp_path: P
         [segment] = segment_files(store.path)
         assert segment.stat().st_size == sum(align_up(len(p)) for p in artifact.pages.values())
         assert _read(store, artifact) == _pages(artifact)
-    finally:
-        store.close()
 
 
 def test_deleted_artifacts_give_their_disk_space_back(tmp_path: Path) -> None:
     rng = random.Random(3)
-    store = Store(tmp_path / "s", min_free_bytes=1 << 20, segment_bytes=1 << 20)
-    try:
+    with closing(Store(tmp_path / "s", min_free_bytes=1 << 20, segment_bytes=1 << 20)) as store:
         first, second, third = (_artifact(rng, 2) for _ in range(3))
         for artifact in (first, second, third):
             _commit(store, artifact)  # one segment each: each fills its segment
@@ -145,21 +142,15 @@ def test_deleted_artifacts_give_their_disk_space_back(tmp_path: Path) -> None:
         assert three.exists() and _allocated(three) < 64 << 10  # active: its holes punched
         assert _read(store, second) == _pages(second)
         assert _allocated(two) >= 2 << 20
-    finally:
-        store.close()
-    reopened = Store(tmp_path / "s", min_free_bytes=1 << 20, segment_bytes=1 << 20)
-    try:
+    with closing(Store(tmp_path / "s", min_free_bytes=1 << 20, segment_bytes=1 << 20)) as reopened:
         assert _read(reopened, second) == _pages(second)
         _commit(reopened, first)  # written again, after the others
         assert _read(reopened, first) == _pages(first)
-    finally:
-        reopened.close()
 
 
 def test_a_read_in_progress_keeps_the_bytes_of_pages_deleted_under_it(tmp_path: Path) -> None:
     rng = random.Random(4)
-    store = Store(tmp_path / "s", min_free_bytes=1 << 20, segment_bytes=1 << 20)
-    try:
+    with closing(Store(tmp_path / "s", min_free_bytes=1 << 20, segment_bytes=1 << 20)) as store:
         doomed, later = _artifact(rng, 2), _artifact(rng, 2)
         _commit(store, doomed)
         _commit(store, later)  # so that the doomed artifact's segment is not the active one
@@ -174,8 +165,6 @@ def test_a_read_in_progress_keeps_the_bytes_of_pages_deleted_under_it(tmp_path: 
         assert store.missing_pages(digests) == digests
         with pytest.raises(Exception, match="not in the store"):
             store.read_pages_into(digests[:1], [np.empty(len(doomed.pages[digests[0]]), np.uint8)])
-    finally:
-        store.close()
 
 
 def test_locations_never_overlap_across_appends(tmp_path: Path) -> None:
@@ -197,26 +186,20 @@ def test_a_delete_succeeds_when_its_space_cannot_be_given_back(tmp_path: Path, m
     """Giving space back comes after the delete committed: failing there must not
     fail the delete; the next open gives the space back."""
     rng = random.Random(6)
-    store = Store(tmp_path / "s", min_free_bytes=1 << 20)
     doomed, kept = _artifact(rng, 2), _artifact(rng, 2)
-    _commit(store, doomed)
-    _commit(store, kept)
 
     def refused(fd: int, offset: int, length: int) -> None:
         raise OSError(errno.EIO, "injected")
 
-    monkeypatch.setattr(segments, "_punch_hole", refused)
-    try:
+    with closing(Store(tmp_path / "s", min_free_bytes=1 << 20)) as store:
+        _commit(store, doomed)
+        _commit(store, kept)
+        monkeypatch.setattr(segments, "_punch_hole", refused)
         assert store.delete_artifact(doomed.id)[0] == len(doomed.pages)
         assert store.missing_pages(list(doomed.pages)) == list(doomed.pages)
-    finally:
-        store.close()
     monkeypatch.undo()
     [segment] = segment_files(tmp_path / "s")
     assert _allocated(segment) >= 4 << 20  # nothing given back yet
-    reopened = Store(tmp_path / "s", min_free_bytes=1 << 20)
-    try:
+    with closing(Store(tmp_path / "s", min_free_bytes=1 << 20)) as reopened:
         assert _allocated(segment) < (2 << 20) + (64 << 10)
         assert _read(reopened, kept) == _pages(kept)
-    finally:
-        reopened.close()

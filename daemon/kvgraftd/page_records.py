@@ -70,20 +70,17 @@ def page_records_of(pages: Mapping[bytes, Buffer]) -> dict[bytes, PageRecord]:
     return {digest: PageRecord(None, memoryview(data).cast("B")) for digest, data in pages.items()}
 
 
+def location_of(record: bytes | memoryview) -> Location:
+    """The location an index record names."""
+    return Location(*INDEX_RECORD.unpack(record)[1:])
+
+
 class StoredPages(NamedTuple):
     """The pages an index transaction sees, with the segments that hold their bytes."""
 
     txn: lmdb.Transaction
     db: object
     segments: SegmentFiles
-
-    def locate(self, digest: bytes) -> tuple[bytes, Location]:
-        """(xxh3-128, location) of a stored page."""
-        record = self.txn.get(digest, db=self.db)
-        if record is None:
-            raise NotFound(f"page {digest.hex()[:16]} is not in the store")
-        checksum, segment, offset, length = INDEX_RECORD.unpack(record)
-        return checksum, Location(segment, offset, length)
 
     def pages(self, digests: Sequence[bytes]) -> list[tuple[bytes, memoryview]]:
         """(xxh3-128, bytes not yet verified) of each stored page.

@@ -39,7 +39,7 @@ import numpy as np
 from kvgraft.errors import InvalidArgument
 from kvgraftd import page_records, store_migration
 from kvgraftd.lmdb_env import LmdbEnv
-from kvgraftd.page_records import INDEX_RECORD, PageRecord, StoredPages
+from kvgraftd.page_records import PageRecord, StoredPages, location_of
 from kvgraftd.segments import Location, SegmentFiles, Tail
 
 _TAIL = struct.Struct("<IQ")  # meta segment_tail: the committed end of the segments
@@ -72,7 +72,7 @@ class PageStore:
     def _live_locations(self) -> list[Location]:
         with self._env.read() as txn:
             records = txn.cursor(db=self._db).iternext(keys=False, values=True)
-            return [Location(*INDEX_RECORD.unpack(record)[1:]) for record in records]
+            return [location_of(record) for record in records]
 
     # ------------------------------------------------------------------
     # writes
@@ -102,10 +102,10 @@ class PageStore:
         self, txn: lmdb.Transaction, sizes: Mapping[bytes, int], records: Mapping[bytes, PageRecord]
     ) -> dict[bytes, PageRecord]:
         """The records of the manifest's pages not stored yet; every other page must be."""
-        stored = self._stored(txn)
         new: dict[bytes, PageRecord] = {}
         for digest, size in sizes.items():
-            if not self.is_stored(txn, digest):
+            found = txn.get(digest, db=self._db)
+            if found is None:
                 record = records.get(digest)
                 if record is None:
                     raise InvalidArgument(
@@ -116,7 +116,7 @@ class PageStore:
                 continue
             # A hash names one byte string, so one size: a manifest naming a stored
             # page at another size would commit an artifact nobody can read back.
-            length = stored.locate(digest)[1].length
+            length = location_of(found).length
             if length != size:
                 raise InvalidArgument(
                     f"page {digest.hex()[:16]} is stored with {length} bytes; the manifest's "
@@ -127,7 +127,7 @@ class PageStore:
     def drop(self, txn: lmdb.Transaction, digest: bytes) -> Location | None:
         """Remove a page's record; its location (for `free` after the commit), if it had one."""
         record = txn.pop(digest, db=self._db)
-        return None if record is None else Location(*INDEX_RECORD.unpack(record)[1:])
+        return None if record is None else location_of(record)
 
     def free(self, locations: list[Location]) -> None:
         self._segments.free(locations)
