@@ -87,11 +87,12 @@ import numpy as np
 
 from kvgraft import Client
 from kvgraft.artifact import Artifact
+from kvgraft.page_buffers import BLOCK_BYTES, aligned_empty
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.config import DaemonConfig
+from kvgraftd.linux_files import start_writeback
 from kvgraftd.main import keep_heap_top
 from kvgraftd.page_records import page_records_of
-from kvgraftd.segments import start_writeback
 from kvgraftd.store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -142,7 +143,7 @@ class Corpus:
 def make_corpus(geometry: Geometry, gib: float, seed: int) -> Corpus:
     count = math.ceil(gib * (1 << 30) / geometry.artifact_bytes)
     total = count * geometry.artifact_bytes
-    data = np.empty(total, np.uint8)
+    data = aligned_empty(total)  # block-aligned, as the daemon holds pages it makes or receives
     data.view(np.uint64)[:] = np.random.default_rng(seed).bit_generator.random_raw(total // 8)
     view = memoryview(data).cast("B")
     layout = pb.KvLayout(
@@ -334,7 +335,6 @@ def write_in_pieces(
             start_writeback(fd, start + offset, min(piece, len(data) - offset))
 
 
-DIRECT_IO_ALIGN = 4096  # O_DIRECT wants buffer addresses, offsets and sizes aligned to this
 DIRECT_WRITE_PIECE = 4 << 20
 
 
@@ -402,12 +402,8 @@ def bench_writes(corpus: Corpus, work: Path, trials: int) -> list[Row]:
         (whole_row, lambda: file_trial(corpus.data, corpus.geometry.artifact_bytes)),
     ]
     probe = direct_io_file(work / "direct-probe")
-    if probe is not None and corpus.geometry.artifact_bytes % DIRECT_IO_ALIGN == 0:
-        raw = np.empty(n + DIRECT_IO_ALIGN, np.uint8)
-        skip = -raw.ctypes.data % DIRECT_IO_ALIGN
-        aligned = raw[skip : skip + n]  # the corpus at an O_DIRECT-aligned address
-        np.copyto(aligned, corpus.data)
-        runs.append((direct_row, lambda: file_trial(aligned, DIRECT_WRITE_PIECE, direct=True)))
+    if probe is not None and corpus.geometry.artifact_bytes % BLOCK_BYTES == 0:
+        runs.append((direct_row, lambda: file_trial(corpus.data, DIRECT_WRITE_PIECE, direct=True)))
     if probe is not None:
         os.close(probe)
         (work / "direct-probe").unlink()

@@ -4,10 +4,12 @@ recovery at open, and giving the space of deleted pages back."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import itertools
 import os
 import random
+import time
 from contextlib import closing
 from pathlib import Path
 
@@ -16,10 +18,13 @@ import pytest
 from factory import random_artifact
 from on_disk import segment_files
 
+from kvgraft.errors import ResourceExhausted
+from kvgraft.page_buffers import aligned_empty, block_aligned
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd import segments
+from kvgraftd.direct_io import open_direct, pwritev_all
 from kvgraftd.page_records import page_records_of
-from kvgraftd.segments import Location, SegmentFiles, Tail, align_up
+from kvgraftd.segments import Location, SegmentFiles, Tail
 from kvgraftd.store import Store
 
 F32 = pb.KV_DTYPE_FLOAT32
@@ -125,7 +130,7 @@ def test_a_commit_whose_index_outgrows_the_map_writes_its_bytes_once(tmp_path: P
         _commit(store, artifact)
         assert store.stats().map_size_bytes > 1 << 20
         [segment] = segment_files(store.path)
-        assert segment.stat().st_size == sum(align_up(len(p)) for p in artifact.pages.values())
+        assert segment.stat().st_size == sum(block_aligned(len(p)) for p in artifact.pages.values())
         assert _read(store, artifact) == _pages(artifact)
 
 
@@ -194,7 +199,7 @@ def test_a_delete_succeeds_when_its_space_cannot_be_given_back(tmp_path: Path, m
     with closing(Store(tmp_path / "s", min_free_bytes=1 << 20)) as store:
         _commit(store, doomed)
         _commit(store, kept)
-        monkeypatch.setattr(segments, "_punch_hole", refused)
+        monkeypatch.setattr(segments, "punch_hole", refused)
         assert store.delete_artifact(doomed.id)[0] == len(doomed.pages)
         assert store.missing_pages(list(doomed.pages)) == list(doomed.pages)
     monkeypatch.undo()
@@ -203,3 +208,130 @@ def test_a_delete_succeeds_when_its_space_cannot_be_given_back(tmp_path: Path, m
     with closing(Store(tmp_path / "s", min_free_bytes=1 << 20)) as reopened:
         assert _allocated(segment) < (2 << 20) + (64 << 10)
         assert _read(reopened, kept) == _pages(kept)
+
+
+def _block_aligned(pages: list[bytes]) -> list[memoryview]:
+    """`pages` copied into one block-aligned buffer, each starting on a block (direct I/O)."""
+    arena = aligned_empty(sum(block_aligned(len(page)) for page in pages))
+    views, at = [], 0
+    for page in pages:
+        arena[at : at + len(page)] = np.frombuffer(page, np.uint8)
+        views.append(memoryview(arena[at : at + len(page)]))
+        at += block_aligned(len(page))
+    return views
+
+
+def open_direct_probe(directory: Path) -> int | None:
+    """Whether files in `directory` can be written with O_DIRECT (None: they cannot)."""
+    probe = directory / "direct-probe"
+    probe.touch()
+    try:
+        fd = open_direct(probe)
+        if fd is not None:
+            os.close(fd)
+        return fd
+    finally:
+        probe.unlink()
+
+
+def _write_modes(monkeypatch) -> list[bool]:
+    """Records, for every write the segments make, whether it went past the page cache."""
+    modes: list[bool] = []
+
+    def observed(fd: int, pieces: list[memoryview], offset: int) -> None:
+        modes.append(bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT))
+        pwritev_all(fd, pieces, offset)
+
+    monkeypatch.setattr(segments, "pwritev_all", observed)
+    return modes
+
+
+def test_block_aligned_pages_go_to_the_device_and_land_as_buffered_ones_do(
+    tmp_path: Path, monkeypatch
+) -> None:
+    if open_direct_probe(tmp_path) is None:
+        pytest.skip("this filesystem does not do direct I/O")
+    rng = random.Random(7)
+    sizes = (4096, 5, 70_000, 3 * 4096, 4097, 1, 9 << 20)  # tails, whole blocks, many writes
+    pages = [rng.randbytes(size) for size in sizes]
+    modes = _write_modes(monkeypatch)
+    files = {}
+    for name, batch in (("buffered", [memoryview(p) for p in pages]), ("direct", None)):
+        batch = batch if batch is not None else _block_aligned(pages)
+        segments_ = SegmentFiles(tmp_path / name)
+        segments_.open(Tail(1, 0), [])
+        modes.clear()
+        locations = segments_.append(batch)
+        segments_.commit()
+        assert set(modes) == {name == "direct"}
+        assert [bytes(segments_.view(*loc)) for loc in locations] == pages
+        segments_.close()
+        files[name] = (tmp_path / name / "00000001.seg").read_bytes()
+    assert files["direct"] == files["buffered"]  # same layout, zero padding included
+
+
+def test_a_batch_with_one_unaligned_page_is_written_buffered(tmp_path: Path, monkeypatch) -> None:
+    pages = [bytes(range(256)) * 64, b"not aligned"]
+    batch = [*_block_aligned(pages[:1]), memoryview(pages[1])]
+    modes = _write_modes(monkeypatch)
+    segments_ = SegmentFiles(tmp_path)
+    segments_.open(Tail(1, 0), [])
+    locations = segments_.append(batch)
+    assert modes and not any(modes)
+    assert [bytes(segments_.view(*loc)) for loc in locations] == pages
+    segments_.close()
+
+
+def test_where_the_filesystem_refuses_direct_io_aligned_pages_go_through_the_cache(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Older tmpfs and some network filesystems refuse O_DIRECT (EINVAL at open):
+    this kernel's tmpfs takes it, so the refusal is played by open_direct."""
+    monkeypatch.setattr(segments, "open_direct", lambda path: None)
+    modes = _write_modes(monkeypatch)
+    artifact = _artifact(random.Random(8), 1)
+    pages = _pages(artifact)
+    aligned = dict(zip(pages, _block_aligned(list(pages.values())), strict=True))
+    with closing(Store(tmp_path / "s", min_free_bytes=1 << 20)) as store:
+        store.commit_artifact(artifact.manifest, page_records_of(aligned))
+        assert modes and not any(modes)
+        assert _read(store, artifact) == pages
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_a_failed_write_leaves_nothing_and_the_next_append_goes_where_it_would_have(
+    tmp_path: Path, monkeypatch, aligned: bool
+) -> None:
+    """A write fails on the writer thread while others are queued: the append
+    raises (disk full: ResourceExhausted), every write has ended, the bytes are cut."""
+    rng = random.Random(9)
+    pages = [rng.randbytes(3 << 20) for _ in range(12)]  # several writes in flight
+    batch = _block_aligned(pages) if aligned else [memoryview(p) for p in pages]
+    segments_ = SegmentFiles(tmp_path)
+    segments_.open(Tail(1, 0), [])
+    first = segments_.append(batch[:1])
+    segments_.commit()
+    calls = []
+
+    def full_on_the_third(fd: int, pieces: list[memoryview], offset: int) -> None:
+        calls.append(offset)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "injected")
+        if len(calls) > 3:
+            time.sleep(0.3)  # still writing when the append would return, if it did not wait
+        pwritev_all(fd, pieces, offset)
+
+    monkeypatch.setattr(segments, "pwritev_all", full_on_the_third)
+    with pytest.raises(ResourceExhausted, match=r"disk .* is full"):
+        segments_.append(batch[1:])
+    assert len(calls) > 3  # a write was queued behind the one that failed
+    assert segments_.pending.end == block_aligned(first[0].length)
+    assert os.path.getsize(tmp_path / "00000001.seg") == segments_.pending.end
+    time.sleep(0.5)
+    assert os.path.getsize(tmp_path / "00000001.seg") == segments_.pending.end
+    monkeypatch.undo()
+    again = segments_.append(batch[1:])
+    segments_.commit()
+    assert again[0].offset == block_aligned(first[0].length)
+    assert [bytes(segments_.view(*loc)) for loc in first + again] == pages
+    segments_.close()

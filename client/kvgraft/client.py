@@ -21,14 +21,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import grpc
+import numpy as np
 import xxhash
 
 from kvgraft import wire
-from kvgraft.artifact import MAX_PAGE_BYTES, Artifact, page_sizes, parse_manifest
+from kvgraft.artifact import Artifact, page_sizes, parse_manifest
 from kvgraft.bundle import read_bundle, write_bundle
 from kvgraft.channel import Security
 from kvgraft.engine_calls import EngineCalls
 from kvgraft.errors import ERRORS_BY_CODE, DataLoss, InvalidArgument, KvgraftError, Unavailable
+from kvgraft.page_buffers import page_slots
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraft.v1 import kvgraft_pb2_grpc as pb_grpc
 
@@ -265,17 +267,16 @@ class Client(EngineCalls):
         if manifest_bytes is None:
             raise DataLoss(f"GetArtifact {artifact_id} did not start with the manifest")
         artifact = Artifact(parse_manifest(manifest_bytes))
-        partial: dict[bytes, bytearray] = {}
+        sizes = page_sizes(artifact.manifest)
+        slots = page_slots({d: sizes[d] for d in wanted if d in sizes} if wanted else sizes)
+        filled: dict[bytes, int] = {}  # bytes received of pages still arriving
         for raw in responses:
             chunks, _ = wire.decode_envelope(raw, wire.GET_PAGES, wire.GET_MANIFEST)
             for chunk in chunks:
-                data: bytes | memoryview | bytearray = chunk.data
-                if chunk.offset or len(data) != chunk.page_bytes:
-                    data = _assemble(partial, chunk)
-                    if data is None:
-                        continue
-                _check_page(artifact_id, chunk, data, check_sha256)
-                artifact.pages[chunk.sha256] = data
+                page = _place(slots, filled, chunk)
+                if page is not None:
+                    _check_page(artifact_id, chunk, page, check_sha256)
+                    artifact.pages[chunk.sha256] = memoryview(page)
             if progress:
                 progress(sum(len(c.data) for c in chunks))
         artifact.check_page_sizes()
@@ -423,20 +424,25 @@ def _keepalive(every_s: float, timeout_s: float) -> list[tuple[str, int]]:
     ]
 
 
-def _assemble(partial: dict[bytes, bytearray], chunk: wire.Chunk) -> bytearray | None:
-    """Place a piece of a page; the whole page once its last byte has arrived."""
-    if (
-        not 0 < chunk.page_bytes <= MAX_PAGE_BYTES
-        or chunk.offset + len(chunk.data) > chunk.page_bytes
-    ):
-        raise DataLoss(f"page {chunk.sha256.hex()[:16]} arrived with inconsistent chunk bounds")
-    buffer = partial.setdefault(chunk.sha256, bytearray())
-    if chunk.offset != len(buffer):
+def _place(
+    slots: dict[bytes, np.ndarray], filled: dict[bytes, int], chunk: wire.Chunk
+) -> np.ndarray | None:
+    """Copy a piece of a page into its slot; the page once its last byte has arrived."""
+    slot = slots.get(chunk.sha256)
+    if slot is None or chunk.page_bytes != len(slot):
+        raise DataLoss(
+            f"page {chunk.sha256.hex()[:16]} arrived but the artifact does not name it at "
+            f"{chunk.page_bytes} bytes; fetch the artifact again"
+        )
+    at = filled.pop(chunk.sha256, 0)
+    end = at + len(chunk.data)
+    if chunk.offset != at or end > len(slot):
         raise DataLoss(f"page {chunk.sha256.hex()[:16]} arrived with chunks out of order")
-    buffer += chunk.data
-    if len(buffer) < chunk.page_bytes:
+    slot[at:end] = np.frombuffer(chunk.data, np.uint8)
+    if end < len(slot):
+        filled[chunk.sha256] = end
         return None
-    return partial.pop(chunk.sha256)
+    return slot
 
 
 def _check_page(artifact_id: str, chunk: wire.Chunk, data, check_sha256: bool) -> None:

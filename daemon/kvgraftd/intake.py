@@ -17,8 +17,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+import numpy as np
+
 from kvgraft.artifact import DIGEST_BYTES, MAX_PAGE_BYTES, page_sizes
 from kvgraft.errors import DataLoss, InvalidArgument
+from kvgraft.page_buffers import page_slots
 from kvgraft.page_checks import split_pages
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraft.wire import Chunk
@@ -50,13 +53,16 @@ class PageIntake:
                 whole[chunk.sha256] = data
         pages = list(whole.items())
         records: list[PageRecord | None] = [None] * len(pages)
+        slots = page_slots({digest: len(data) for digest, data in pages})
 
         def verify(lo: int, hi: int) -> int | None:
             for index in range(lo, hi):
                 digest, data = pages[index]
-                if hashlib.sha256(data).digest() != digest:
+                slot = slots[digest]  # block-aligned: the store writes it with direct I/O
+                slot[:] = np.frombuffer(data, np.uint8)
+                if hashlib.sha256(slot).digest() != digest:
                     return index
-                records[index] = page_record(data)
+                records[index] = page_record(slot)
             return None
 
         nbytes = sum(len(data) for data in whole.values())

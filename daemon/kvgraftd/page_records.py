@@ -26,7 +26,7 @@ kvgraftd.store owns the transactions and reads inside `segments.reading()`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import lmdb
@@ -106,14 +106,13 @@ def write_pages(stored: StoredPages, records: Mapping[bytes, PageRecord]) -> Non
     the transaction commits and the caller commits the segments.
     """
     checksums = [record.checksum for record in records.values()]
+    pages = [record.data for record in records.values()]
 
-    def checked_pages() -> Iterator[memoryview]:
-        for index, record in enumerate(records.values()):
-            if checksums[index] is None:
-                checksums[index] = xxh3_128(record.data)
-            yield record.data
+    def checksum(index: int) -> None:  # right before the page is written, overlapping the disk
+        if checksums[index] is None:
+            checksums[index] = xxh3_128(pages[index])
 
-    locations = stored.segments.append(checked_pages())
+    locations = stored.segments.append(pages, checksum)
     for digest, checksum, location in zip(records, checksums, locations, strict=True):
         stored.txn.put(digest, INDEX_RECORD.pack(checksum, *location), db=stored.db)
 

@@ -6,18 +6,19 @@ length) and checksum (kvgraftd.page_records). This module keeps the files;
 what a location means is the index's business.
 
 Contract:
-* `append(pages)` writes a batch at the committed end of the active segment
-  (a new segment once it holds `segment_bytes`), every page at a 4 KiB-aligned
-  offset (so that a freed page's blocks can be given back alone), straight
-  from the pages' buffers (pwritev: the one copy is the kernel's, into the
-  page cache), handing each MiB to the device as soon as it is written
-  (sync_file_range), then fdatasync; it returns the pages' locations and
-  leaves the new end `pending`. The caller records the locations and
-  `pending` in its index transaction, then calls `commit()` once that
-  transaction is durable, or `discard()` if it failed: the bytes past the
-  committed end are cut off and written over by the next append. One
-  appender at a time (the caller serializes); an `append` after an `append`
-  without `commit` starts again from the committed end.
+* `append(pages, prepare)` writes a batch durably (fdatasync) at the
+  committed end of the active segment (a new one once it holds
+  `segment_bytes`), every page at a 4 KiB-aligned offset (so that a freed
+  page's blocks can be given back alone), calling `prepare(i)` right before
+  page i is written (the caller's checksum, overlapped with the device). A
+  batch whose buffers all start on a block goes to the device from where it
+  lies (O_DIRECT, kvgraftd.direct_io); any other batch, or a filesystem
+  without direct I/O, goes through the page cache (pwritev from the buffers,
+  each MiB handed to the device at once with sync_file_range). It returns
+  the locations and leaves the new end `pending`: the caller records both in
+  its index transaction, then calls `commit()` once that is durable, or
+  `discard()` if it failed (the bytes past the committed end are cut off).
+  One appender at a time (the caller serializes).
 * `open(tail, live)`, at start, makes the files agree with the index: files
   past the committed tail (a crash between `append` and the index commit)
   are cut off or removed, segments nothing lives in are removed, and the
@@ -32,36 +33,43 @@ Contract:
   error) is given back by the next `open`.
 
 Why not in LMDB: LMDB copies a value into its dirty pages and writes them out
-only at the commit; here each page is copied once and the disk writes while
-the next MiB is copied (bench/README.md, store_bench).
+only at the commit (bench/README.md, store_bench).
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import mmap
 import os
 import re
 import threading
-from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
 from kvgraft.errors import DataLoss, ResourceExhausted
+from kvgraft.page_buffers import BLOCK_BYTES, block_aligned
+from kvgraftd.direct_io import (
+    TailBlocks,
+    direct_pieces,
+    is_aligned,
+    open_direct,
+    pwritev_all,
+)
+from kvgraftd.linux_files import punch_hole, start_writeback
 
 log = logging.getLogger(__name__)
 
-BLOCK_BYTES = 4096  # pages start on filesystem blocks
 WRITEBACK_BYTES = 1 << 20  # written, then handed to the device at once (sync_file_range)
+DIRECT_WRITE_BYTES = 8 << 20  # one O_DIRECT write: the device's pace needs a few MiB
+WRITES_IN_FLIGHT = 2  # queued on the writer thread: one at the device, one waiting
 IOV_MAX = 1024
 DEFAULT_SEGMENT_BYTES = 1 << 30
 _NAME = re.compile(r"^(\d{8})\.seg$")
-_FALLOC_FL_KEEP_SIZE = 0x01
-_FALLOC_FL_PUNCH_HOLE = 0x02
 _ZEROS = memoryview(bytes(BLOCK_BYTES))
 
 
@@ -80,10 +88,6 @@ class Tail(NamedTuple):
     end: int
 
 
-def align_up(count: int) -> int:
-    return -(-count // BLOCK_BYTES) * BLOCK_BYTES
-
-
 class SegmentFiles:
     """The segment files of one store directory (`directory` is created if missing)."""
 
@@ -94,6 +98,8 @@ class SegmentFiles:
         self._committed = Tail(1, 0)
         self.pending = self._committed
         self._fd: int | None = None  # the active segment, opened for appends
+        self._direct_fd: int | None = None  # the same with O_DIRECT (None: not supported)
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="segment-writer")
         self._fd_segment = 0
         self._maps: dict[int, memoryview] = {}  # of read-only mappings, whole segments
         self._map_lock = threading.Lock()
@@ -113,7 +119,7 @@ class SegmentFiles:
         by_segment: dict[int, list[Location]] = {}
         for location in live:
             by_segment.setdefault(location.segment, []).append(location)
-            self._live[location.segment] += align_up(location.length)
+            self._live[location.segment] += block_aligned(location.length)
         for segment in self._existing():
             if segment > tail.segment:
                 self._path(segment).unlink()  # begun by an append never committed
@@ -134,21 +140,22 @@ class SegmentFiles:
         _sync_directory(self.directory)
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._writer.shutdown()
+        self._close_fds()
         self._maps.clear()  # a mapping closes when its last view is gone
 
     # ------------------------------------------------------------------
     # appends
 
-    def append(self, pages: Iterable[memoryview]) -> list[Location]:
+    def append(
+        self, pages: Sequence[memoryview], prepare: Callable[[int], object] | None = None
+    ) -> list[Location]:
         """Write `pages` durably past the committed end; see the module contract."""
         start = self._committed
         if start.end >= self._segment_bytes:
             start = Tail(start.segment + 1, 0)
         try:
-            locations, end = self._write(start, pages)
+            locations, end = self._write(start, pages, prepare)
         except OSError as exc:
             self.discard()
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -173,63 +180,89 @@ class SegmentFiles:
         """Forget the last `append`: its bytes are cut off."""
         self.pending = self._committed
         if self._fd is not None and self._fd_segment != self._committed.segment:
-            os.close(self._fd)
-            self._fd = None
+            self._close_fds()
             self._path(self._fd_segment).unlink(missing_ok=True)
         try:
             os.truncate(self._path(self._committed.segment), self._committed.end)
         except OSError:
             log.exception("could not cut segment %d back", self._committed.segment)
 
-    def _write(self, start: Tail, pages: Iterable[memoryview]) -> tuple[list[Location], int]:
+    def _write(
+        self, start: Tail, pages: Sequence[memoryview], prepare: Callable[[int], object] | None
+    ) -> tuple[list[Location], int]:
         fd = self._append_fd(start.segment)
+        direct = self._direct_fd if all(map(is_aligned, pages)) else None
+        tails = TailBlocks(len(pages)) if direct is not None else None
+        limit = WRITEBACK_BYTES if direct is None else DIRECT_WRITE_BYTES
         locations: list[Location] = []
-        pieces: list[memoryview] = []  # the next write: up to WRITEBACK_BYTES of pages
+        pieces: list[memoryview] = []  # the next write: up to `limit` bytes of pages
         queued = 0
         at = written = start.end
 
-        def write_queued() -> None:
+        in_flight: deque[Future] = deque()  # writes the writer thread has not finished
+
+        def write_queued() -> None:  # on the writer thread, while the next pages are checked
             nonlocal pieces, queued, written
-            _pwritev_all(fd, pieces, written)
-            start_writeback(fd, written, queued)
+            if len(in_flight) == WRITES_IN_FLIGHT:
+                in_flight.popleft().result()  # raises: the finally below waits for the rest
+            in_flight.append(self._writer.submit(write, pieces, written, queued))
             written += queued
             pieces, queued = [], 0
 
+        def write(pieces: list[memoryview], offset: int, length: int) -> None:
+            pwritev_all(fd if direct is None else direct, pieces, offset)
+            if direct is None:
+                start_writeback(fd, offset, length)
+
         def queue(data: memoryview) -> None:
             nonlocal queued
-            while data:
-                piece = data[: WRITEBACK_BYTES - queued]
+            while data:  # pieces stay whole blocks where they are direct (limit: blocks)
+                piece = data[: limit - queued]
                 pieces.append(piece)
                 queued += len(piece)
                 data = data[len(piece) :]
-                if queued == WRITEBACK_BYTES or len(pieces) == IOV_MAX:
+                if queued == limit or len(pieces) == IOV_MAX:
                     write_queued()
 
-        for page in pages:
-            padding = align_up(at) - at
-            queue(_ZEROS[:padding])
-            locations.append(Location(start.segment, at + padding, len(page)))
-            queue(page)
-            at += padding + len(page)
-        queue(_ZEROS[: align_up(at) - at])
-        if queued:
-            write_queued()
+        try:
+            for index, page in enumerate(pages):
+                if prepare is not None:
+                    prepare(index)
+                locations.append(Location(start.segment, at, len(page)))
+                if tails is None:
+                    queue(page)
+                    queue(_ZEROS[: block_aligned(at + len(page)) - at - len(page)])
+                else:
+                    for piece in direct_pieces(page, tails):  # the tail block pads it
+                        queue(piece)
+                at = block_aligned(at + len(page))
+            if queued:
+                write_queued()
+        finally:  # nothing may still write once this returns or raises (discard cuts)
+            wait(in_flight)
+        for future in in_flight:
+            future.result()  # the first write's error, if one failed
         os.fdatasync(fd)
-        return locations, align_up(at)
+        return locations, at
 
     def _append_fd(self, segment: int) -> int:
         if self._fd is not None and self._fd_segment == segment:
             return self._fd
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._close_fds()
         path = self._path(segment)
         created = not path.exists()
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
         self._fd_segment = segment
+        self._direct_fd = open_direct(path)
         if created:
             _sync_directory(self.directory)
         return self._fd
+
+    def _close_fds(self) -> None:
+        for fd in (self._fd, self._direct_fd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._direct_fd = None
 
     # ------------------------------------------------------------------
     # reads
@@ -302,7 +335,7 @@ class SegmentFiles:
             emptied: set[int] = set()
             for locations in ready:
                 for location in locations:
-                    self._live[location.segment] -= align_up(location.length)
+                    self._live[location.segment] -= block_aligned(location.length)
                     if self._live[location.segment] <= 0:
                         emptied.add(location.segment)
             active = {self._committed.segment, self.pending.segment}
@@ -325,18 +358,18 @@ class SegmentFiles:
         for segment, found in by_segment.items():
             with _opened(self._path(segment)) as fd:
                 for location in found:
-                    _punch_hole(fd, location.offset, align_up(location.length))
+                    punch_hole(fd, location.offset, block_aligned(location.length))
 
     def _punch_gaps(self, segment: int, live: list[Location], end: int | None) -> None:
         with _opened(self._path(segment)) as fd:
             at = 0
             for location in live:
                 if location.offset > at:
-                    _punch_hole(fd, at, location.offset - at)
-                at = max(at, align_up(location.offset + location.length))
+                    punch_hole(fd, at, location.offset - at)
+                at = max(at, block_aligned(location.offset + location.length))
             size = os.fstat(fd).st_size if end is None else end
             if size > at:
-                _punch_hole(fd, at, size - at)
+                punch_hole(fd, at, size - at)
 
     def _existing(self) -> list[int]:
         names = map(_NAME.match, os.listdir(self.directory))
@@ -353,46 +386,6 @@ def _opened(path: Path, flags: int = os.O_WRONLY) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-_libc.sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-_SYNC_FILE_RANGE_WRITE = 0x02
-_punch_refused = False
-
-
-def _punch_hole(fd: int, offset: int, length: int) -> None:
-    """Give `length` bytes at `offset` back to the filesystem (reads of them return zeros)."""
-    global _punch_refused
-    if _punch_refused or length <= 0:
-        return
-    mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
-    if _libc.fallocate(fd, mode, offset, length) != 0:
-        code = ctypes.get_errno()
-        if code not in (errno.EOPNOTSUPP, errno.ENOSYS):
-            raise OSError(code, os.strerror(code))
-        _punch_refused = True
-        log.warning("this filesystem cannot punch holes: freed page space is given back "
-                    "only when a whole segment empties")  # fmt: skip
-
-
-def _pwritev_all(fd: int, pieces: list[memoryview], offset: int) -> None:
-    """os.pwritev of every piece, again for whatever a short write left."""
-    while pieces:
-        written = os.pwritev(fd, pieces, offset)
-        offset += written
-        while pieces and written >= len(pieces[0]):
-            written -= len(pieces[0])
-            pieces = pieces[1:]
-        if pieces and written:
-            pieces = [pieces[0][written:], *pieces[1:]]
-
-
-def start_writeback(fd: int, offset: int, length: int) -> None:
-    """Hand the range to the device now, not at the fdatasync (the disk works while
-    the next piece is copied: about 1.5x the throughput of write-then-sync here)."""
-    _libc.sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)  # a hint: errors ignored
 
 
 def _sync_directory(directory: Path) -> None:

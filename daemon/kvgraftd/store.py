@@ -55,6 +55,7 @@ from kvgraft.errors import (
     InvalidArgument,
     NotFound,
 )
+from kvgraft.page_buffers import block_aligned
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd import catalog, chains, page_records
 from kvgraftd.catalog import (
@@ -68,7 +69,7 @@ from kvgraftd.chains import ChainEntry
 from kvgraftd.lmdb_env import LmdbEnv
 from kvgraftd.page_records import PageRecord
 from kvgraftd.page_store import PageStore
-from kvgraftd.segments import DEFAULT_SEGMENT_BYTES, Location, align_up
+from kvgraftd.segments import DEFAULT_SEGMENT_BYTES, Location
 
 log = logging.getLogger(__name__)
 
@@ -435,7 +436,7 @@ def _parse_full_id(artifact_id: str) -> bytes:
 def _needs(records: Iterable[PageRecord]) -> tuple[int, int]:
     """(bytes of the index, bytes of the segments) that writing `records` takes."""
     sizes = [len(record.data) for record in records]
-    return INDEX_BYTES_PER_PAGE * len(sizes), sum(align_up(size) for size in sizes)
+    return INDEX_BYTES_PER_PAGE * len(sizes), sum(block_aligned(size) for size in sizes)
 
 
 def _now_ms() -> int:
