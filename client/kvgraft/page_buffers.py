@@ -2,35 +2,47 @@
 
 Where pages are received or made (Client.get_artifact, the daemon's gRPC
 intake and its engine's deposits), each gets a slot of one buffer per
-artifact, every slot starting on a 4 KiB block:
+artifact (or message), every slot starting on a 4 KiB block:
 
 * the daemon writes a page that starts on a block to disk from where it
   lies, with direct I/O (kvgraftd.direct_io), instead of copying it through
   the page cache;
-* one large allocation is faulted in by huge pages (NumPy advises them for
-  large arrays), where a buffer per page or per message costs a fault per
-  4 KiB page and is handed back to the kernel when freed, to be faulted in
-  again by the next (store_bench: about half the time of a GetArtifact).
+* buffers are anonymous mappings advised to use huge pages, and a buffer
+  nothing references any more goes back to a small pool (`POOL_BYTES`) for
+  the next artifact: fresh memory costs a fault and a zeroing of every page
+  (the kernel's clear_page was a fifth of a GetArtifact's CPU in a perf
+  profile), reused memory neither.
 
 Contract: `aligned_empty(nbytes)` is a writable uint8 array whose data starts
-on a `BLOCK_BYTES` boundary (contents undefined); `page_slots(sizes)` maps
-each page (SHA-256 -> size) to its own uint8 array of that size, all in one
-allocation, each starting on a block. Slots stay valid while any is referenced.
+on a `BLOCK_BYTES` boundary (contents undefined: a reused buffer holds old
+bytes); `page_slots(sizes)` maps each page (SHA-256 -> size) to its own uint8
+array of that size, all in one such buffer, each starting on a block. A
+buffer is reused only once no slot or view of it is referenced. Thread-safe.
 """
 
 from __future__ import annotations
 
+import mmap
+import threading
+import weakref
 from collections.abc import Mapping
 
 import numpy as np
 
 BLOCK_BYTES = 4096  # >= the logical block size of every filesystem the daemon writes to
+HUGE_PAGE_BYTES = 2 << 20  # buffers are sized in huge pages
+POOL_BYTES = 256 << 20  # idle buffers kept for reuse, at most
+
+_pool: list[mmap.mmap] = []  # idle buffers, smallest first
+_pool_lock = threading.Lock()
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:
-    raw = np.empty(nbytes + BLOCK_BYTES, np.uint8)
-    skip = -raw.ctypes.data % BLOCK_BYTES
-    return raw[skip : skip + nbytes]
+    mapping = _take(-(-max(nbytes, 1) // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES)
+    array = np.frombuffer(mapping, np.uint8)  # mmap memory starts on a page
+    # views of `array` keep it alive: this runs once the last one is gone
+    weakref.finalize(array, _give_back, mapping).atexit = False
+    return array[:nbytes]
 
 
 def block_aligned(count: int) -> int:
@@ -44,3 +56,23 @@ def page_slots(sizes: Mapping[bytes, int]) -> dict[bytes, np.ndarray]:
         slots[digest] = buffer[at : at + size]
         at += block_aligned(size)
     return slots
+
+
+def _take(nbytes: int) -> mmap.mmap:
+    with _pool_lock:
+        for index, mapping in enumerate(_pool):
+            if nbytes <= len(mapping) <= 2 * nbytes:
+                return _pool.pop(index)
+    mapping = mmap.mmap(-1, nbytes)
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    return mapping
+
+
+def _give_back(mapping: mmap.mmap) -> None:
+    with _pool_lock:
+        _pool.append(mapping)
+        _pool.sort(key=len)
+        while sum(len(m) for m in _pool) > POOL_BYTES:
+            # the largest first; unmapped once the dying array's export is released
+            _pool.pop()

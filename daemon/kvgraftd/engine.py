@@ -26,10 +26,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from kvgraft.artifact import Artifact, page_sizes
 from kvgraft.errors import FailedPrecondition, InvalidArgument
+from kvgraft.page_buffers import page_slots
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd import compute_thread
 from kvgraftd.decoding import DecodeOptions, ResultEvent, TokenEvent
@@ -270,8 +272,12 @@ class Engine:
             labels=labels,
             receipt=receipt,
         )
-        missing = set(self.store.missing_pages(list(page_sizes(artifact.manifest))))
-        records = page_records_of({digest: artifact.pages[digest] for digest in missing})
+        missing = self.store.missing_pages(list(page_sizes(artifact.manifest)))
+        # block-aligned copies: the store writes them to disk with direct I/O
+        slots = page_slots({digest: len(artifact.pages[digest]) for digest in missing})
+        for digest, slot in slots.items():
+            slot[:] = np.frombuffer(artifact.pages[digest], np.uint8)
+        records = page_records_of(slots)
         return self.store.commit_artifact(artifact.manifest, records).artifact_id
 
     # ------------------------------------------------------------------
