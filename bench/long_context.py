@@ -101,7 +101,8 @@ def write_store(store: Store, pages: int) -> list[bytes]:
             model_fingerprint=b"\0" * 32,
             layout=layout,
             profile=profile,
-            token_ids=[(first * PAGE + i) % 49152 for i in range(tokens)],
+            # each artifact starts with its own token, so no two share a prefix chain
+            token_ids=[(first + i) % 49152 for i in range(tokens)],
             segment_ends=[tokens],
             page_sha256=hashes,
             labels={"bench": "long_context", "first_page": str(first)},

@@ -20,9 +20,10 @@ Three ratios, each throughput(ours) / throughput(baseline), so higher is better:
   pieces (`read_into_vs_pagewise_memcpy`).
 * write_vs_fsync_file: durable artifact writes through the real `Store`
   (one `commit_artifact` per artifact of `page_records_of` its pages: views
-  of their bytes; the commit computes each page's xxh3-128 right before
-  appending it to a segment file, hands each MiB to the disk as soon as it is
-  written (sync_file_range), fdatasyncs, then commits the LMDB index
+  of their bytes, which lie block-aligned as the daemon's page buffers do,
+  kvgraft.page_buffers; the commit computes each page's xxh3-128 right before
+  queueing it, writes the pages to a segment file with O_DIRECT from where
+  they lie on a writer thread, fdatasyncs, then commits the LMDB index
   transaction, synced)
   against writing the same bytes to one file with `os.write` in 1 MiB pieces
   and an `fsync` after each artifact's bytes (as many durability points as
@@ -43,7 +44,8 @@ Three ratios, each throughput(ours) / throughput(baseline), so higher is better:
   starts, so that no trial pays for another's cleanup.
 * grpc_get_vs_tcp: `kvgraft.Client.get_artifact` of every artifact from a real
   kvgraftd on loopback, end to end as the library does it (the stream, the
-  wire decoding and the xxh3-128 check of every page on arrival), against a
+  wire decoding, each page's copy into a pooled block-aligned buffer and the
+  xxh3-128 check of every page on arrival), against a
   raw TCP socket on loopback: a sender process (forked from this one, so it
   holds the very same bytes) sends each artifact's bytes from memory in 4 MiB
   writes and this process `recv_into`s a preallocated buffer. The bare
