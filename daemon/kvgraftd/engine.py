@@ -274,7 +274,7 @@ class Engine:
         )
         missing = self.store.missing_pages(list(page_sizes(artifact.manifest)))
         # block-aligned copies: the store writes them to disk with direct I/O
-        slots = page_slots({digest: len(artifact.pages[digest]) for digest in missing})
+        slots = page_slots({d: len(artifact.pages[d]) for d in missing}) if missing else {}
         for digest, slot in slots.items():
             slot[:] = np.frombuffer(artifact.pages[digest], np.uint8)
         records = page_records_of(slots)

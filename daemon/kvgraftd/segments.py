@@ -18,7 +18,8 @@ Contract:
   the locations and leaves the new end `pending`: the caller records both in
   its index transaction, then calls `commit()` once that is durable, or
   `discard()` if it failed (the bytes past the committed end are cut off).
-  One appender at a time (the caller serializes).
+  One appender at a time (the caller serializes); an `append` after an
+  `append` without `commit` starts again from the committed end.
 * `open(tail, live)`, at start, makes the files agree with the index: files
   past the committed tail (a crash between `append` and the index commit)
   are cut off or removed, segments nothing lives in are removed, and the
@@ -191,8 +192,9 @@ class SegmentFiles:
         self, start: Tail, pages: Sequence[memoryview], prepare: Callable[[int], object] | None
     ) -> tuple[list[Location], int]:
         fd = self._append_fd(start.segment)
-        direct = self._direct_fd if all(map(is_aligned, pages)) else None
-        tails = TailBlocks(len(pages)) if direct is not None else None
+        aligned = self._direct_fd is not None and all(map(is_aligned, pages))
+        direct = self._direct_fd if aligned else None
+        tails = TailBlocks(sum(len(p) % BLOCK_BYTES > 0 for p in pages)) if aligned else None
         limit = WRITEBACK_BYTES if direct is None else DIRECT_WRITE_BYTES
         locations: list[Location] = []
         pieces: list[memoryview] = []  # the next write: up to `limit` bytes of pages
