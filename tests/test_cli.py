@@ -30,6 +30,7 @@ from factory import random_artifact
 from kvgraft import Artifact, Client, __version__
 from kvgraft.artifact import page_sizes
 from kvgraft.cli import build_parser
+from kvgraft.page_buffers import block_aligned
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 
@@ -97,6 +98,8 @@ def test_info_from_the_environment_variable(daemon: DaemonProcess, client: Clien
     assert stats["page_bytes"] == sum(page_sizes(artifact.manifest).values())
     assert stats["last_sequence"] == 1
     assert stats["staged_pages"] == 0
+    segment_bytes = sum(block_aligned(size) for size in page_sizes(artifact.manifest).values())
+    assert int(stats["segment_disk_bytes"]) >= segment_bytes  # blocks: at least the pages'
 
     text = kvgraft("info", env=env)
     assert text.returncode == 0, text.stderr

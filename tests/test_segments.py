@@ -141,12 +141,14 @@ def test_deleted_artifacts_give_their_disk_space_back(tmp_path: Path) -> None:
         for artifact in (first, second, third):
             _commit(store, artifact)  # one segment each: each fills its segment
         one, two, three = segment_files(store.path)
+        assert store.stats().segment_disk_bytes == sum(map(_allocated, (one, two, three)))
         store.delete_artifact(first.id)
         assert not one.exists()  # emptied, not the active segment: removed
         store.delete_artifact(third.id)
         assert three.exists() and _allocated(three) < 64 << 10  # active: its holes punched
         assert _read(store, second) == _pages(second)
         assert _allocated(two) >= 2 << 20
+        assert store.stats().segment_disk_bytes == _allocated(two) + _allocated(three)
     with closing(Store(tmp_path / "s", min_free_bytes=1 << 20, segment_bytes=1 << 20)) as reopened:
         assert _read(reopened, second) == _pages(second)
         _commit(reopened, first)  # written again, after the others

@@ -59,8 +59,9 @@ def cmd_info(client: Client, args: argparse.Namespace) -> None:
         + (f", fingerprint {info.model_fingerprint.hex()[:16]}" if info.model_fingerprint else ""),
         f"artifacts: {stats.artifacts}   pages: {stats.pages} ({human_bytes(stats.page_bytes)})"
         f"   staged: {stats.staged_pages}",
-        f"map: {human_bytes(stats.map_used_bytes)} used of {human_bytes(stats.map_size_bytes)}"
-        f"   disk free: {human_bytes(stats.disk_free_bytes)}   sequence: {stats.last_sequence}",
+        f"disk: {human_bytes(stats.segment_disk_bytes)} in segments, index map "
+        f"{human_bytes(stats.map_used_bytes)} used of {human_bytes(stats.map_size_bytes)}"
+        f"   free: {human_bytes(stats.disk_free_bytes)}   sequence: {stats.last_sequence}",
     ]
     rows = [
         (t.name, human_bytes(t.used_bytes), human_bytes(t.capacity_bytes), t.hits, t.misses)

@@ -135,6 +135,7 @@ class KvgraftCollector(Collector):
             ("staged_pages", "pages received but not yet referenced"),
             ("map_size_bytes", "the LMDB map's size"),
             ("map_used_bytes", "bytes of the LMDB map in use"),
+            ("segment_disk_bytes", "disk the segment files hold"),
             ("disk_free_bytes", "free space where the store lives"),
             ("last_sequence", "newest change-feed sequence"),
         ):

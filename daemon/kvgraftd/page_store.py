@@ -141,6 +141,9 @@ class PageStore:
             cursor = txn.cursor(db=self._db)
             return [digest for digest in digests if not cursor.set_key(digest)]
 
+    def disk_bytes(self) -> int:
+        return self._segments.disk_bytes()
+
     def count(self, txn: lmdb.Transaction) -> int:
         return txn.stat(self._db)["entries"]
 

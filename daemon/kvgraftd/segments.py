@@ -24,6 +24,7 @@ Contract:
   past the committed tail (a crash between `append` and the index commit)
   are cut off or removed, segments nothing lives in are removed, and the
   space between live pages is given back to the filesystem.
+* `disk_bytes()`: the disk space the files take (holes excluded).
 * `view(segment, offset, length)`: a read-only view of a page's bytes in a
   shared mapping of its segment. Reads happen inside `reading()`.
 * `free(locations)` returns the space of pages the index no longer names, but
@@ -48,7 +49,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import NamedTuple
 
@@ -61,7 +62,7 @@ from kvgraftd.direct_io import (
     open_direct,
     pwritev_all,
 )
-from kvgraftd.linux_files import punch_hole, start_writeback
+from kvgraftd.linux_files import opened, punch_hole, start_writeback, sync_directory
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class SegmentFiles:
                 continue
             end = tail.end if segment == tail.segment else None
             self._punch_gaps(segment, sorted(locations), end)
-        _sync_directory(self.directory)
+        sync_directory(self.directory)
 
     def close(self) -> None:
         self._writer.shutdown()
@@ -257,7 +258,7 @@ class SegmentFiles:
         self._fd_segment = segment
         self._direct_fd = open_direct(path)
         if created:
-            _sync_directory(self.directory)
+            sync_directory(self.directory)
         return self._fd
 
     def _close_fds(self) -> None:
@@ -358,12 +359,12 @@ class SegmentFiles:
         for location in locations:
             by_segment.setdefault(location.segment, []).append(location)
         for segment, found in by_segment.items():
-            with _opened(self._path(segment)) as fd:
+            with opened(self._path(segment)) as fd:
                 for location in found:
                     punch_hole(fd, location.offset, block_aligned(location.length))
 
     def _punch_gaps(self, segment: int, live: list[Location], end: int | None) -> None:
-        with _opened(self._path(segment)) as fd:
+        with opened(self._path(segment)) as fd:
             at = 0
             for location in live:
                 if location.offset > at:
@@ -373,23 +374,17 @@ class SegmentFiles:
             if size > at:
                 punch_hole(fd, at, size - at)
 
+    def disk_bytes(self) -> int:
+        """What the segment files take on disk (blocks allocated: holes not counted)."""
+        total = 0
+        for segment in self._existing():
+            with suppress(FileNotFoundError):  # removed since it was listed
+                total += os.stat(self._path(segment)).st_blocks * 512
+        return total
+
     def _existing(self) -> list[int]:
         names = map(_NAME.match, os.listdir(self.directory))
         return sorted(int(match.group(1)) for match in names if match is not None)
 
     def _path(self, segment: int) -> Path:
         return self.directory / f"{segment:08d}.seg"
-
-
-@contextmanager
-def _opened(path: Path, flags: int = os.O_WRONLY) -> Iterator[int]:
-    fd = os.open(path, flags)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def _sync_directory(directory: Path) -> None:
-    with _opened(directory, os.O_RDONLY) as fd:
-        os.fsync(fd)

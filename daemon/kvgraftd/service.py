@@ -62,9 +62,9 @@ class StoreService:
         stats = self._store.stats()
         return pb.TierInfo(
             name="lmdb",
-            capacity_bytes=stats.map_used_bytes + stats.disk_free_bytes,
+            capacity_bytes=stats.segment_disk_bytes + stats.map_used_bytes + stats.disk_free_bytes,
             used_bytes=stats.page_bytes,
-            peak_bytes=stats.map_used_bytes,
+            peak_bytes=stats.segment_disk_bytes + stats.map_used_bytes,
         )
 
     def stats(self, request: pb.StatsRequest) -> pb.StatsResponse:
@@ -76,6 +76,7 @@ class StoreService:
             staged_pages=s.staged_pages,
             map_size_bytes=s.map_size_bytes,
             map_used_bytes=s.map_used_bytes,
+            segment_disk_bytes=s.segment_disk_bytes,
             disk_free_bytes=s.disk_free_bytes,
             last_sequence=s.last_sequence,
             tiers=[self._lmdb_tier()],

@@ -95,6 +95,7 @@ class StoreStats:
     staged_pages: int
     map_size_bytes: int
     map_used_bytes: int
+    segment_disk_bytes: int
     disk_free_bytes: int
     last_sequence: int
 
@@ -416,6 +417,7 @@ class Store:
                 staged_pages=txn.stat(self._db["staged"])["entries"],
                 map_size_bytes=0,
                 map_used_bytes=0,
+                segment_disk_bytes=self._pages.disk_bytes(),
                 disk_free_bytes=shutil.disk_usage(self.path).free,
                 last_sequence=SEQUENCE_KEY.unpack(last.key())[0] if last.last() else 0,
             )

@@ -483,7 +483,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("artifacts", "pages", "page_bytes", "staged_pages", "map_size_bytes", "map_used_bytes", "disk_free_bytes", "last_sequence", "tiers", "rpc_calls", "rss_anon_bytes", "device_max_allocated_bytes")
+    __slots__ = ("artifacts", "pages", "page_bytes", "staged_pages", "map_size_bytes", "map_used_bytes", "disk_free_bytes", "last_sequence", "tiers", "rpc_calls", "rss_anon_bytes", "device_max_allocated_bytes", "segment_disk_bytes")
     class RpcCallsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -503,6 +503,7 @@ class StatsResponse(_message.Message):
     RPC_CALLS_FIELD_NUMBER: _ClassVar[int]
     RSS_ANON_BYTES_FIELD_NUMBER: _ClassVar[int]
     DEVICE_MAX_ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     artifacts: int
     pages: int
     page_bytes: int
@@ -515,7 +516,8 @@ class StatsResponse(_message.Message):
     rpc_calls: _containers.ScalarMap[str, int]
     rss_anon_bytes: int
     device_max_allocated_bytes: int
-    def __init__(self, artifacts: _Optional[int] = ..., pages: _Optional[int] = ..., page_bytes: _Optional[int] = ..., staged_pages: _Optional[int] = ..., map_size_bytes: _Optional[int] = ..., map_used_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., last_sequence: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., rpc_calls: _Optional[_Mapping[str, int]] = ..., rss_anon_bytes: _Optional[int] = ..., device_max_allocated_bytes: _Optional[int] = ...) -> None: ...
+    segment_disk_bytes: int
+    def __init__(self, artifacts: _Optional[int] = ..., pages: _Optional[int] = ..., page_bytes: _Optional[int] = ..., staged_pages: _Optional[int] = ..., map_size_bytes: _Optional[int] = ..., map_used_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., last_sequence: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., rpc_calls: _Optional[_Mapping[str, int]] = ..., rss_anon_bytes: _Optional[int] = ..., device_max_allocated_bytes: _Optional[int] = ..., segment_disk_bytes: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("from_sequence", "follow")
