@@ -6,13 +6,15 @@ manifest bytes; the id is the SHA-256 of those manifest bytes alone, so
 pinning never changes an id. The `log` sub-database holds the change feed:
 key = sequence (u64 big-endian, so keys sort by sequence), value = a
 serialized ChangeRecord. This module turns records into the wire's
-ArtifactInfo and reads the catalogue inside the store's transactions
-(resolve, records_after, changes_since). It knows nothing of gRPC.
+ArtifactInfo, reads the catalogue inside the store's transactions
+(resolve, records_after, changes_since) and appends to the feed
+(append_change). It knows nothing of gRPC.
 """
 
 from __future__ import annotations
 
 import struct
+import time
 from dataclasses import dataclass
 
 from kvgraft.artifact import page_sizes
@@ -66,8 +68,25 @@ def artifact_info(
     )
 
 
-def change_record(sequence: int, kind: int, artifact_id: str, unix_ms: int) -> pb.ChangeRecord:
-    return pb.ChangeRecord(sequence=sequence, kind=kind, artifact_id=artifact_id, unix_ms=unix_ms)
+def parse_full_id(artifact_id: str) -> bytes:
+    try:
+        aid = bytes.fromhex(artifact_id)
+    except ValueError:
+        aid = b""
+    if len(aid) != 32:
+        raise InvalidArgument(f"{artifact_id!r} is not a full artifact id (64 hex characters)")
+    return aid
+
+
+def append_change(txn, db, kind: int, aid: bytes) -> int:
+    """Add a change record (`kind` of artifact `aid`) to the feed; returns its sequence."""
+    cursor = txn.cursor(db=db)
+    sequence = SEQUENCE_KEY.unpack(cursor.key())[0] + 1 if cursor.last() else 1
+    entry = pb.ChangeRecord(
+        sequence=sequence, kind=kind, artifact_id=aid.hex(), unix_ms=int(time.time() * 1000)
+    )
+    txn.put(SEQUENCE_KEY.pack(sequence), entry.SerializeToString(), db=db)
+    return sequence
 
 
 def resolve_prefix_bounds(id_or_prefix: str) -> tuple[bytes, bytes]:

@@ -22,7 +22,8 @@ from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.catalog import artifact_info
 from kvgraftd.intake import PageIntake
 from kvgraftd.read_ahead import read_ahead
-from kvgraftd.store import STORE_FORMAT_VERSION, Store
+from kvgraftd.store import Store
+from kvgraftd.store_migration import STORE_FORMAT_VERSION
 
 MAX_MISSING_QUERY = 100_000
 MAX_LIST_PAGE = 1000

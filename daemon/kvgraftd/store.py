@@ -52,16 +52,14 @@ import numpy as np
 from kvgraft.artifact import canonical_bytes, page_sizes
 from kvgraft.errors import (
     FailedPrecondition,
-    InvalidArgument,
     NotFound,
 )
 from kvgraft.page_buffers import block_aligned
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd import catalog, chains, page_records
+from kvgraftd import catalog, chains, page_records, store_migration
 from kvgraftd.catalog import (
     SEQUENCE_KEY,
     ArtifactRecord,
-    change_record,
     decode_record,
     encode_record,
 )
@@ -73,7 +71,6 @@ from kvgraftd.segments import DEFAULT_SEGMENT_BYTES, Location
 
 log = logging.getLogger(__name__)
 
-STORE_FORMAT_VERSION = 2
 _U64 = struct.Struct("<Q")
 INDEX_BYTES_PER_PAGE = 256  # what a page's records cost LMDB, with room to spare
 
@@ -125,7 +122,7 @@ class Store:
         self._pages = PageStore(self._lmdb, self.path / "segments", segment_bytes=segment_bytes)
         self._changed = threading.Condition()
         try:
-            self._pages.open(self._check_format())
+            self._pages.open(store_migration.check_format(self._lmdb, self.path))
         except BaseException:
             self.close()
             raise
@@ -133,24 +130,6 @@ class Store:
     def close(self) -> None:
         self._lmdb.close()
         self._pages.close()
-
-    def _check_format(self) -> int:
-        def body(txn: lmdb.Transaction) -> int:
-            meta = self._db["meta"]
-            found = txn.get(b"format_version", db=meta)
-            if found is None:
-                txn.put(b"format_version", str(STORE_FORMAT_VERSION).encode(), db=meta)
-                txn.put(b"created_unix_ms", str(_now_ms()).encode(), db=meta)
-                return STORE_FORMAT_VERSION
-            return int(bytes(found))
-
-        version = self._write(0, body)
-        if version not in (1, STORE_FORMAT_VERSION):  # 1: migrated by PageStore.open
-            raise FailedPrecondition(
-                f"store {self.path} has format {version}; this kvgraftd reads formats 1 and "
-                f"{STORE_FORMAT_VERSION}. Use a matching kvgraft version."
-            )
-        return version
 
     # ------------------------------------------------------------------
     # pages
@@ -165,12 +144,9 @@ class Store:
 
     @contextmanager
     def verified_pages(self, digests: Sequence[bytes]) -> Iterator[list[np.ndarray]]:
-        """The pages as read-only uint8 views of the map, each verified in place.
-
-        The cheapest read: the bytes are read once, by the check, and copied
-        only where the caller copies them. The views are valid inside the
-        `with` block only (after it, a deleted page's space may be given back).
-        """
+        """The pages as read-only uint8 views of their segments, each verified in place (the
+        cheapest read: one pass, the check's). Valid inside the `with` block only: after it,
+        a deleted page's space may be given back."""
         with self._pages.verified(digests) as views:
             yield views
 
@@ -183,11 +159,8 @@ class Store:
         return data, checksum[0]
 
     def read_pages_framed(self, digests: Sequence[bytes], frame: page_records.Framer) -> bytes:
-        """frame(0, ...) + page 0 + frame(1, ...) + page 1 + ..., every page verified.
-
-        `frame(index, sha256, xxh3, size)` gives the bytes that precede page
-        `index`. Used to put pages on the wire with a single copy.
-        """
+        """frame(0, ...) + page 0 + frame(1, ...) + ..., every page verified: `frame(index,
+        sha256, xxh3, size)` gives the bytes before page `index` (the wire, one copy)."""
         return self._pages.read_framed(digests, frame)
 
     def stage_pages(self, records: Mapping[bytes, PageRecord]) -> int:
@@ -254,7 +227,7 @@ class Store:
             self._add_page_bytes(txn, written_bytes)
             written = len(new)
             chains.register(txn, self._db["chains"], manifest, +1)
-            sequence = self._append_log(txn, pb.ChangeRecord.KIND_ADDED, aid)
+            sequence = catalog.append_change(txn, self._db["log"], pb.ChangeRecord.KIND_ADDED, aid)
             record = ArtifactRecord(_now_ms(), sequence, False, canonical)
             txn.put(aid, encode_record(record), db=self._db["artifacts"])
             return CommitResult(aid.hex(), False, written, written_bytes, sequence)
@@ -309,16 +282,9 @@ class Store:
         total = (_U64.unpack(current)[0] if current is not None else 0) + delta
         txn.put(b"page_bytes", _U64.pack(total), db=meta)
 
-    def _append_log(self, txn, kind: int, aid: bytes) -> int:
-        cursor = txn.cursor(db=self._db["log"])
-        sequence = SEQUENCE_KEY.unpack(cursor.key())[0] + 1 if cursor.last() else 1
-        entry = change_record(sequence, kind, aid.hex(), _now_ms())
-        txn.put(SEQUENCE_KEY.pack(sequence), entry.SerializeToString(), db=self._db["log"])
-        return sequence
-
     def delete_artifact(self, artifact_id: str) -> tuple[int, int]:
         """Remove an artifact; returns (pages freed, bytes freed)."""
-        aid = _parse_full_id(artifact_id)
+        aid = catalog.parse_full_id(artifact_id)
 
         def body(txn: lmdb.Transaction) -> tuple[int, int]:
             found = txn.get(aid, db=self._db["artifacts"])
@@ -341,7 +307,7 @@ class Store:
                 locations += self._drop_page(txn, digest)
             chains.register(txn, self._db["chains"], record.manifest(), -1)
             txn.delete(aid, db=self._db["artifacts"])
-            self._append_log(txn, pb.ChangeRecord.KIND_DELETED, aid)
+            catalog.append_change(txn, self._db["log"], pb.ChangeRecord.KIND_DELETED, aid)
             return locations
 
         locations = self._write(0, body)
@@ -357,16 +323,13 @@ class Store:
         return freed, freed_bytes
 
     def set_pinned(self, artifact_id: str, pinned: bool) -> ArtifactRecord:
-        aid = _parse_full_id(self.resolve(artifact_id))
+        aid = catalog.parse_full_id(self.resolve(artifact_id))
 
         def body(txn: lmdb.Transaction) -> ArtifactRecord:
             found = txn.get(aid, db=self._db["artifacts"])
             if found is None:  # deleted since resolve()
                 raise NotFound(f"artifact {artifact_id} was deleted")
-            record = decode_record(found)
-            record = ArtifactRecord(
-                record.created_unix_ms, record.sequence, pinned, record.canonical
-            )
+            record = dataclasses.replace(decode_record(found), pinned=pinned)
             txn.put(aid, encode_record(record), db=self._db["artifacts"])
             return record
 
@@ -378,7 +341,7 @@ class Store:
             return catalog.resolve(txn, self._db["artifacts"], id_or_prefix)
 
     def get_record(self, artifact_id: str) -> ArtifactRecord:
-        aid = _parse_full_id(self.resolve(artifact_id))
+        aid = catalog.parse_full_id(self.resolve(artifact_id))
         with self._read() as txn:
             found = txn.get(aid, db=self._db["artifacts"])
             if found is None:
@@ -423,16 +386,6 @@ class Store:
             )
         map_size, map_used = self._lmdb.map_bytes()
         return dataclasses.replace(stats, map_size_bytes=map_size, map_used_bytes=map_used)
-
-
-def _parse_full_id(artifact_id: str) -> bytes:
-    try:
-        aid = bytes.fromhex(artifact_id)
-    except ValueError:
-        aid = b""
-    if len(aid) != 32:
-        raise InvalidArgument(f"{artifact_id!r} is not a full artifact id (64 hex characters)")
-    return aid
 
 
 def _needs(records: Iterable[PageRecord]) -> tuple[int, int]:

@@ -1,4 +1,5 @@
-"""Store format migrations, run when a store of an older format is opened.
+"""Store formats: which one a store has (`check_format`), and the migrations
+run when a store of an older format is opened.
 
 Format 1 (kvgraft up to 0.x of 2026-12-01) kept each page inside LMDB, as the
 value `xxh3-128 || bytes` of the `pages` sub-database. Format 2 keeps the
@@ -21,19 +22,44 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import lmdb
 
+from kvgraft.errors import FailedPrecondition
 from kvgraftd.lmdb_env import LmdbEnv
 from kvgraftd.page_records import PageRecord
 
 log = logging.getLogger(__name__)
 
+STORE_FORMAT_VERSION = 2
 BATCH_BYTES = 256 << 20
 V1_CHECKSUM_BYTES = 16
 
 WriteAppending = Callable[[int, int, Callable[[lmdb.Transaction], int]], int]
 AppendPages = Callable[[lmdb.Transaction, Mapping[bytes, PageRecord]], None]
+
+
+def check_format(env: LmdbEnv, path: Path) -> int:
+    """The store's format version (a new store is marked with the current one);
+    FailedPrecondition for a format this kvgraftd cannot read."""
+
+    def body(txn: lmdb.Transaction) -> int:
+        meta = env.db["meta"]
+        found = txn.get(b"format_version", db=meta)
+        if found is None:
+            txn.put(b"format_version", str(STORE_FORMAT_VERSION).encode(), db=meta)
+            txn.put(b"created_unix_ms", str(int(time.time() * 1000)).encode(), db=meta)
+            return STORE_FORMAT_VERSION
+        return int(bytes(found))
+
+    version = env.write(0, body)
+    if version not in (1, STORE_FORMAT_VERSION):  # 1: migrated by PageStore.open
+        raise FailedPrecondition(
+            f"store {path} has format {version}; this kvgraftd reads formats 1 and "
+            f"{STORE_FORMAT_VERSION}. Use a matching kvgraft version."
+        )
+    return version
 
 
 def migrate_v1(env: LmdbEnv, write_appending: WriteAppending, append: AppendPages) -> int:
