@@ -19,7 +19,7 @@ from factory import random_artifact
 from on_disk import segment_files
 
 from kvgraft.errors import ResourceExhausted
-from kvgraft.page_buffers import aligned_empty, block_aligned
+from kvgraft.page_buffers import block_aligned, slot_copies
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd import segments
 from kvgraftd.direct_io import open_direct, pwritev_all
@@ -214,13 +214,8 @@ def test_a_delete_succeeds_when_its_space_cannot_be_given_back(tmp_path: Path, m
 
 def _block_aligned(pages: list[bytes]) -> list[memoryview]:
     """`pages` copied into one block-aligned buffer, each starting on a block (direct I/O)."""
-    arena = aligned_empty(sum(block_aligned(len(page)) for page in pages))
-    views, at = [], 0
-    for page in pages:
-        arena[at : at + len(page)] = np.frombuffer(page, np.uint8)
-        views.append(memoryview(arena[at : at + len(page)]))
-        at += block_aligned(len(page))
-    return views
+    slots = slot_copies({index.to_bytes(4, "big"): page for index, page in enumerate(pages)})
+    return [memoryview(slot) for slot in slots.values()]
 
 
 def open_direct_probe(directory: Path) -> int | None:

@@ -16,8 +16,9 @@ artifact (or message), every slot starting on a 4 KiB block:
 Contract: `aligned_empty(nbytes)` is a writable uint8 array whose data starts
 on a `BLOCK_BYTES` boundary (contents undefined: a reused buffer holds old
 bytes); `page_slots(sizes)` maps each page (SHA-256 -> size) to its own uint8
-array of that size, all in one such buffer, each starting on a block. A
-buffer is reused only once no slot or view of it is referenced. Thread-safe.
+array of that size, all in one such buffer, each starting on a block, and
+`slot_copies(pages)` fills such slots with copies of the pages. A buffer is
+reused only once no slot or view of it is referenced. Thread-safe.
 """
 
 from __future__ import annotations
@@ -55,6 +56,15 @@ def page_slots(sizes: Mapping[bytes, int]) -> dict[bytes, np.ndarray]:
     for digest, size in sizes.items():
         slots[digest] = buffer[at : at + size]
         at += block_aligned(size)
+    return slots
+
+
+def slot_copies(pages: Mapping[bytes, bytes | memoryview | np.ndarray]) -> dict[bytes, np.ndarray]:
+    """Each page copied into its slot (`page_slots` of their sizes)."""
+    views = {digest: memoryview(data).cast("B") for digest, data in pages.items()}
+    slots = page_slots({digest: len(view) for digest, view in views.items()})
+    for digest, slot in slots.items():
+        slot[:] = np.frombuffer(views[digest], np.uint8)
     return slots
 
 

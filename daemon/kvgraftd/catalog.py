@@ -68,6 +68,11 @@ def artifact_info(
     )
 
 
+def now_ms() -> int:
+    """Unix time in milliseconds, as records and change records keep it."""
+    return int(time.time() * 1000)
+
+
 def parse_full_id(artifact_id: str) -> bytes:
     try:
         aid = bytes.fromhex(artifact_id)
@@ -82,9 +87,7 @@ def append_change(txn, db, kind: int, aid: bytes) -> int:
     """Add a change record (`kind` of artifact `aid`) to the feed; returns its sequence."""
     cursor = txn.cursor(db=db)
     sequence = SEQUENCE_KEY.unpack(cursor.key())[0] + 1 if cursor.last() else 1
-    entry = pb.ChangeRecord(
-        sequence=sequence, kind=kind, artifact_id=aid.hex(), unix_ms=int(time.time() * 1000)
-    )
+    entry = pb.ChangeRecord(sequence=sequence, kind=kind, artifact_id=aid.hex(), unix_ms=now_ms())
     txn.put(SEQUENCE_KEY.pack(sequence), entry.SerializeToString(), db=db)
     return sequence
 

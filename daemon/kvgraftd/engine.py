@@ -26,12 +26,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 
-import numpy as np
 import torch
 
 from kvgraft.artifact import Artifact, page_sizes
 from kvgraft.errors import FailedPrecondition, InvalidArgument
-from kvgraft.page_buffers import page_slots
+from kvgraft.page_buffers import slot_copies
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd import compute_thread
 from kvgraftd.decoding import DecodeOptions, ResultEvent, TokenEvent
@@ -274,10 +273,8 @@ class Engine:
         )
         missing = self.store.missing_pages(list(page_sizes(artifact.manifest)))
         # block-aligned copies: the store writes them to disk with direct I/O
-        slots = page_slots({d: len(artifact.pages[d]) for d in missing}) if missing else {}
-        for digest, slot in slots.items():
-            slot[:] = np.frombuffer(artifact.pages[digest], np.uint8)
-        records = page_records_of(slots)
+        copies = slot_copies({d: artifact.pages[d] for d in missing}) if missing else {}
+        records = page_records_of(copies)
         return self.store.commit_artifact(artifact.manifest, records).artifact_id
 
     # ------------------------------------------------------------------

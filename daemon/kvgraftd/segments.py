@@ -193,9 +193,10 @@ class SegmentFiles:
         self, start: Tail, pages: Sequence[memoryview], prepare: Callable[[int], object] | None
     ) -> tuple[list[Location], int]:
         fd = self._append_fd(start.segment)
-        aligned = self._direct_fd is not None and all(map(is_aligned, pages))
-        direct = self._direct_fd if aligned else None
-        tails = TailBlocks(sum(len(p) % BLOCK_BYTES > 0 for p in pages)) if aligned else None
+        direct = self._direct_fd
+        if direct is not None and not all(map(is_aligned, pages)):
+            direct = None  # the page cache takes what the device cannot read in place
+        tails = None if direct is None else TailBlocks(sum(len(p) % BLOCK_BYTES > 0 for p in pages))
         limit = WRITEBACK_BYTES if direct is None else DIRECT_WRITE_BYTES
         locations: list[Location] = []
         pieces: list[memoryview] = []  # the next write: up to `limit` bytes of pages
@@ -232,7 +233,7 @@ class SegmentFiles:
                 if prepare is not None:
                     prepare(index)
                 locations.append(Location(start.segment, at, len(page)))
-                if tails is None:
+                if direct is None:
                     queue(page)
                     queue(_ZEROS[: block_aligned(at + len(page)) - at - len(page)])
                 else:

@@ -22,7 +22,7 @@ from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.catalog import artifact_info
 from kvgraftd.intake import PageIntake
 from kvgraftd.read_ahead import read_ahead
-from kvgraftd.store import Store
+from kvgraftd.store import Store, StoreStats
 from kvgraftd.store_migration import STORE_FORMAT_VERSION
 
 MAX_MISSING_QUERY = 100_000
@@ -56,11 +56,11 @@ class StoreService:
         return pb.InfoResponse(
             version=__version__,
             store_format_version=STORE_FORMAT_VERSION,
-            tiers=[self._lmdb_tier()],
+            tiers=[self._lmdb_tier(self._store.stats())],
         )
 
-    def _lmdb_tier(self) -> pb.TierInfo:
-        stats = self._store.stats()
+    @staticmethod
+    def _lmdb_tier(stats: StoreStats) -> pb.TierInfo:
         return pb.TierInfo(
             name="lmdb",
             capacity_bytes=stats.segment_disk_bytes + stats.map_used_bytes + stats.disk_free_bytes,
@@ -80,7 +80,7 @@ class StoreService:
             segment_disk_bytes=s.segment_disk_bytes,
             disk_free_bytes=s.disk_free_bytes,
             last_sequence=s.last_sequence,
-            tiers=[self._lmdb_tier()],
+            tiers=[self._lmdb_tier(s)],
         )
 
     # ------------------------------------------------------------------

@@ -40,7 +40,6 @@ import logging
 import shutil
 import struct
 import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -62,6 +61,7 @@ from kvgraftd.catalog import (
     ArtifactRecord,
     decode_record,
     encode_record,
+    now_ms,
 )
 from kvgraftd.chains import ChainEntry
 from kvgraftd.lmdb_env import LmdbEnv
@@ -169,7 +169,7 @@ class Store:
         def body(txn: lmdb.Transaction) -> int:
             new = {d: r for d, r in records.items() if not self._pages.is_stored(txn, d)}
             self._pages.append(txn, new)
-            now = _U64.pack(_now_ms())
+            now = _U64.pack(now_ms())
             for digest in new:
                 txn.put(digest, now, db=self._db["staged"])
             self._add_page_bytes(txn, sum(len(record.data) for record in new.values()))
@@ -179,7 +179,7 @@ class Store:
 
     def collect_staged(self, older_than_s: float) -> int:
         """Delete staged pages older than `older_than_s` that nothing references."""
-        limit = _now_ms() - int(older_than_s * 1000)
+        limit = now_ms() - int(older_than_s * 1000)
 
         def body(txn: lmdb.Transaction) -> tuple[int, list[Location]]:
             cursor = txn.cursor(db=self._db["staged"])
@@ -228,7 +228,7 @@ class Store:
             written = len(new)
             chains.register(txn, self._db["chains"], manifest, +1)
             sequence = catalog.append_change(txn, self._db["log"], pb.ChangeRecord.KIND_ADDED, aid)
-            record = ArtifactRecord(_now_ms(), sequence, False, canonical)
+            record = ArtifactRecord(now_ms(), sequence, False, canonical)
             txn.put(aid, encode_record(record), db=self._db["artifacts"])
             return CommitResult(aid.hex(), False, written, written_bytes, sequence)
 
@@ -392,7 +392,3 @@ def _needs(records: Iterable[PageRecord]) -> tuple[int, int]:
     """(bytes of the index, bytes of the segments) that writing `records` takes."""
     sizes = [len(record.data) for record in records]
     return INDEX_BYTES_PER_PAGE * len(sizes), sum(block_aligned(size) for size in sizes)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

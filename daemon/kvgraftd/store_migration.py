@@ -27,6 +27,7 @@ from pathlib import Path
 import lmdb
 
 from kvgraft.errors import FailedPrecondition
+from kvgraftd.catalog import now_ms
 from kvgraftd.lmdb_env import LmdbEnv
 from kvgraftd.page_records import PageRecord
 
@@ -49,7 +50,7 @@ def check_format(env: LmdbEnv, path: Path) -> int:
         found = txn.get(b"format_version", db=meta)
         if found is None:
             txn.put(b"format_version", str(STORE_FORMAT_VERSION).encode(), db=meta)
-            txn.put(b"created_unix_ms", str(int(time.time() * 1000)).encode(), db=meta)
+            txn.put(b"created_unix_ms", str(now_ms()).encode(), db=meta)
             return STORE_FORMAT_VERSION
         return int(bytes(found))
 
