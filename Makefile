@@ -16,7 +16,9 @@ PYTEST_ARGS ?=
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml constraints.txt
+NATIVE := $(wildcard daemon/kvgraftd/native/*.c daemon/kvgraftd/native/*.h)
+
+$(STAMP): pyproject.toml constraints.txt setup.py $(NATIVE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt torch==2.13.0
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[engine,dev]'
@@ -70,5 +72,5 @@ service-config: $(STAMP) ## regenerate daemon/systemd/kvgraftd.toml from kvgraft
 	  $(BIN)/kvgraftd --data /var/lib/kvgraft --print-config; } > daemon/systemd/kvgraftd.toml.new
 	mv daemon/systemd/kvgraftd.toml.new daemon/systemd/kvgraftd.toml
 
-clean: ## remove the virtual environment and caches (keeps ./kvgraft-data)
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+clean: ## remove the virtual environment, caches and the built kernel (keeps ./kvgraft-data)
+	rm -rf $(VENV) .pytest_cache .ruff_cache build daemon/kvgraftd/_attend.*.so

@@ -24,8 +24,8 @@ from kvgraftd import compute_thread
 from kvgraftd.chains import whole_pages
 from kvgraftd.decoding import DecodeOptions, ResultEvent, TokenEvent
 from kvgraftd.engine import Engine
-from kvgraftd.kv_context import blockwise_attention
 from kvgraftd.model_adapter import ModelAdapter
+from kvgraftd.online_softmax import blockwise_attention
 from kvgraftd.page_records import page_record
 from kvgraftd.store import Store
 

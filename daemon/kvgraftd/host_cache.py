@@ -93,6 +93,37 @@ class HostCache:
                     self._admit(digests[index], view)
             yield found
 
+    @contextmanager
+    def unchecked(self, digests: list[bytes]) -> Iterator[list[tuple[np.ndarray, bytes | None]]]:
+        """(bytes, xxh3-128 to check them against) of every page, inside the `with` block.
+
+        A cached page is its cached copy, checked when it came in (None); any
+        other is a read-only view of the store's map, not yet checked: the
+        caller checks it before using anything computed from it, and may then
+        `admit` it.
+        """
+        found: list[tuple[np.ndarray, bytes | None] | None] = []
+        with self._lock:
+            for digest in digests:
+                cached = self._pages.get(digest)
+                if cached is not None:
+                    self._pages.move_to_end(digest)
+                    self.counters.hits += 1
+                found.append(None if cached is None else (cached, None))
+        missing = [index for index, page in enumerate(found) if page is None]
+        with self.store.pages_to_check([digests[i] for i in missing]) as pages:
+            with self._lock:
+                self.counters.misses += len(missing)
+                self.counters.bytes_streamed += sum(view.nbytes for _, view in pages)
+            for index, (checksum, view) in zip(missing, pages, strict=True):
+                found[index] = (view, checksum)
+            yield found  # type: ignore[misc]
+
+    def admit(self, digest: bytes, data: np.ndarray) -> None:
+        """Keep a copy of a page checked by the caller (if the budget allows)."""
+        if self.budget_bytes:
+            self._admit(digest, data)
+
     def _admit(self, digest: bytes, data: np.ndarray) -> None:
         if data.nbytes > self.budget_bytes:
             return

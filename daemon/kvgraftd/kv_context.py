@@ -30,71 +30,25 @@ import itertools
 import threading
 import warnings
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
 
+from kvgraft.errors import DataLoss
+from kvgraft.page_checks import CHECK_THREADS
+from kvgraftd.decode_attention import DecodeSoftmax, OrderedPartials, Partial
 from kvgraftd.device_pool import DevicePool, Slot
 from kvgraftd.host_cache import HostCache
 from kvgraftd.live_buffers import GRANULE_TOKENS, LiveBuffers, round_capacity
 from kvgraftd.model_adapter import ModelGeometry
+from kvgraftd.online_softmax import OnlineSoftmax, softmax_for
+from kvgraftd.page_records import corrupt_message
 
 _uids = itertools.count(1)
 # Stored pages attended in place are read-only views of the store's map; attention only reads.
 warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
-
-
-class OnlineSoftmax:
-    """Attention of queries q [heads, n, D] at [q_start, ...) merged over key blocks in order."""
-
-    def __init__(self, q: torch.Tensor, kv_heads: int, q_start: int, scaling: float) -> None:
-        heads, n, dim = q.shape
-        group = heads // kv_heads
-        self._shape = (heads, n, dim)
-        self._q = q.reshape(kv_heads, group * n, dim)  # query head h reads kv head h // group
-        self._q_start = q_start
-        self._q_positions = torch.arange(q_start, q_start + n).repeat(group).unsqueeze(1)
-        self._scaling = scaling
-        self._max = torch.full((kv_heads, group * n, 1), float("-inf"), device=q.device)
-        self._sum = torch.zeros(kv_heads, group * n, 1, device=q.device)
-        self._acc = torch.zeros(kv_heads, group * n, dim, device=q.device)
-
-    def add(self, keys: torch.Tensor, values: torch.Tensor, begin: int) -> None:
-        """Keys and values [kv_heads, t, D] of positions [begin, begin + t)."""
-        end = begin + keys.shape[1]
-        scores = torch.bmm(self._q, keys.transpose(1, 2))  # [kv_heads, group * n, t]
-        scores.mul_(self._scaling)
-        if end > self._q_start + 1:  # some keys lie after some query: causal mask
-            k_positions = torch.arange(begin, end, device=keys.device).unsqueeze(0)
-            scores.masked_fill_(k_positions > self._q_positions.to(keys.device), float("-inf"))
-        new_max = torch.maximum(self._max, scores.amax(dim=-1, keepdim=True))
-        weights = torch.exp(scores - new_max)
-        correction = torch.exp(self._max - new_max)
-        self._sum = self._sum * correction + weights.sum(dim=-1, keepdim=True)
-        self._acc = self._acc * correction + torch.bmm(weights, values)
-        self._max = new_max
-
-    def result(self) -> torch.Tensor:
-        """[n, heads, D]."""
-        return (self._acc / self._sum).reshape(self._shape).transpose(0, 1)
-
-
-def blockwise_attention(
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    q_start: int,
-    block_tokens: int,
-    scaling: float,
-) -> torch.Tensor:
-    """Causal attention over resident keys/values [kv_heads, >= q_start + n, D] (a reference)."""
-    softmax = OnlineSoftmax(q, keys.shape[0], q_start, scaling)
-    for begin in range(0, q_start + q.shape[1], block_tokens):
-        end = min(begin + block_tokens, q_start + q.shape[1])
-        softmax.add(keys[:, begin:end], values[:, begin:end], begin)
-    return softmax.result()
 
 
 class Tiers:
@@ -108,6 +62,9 @@ class Tiers:
         self._prefetcher = (
             ThreadPoolExecutor(1, thread_name_prefix="prefetch") if prefetch else None
         )
+        # decode-step block partials, one thread per core (kvgraftd.decode_attention)
+        self.attention_workers = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="attend")
+        self.attention_window = 2 * CHECK_THREADS  # blocks in flight per attention
         self._staging = threading.local()  # per-thread buffer for one block of pages
 
     def staging(self, size: int) -> np.ndarray:
@@ -211,37 +168,84 @@ class KvContext:
         self._keys[layer][:, live : live + n] = k.to(self._keys[layer].device)
         self._values[layer][:, live : live + n] = v.to(self._values[layer].device)
         total = start + n
-        softmax = OnlineSoftmax(q, self.geometry.kv_heads, start, scaling)
+        softmax = softmax_for(q, self.geometry.kv_heads, start, scaling)
         # A stored region larger than the pool is a scan: its blocks pass through
         # transient slots instead of evicting each other from the cache.
         cache = self._stored_blocks < (self.tiers.pool.capacity or 1 << 62)
         in_place = 0 if cache else self._stored_blocks_read_in_place()
-        for index in range(in_place):
-            self._attend_in_place(layer, index, softmax)
-        # the blocks that go through pool slots
+        if isinstance(softmax, DecodeSoftmax):
+            workers, window = self.tiers.attention_workers, self.tiers.attention_window
+            with OrderedPartials(workers, window, softmax.merge) as partials:
+                self._decode_in_place(layer, in_place, softmax, partials)
+                # this thread fills the next slots while the workers attend: no fetch ahead
+                for slot, needed, _ in self._slots(layer, in_place, total, cache, ahead=False):
+                    partials.submit(self._slot_partial, softmax, slot, needed)
+        else:
+            for index in range(in_place):
+                self._attend_in_place(layer, index, softmax)
+            for slot, needed, begin in self._slots(layer, in_place, total, cache):
+                try:
+                    softmax.add(slot.tensor[0, :, :needed], slot.tensor[1, :, :needed], begin)
+                finally:
+                    self.tiers.pool.release(slot)
+        return softmax.result()
+
+    def _slots(
+        self, layer: int, in_place: int, total: int, cache: bool, ahead: bool = True
+    ) -> Iterator:
+        """(pinned slot, positions, first position) of each block after the first `in_place`
+        up to `total`, in order (the next one fetched `ahead` on the prefetch thread); the
+        caller releases each slot."""
         blocks = range(in_place * self.block_tokens, total, self.block_tokens)
         plan = [self._block(layer, begin, total) for begin in blocks]
         pending: Future | None = None
-        for step, (key, needed, fill, _) in enumerate(plan):
-            index = in_place + step
-            slot: Slot | None = pending.result() if pending is not None else None
-            if slot is None:
-                stored = index < self._stored_blocks
-                slot = self.tiers.pool.acquire(key, needed, fill, cache=cache or not stored)
-            upcoming = plan[step + 1] if step + 1 < len(plan) else None
-            pending = None
-            if upcoming and upcoming[3]:  # immutable: safe to fetch ahead
-                ahead_stored = index + 1 < self._stored_blocks
-                pending = self.tiers.prefetch(*upcoming[:3], cache or not ahead_stored)
-            try:
-                softmax.add(
-                    slot.tensor[0, :, :needed],
-                    slot.tensor[1, :, :needed],
-                    index * self.block_tokens,
-                )
-            finally:
-                self.tiers.pool.release(slot)
-        return softmax.result()
+        try:
+            for step, (key, needed, fill, _) in enumerate(plan):
+                index = in_place + step
+                slot: Slot | None = pending.result() if pending is not None else None
+                if slot is None:
+                    stored = index < self._stored_blocks
+                    slot = self.tiers.pool.acquire(key, needed, fill, cache=cache or not stored)
+                upcoming = plan[step + 1] if step + 1 < len(plan) else None
+                pending = None
+                if ahead and upcoming and upcoming[3]:  # immutable: safe to fetch ahead
+                    ahead_stored = index + 1 < self._stored_blocks
+                    pending = self.tiers.prefetch(*upcoming[:3], cache or not ahead_stored)
+                yield slot, needed, index * self.block_tokens
+        finally:  # left early (an error): a block fetched ahead is not needed any more
+            if pending is not None and pending.exception() is None and pending.result():
+                self.tiers.pool.release(pending.result())
+
+    def _slot_partial(self, softmax: DecodeSoftmax, slot: Slot, needed: int) -> Partial:
+        try:
+            return softmax.slot_partial(slot.tensor, needed)
+        finally:
+            self.tiers.pool.release(slot)
+
+    def _decode_in_place(
+        self, layer: int, blocks: int, softmax: DecodeSoftmax, partials: OrderedPartials
+    ) -> None:
+        """The first `blocks` one-page stored blocks, each checked as the kernel reads it."""
+        if not blocks:
+            return
+        digests = [self._stored_pages[index][layer] for index in range(blocks)]
+        admit = self._cache_stored_pages()
+        with self.tiers.host.unchecked(digests) as pages:
+            for digest, (page, checksum) in zip(digests, pages, strict=True):
+                if page.nbytes != self._stored_page_bytes:
+                    raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
+                partials.submit(self._page_partial, softmax, digest, page, checksum, admit)
+            partials.drain()  # the views are valid inside the `with` only
+
+    def _page_partial(
+        self, softmax: DecodeSoftmax, digest: bytes, page: np.ndarray, checksum, admit: bool
+    ) -> Partial:
+        partial = softmax.checked_partial(page, checksum)
+        if partial is None:
+            raise DataLoss(corrupt_message(digest))
+        if admit and checksum is not None:
+            self.tiers.host.admit(digest, page)
+        return partial
 
     def _stored_blocks_read_in_place(self) -> int:
         """How many leading blocks attention reads where the store keeps them (no slot).

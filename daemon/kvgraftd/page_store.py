@@ -18,7 +18,9 @@ Contract:
   once that transaction has committed, `free(locations)` gives the space
   back (when no read that could still see the bytes is running).
 * Reads (`read_into`, `verified`, `read_framed`) check every page's
-  xxh3-128 and raise DataLoss rather than hand out a corrupt byte.
+  xxh3-128 and raise DataLoss rather than hand out a corrupt byte;
+  `unchecked` hands out each page's xxh3-128 with its bytes, for a reader
+  that checks them as it reads them (kvgraftd.decode_attention).
 * `open(format_version)` moves a format-1 store's pages into segments
   (kvgraftd.store_migration) and makes the segment files agree with the
   index (what a crash left half-done is cut off or given back).
@@ -155,6 +157,12 @@ class PageStore:
     def verified(self, digests: Sequence[bytes]) -> Iterator[list[np.ndarray]]:
         with self._reading() as stored:
             yield page_records.verified_views(stored, digests)
+
+    @contextmanager
+    def unchecked(self, digests: Sequence[bytes]) -> Iterator[list[tuple[bytes, np.ndarray]]]:
+        with self._reading() as stored:
+            pages = stored.pages(digests)
+            yield [(checksum, np.frombuffer(data, np.uint8)) for checksum, data in pages]
 
     def read_framed(self, digests: Sequence[bytes], frame: page_records.Framer) -> bytes:
         with self._reading() as stored:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd import decode_attention
 
 ATTENTION = "kvgraft-blockwise-online-softmax/1"
 
@@ -52,12 +53,13 @@ def compute_profile(
     page_tokens: int, block_tokens: int, device: torch.device = _CPU
 ) -> pb.ComputeProfile:
     on_cuda = device.type == "cuda"
+    decode = "torch" if on_cuda else decode_attention.kernel_name()  # decoding's last bits
     return pb.ComputeProfile(
         torch_version=torch.__version__,
         device_kind=device.type,
         device_name=torch.cuda.get_device_name(device) if on_cuda else cpu_name(),
         compute_dtype="float32",
-        attention=f"{ATTENTION} block={block_tokens}",
+        attention=f"{ATTENTION} block={block_tokens} decode={decode}",
         page_tokens=page_tokens,
     )
 

@@ -150,6 +150,12 @@ class Store:
         with self._pages.verified(digests) as views:
             yield views
 
+    @contextmanager
+    def pages_to_check(self, digests: Sequence[bytes]) -> Iterator[list[tuple[bytes, np.ndarray]]]:
+        """(xxh3-128, unchecked read-only view) of each page: the caller checks each one."""
+        with self._pages.unchecked(digests) as pages:
+            yield pages
+
     def read_page(self, digest: bytes) -> tuple[bytes, bytes]:
         """One page's bytes and xxh3-128, verified."""
         checksum: list[bytes] = []

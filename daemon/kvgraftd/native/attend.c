@@ -1,0 +1,61 @@
+/*
+ * kvgraftd's native decode-step attention (loaded with ctypes by
+ * kvgraftd.decode_attention): the portable build of the kernel, the AVX-512
+ * one where the CPU has it, and the merge of per-block partial results.
+ *
+ * kvg_block_partial: see attend_kernel.h.
+ * kvg_merge(rows, D, max, sum, acc, pmax, psum, pacc): folds one block's
+ *   partial into the running state (the online softmax), row by row:
+ *   m = max(max, pmax); sum = sum e^(max-m) + psum e^(pmax-m); the same for acc.
+ *   A state with max = -inf holds nothing yet.
+ * kvg_kernel_name(): which build kvg_block_partial runs ("avx512", "generic").
+ */
+#include <math.h>
+#include <stdint.h>
+
+#define KVG_SUFFIX generic
+#include "attend_kernel.h"
+#undef KVG_SUFFIX
+
+#if defined(__x86_64__)
+int kvg_block_partial_avx512(const float *, const float *, const float *, int64_t, int32_t,
+                             int32_t, int32_t, int32_t, float *, float *, float *, float *,
+                             const uint8_t *);
+static int has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2");
+}
+#else
+static int has_avx512(void) { return 0; }
+#endif
+
+const char *kvg_kernel_name(void) { return has_avx512() ? "avx512" : "generic"; }
+
+int kvg_block_partial(const float *q, const float *k, const float *v, int64_t head_stride,
+                      int32_t H, int32_t R, int32_t D, int32_t T, float *scores, float *out_max,
+                      float *out_sum, float *out_acc, const uint8_t *expected) {
+    static int avx512 = -1;
+    if (avx512 < 0) avx512 = has_avx512();
+#if defined(__x86_64__)
+    if (avx512)
+        return kvg_block_partial_avx512(q, k, v, head_stride, H, R, D, T, scores, out_max,
+                                        out_sum, out_acc, expected);
+#endif
+    return kvg_block_partial_generic(q, k, v, head_stride, H, R, D, T, scores, out_max, out_sum,
+                                     out_acc, expected);
+}
+
+void kvg_merge(int32_t rows, int32_t D, float *max, float *sum, float *acc, const float *pmax,
+               const float *psum, const float *pacc) {
+    for (int32_t r = 0; r < rows; r++) {
+        float m = pmax[r] > max[r] ? pmax[r] : max[r];
+        float old = max[r] == -INFINITY ? 0.0f : expf(max[r] - m);
+        float new = expf(pmax[r] - m);
+        sum[r] = sum[r] * old + psum[r] * new;
+        for (int32_t d = 0; d < D; d++)
+            acc[(int64_t)r * D + d] = acc[(int64_t)r * D + d] * old + pacc[(int64_t)r * D + d] * new;
+        max[r] = m;
+    }
+}

@@ -1,0 +1,237 @@
+"""Decode-step attention with the native kernel: accurate, a function of the values alone, and
+never fed a corrupt page.
+
+The kernel's results are compared with float64 attention (accuracy) and with
+themselves as bytes (the same blocks from other strides, threads and orders,
+and with or without the check). Corruption: a flipped byte in a page,
+whether in K or V, is refused by the check; one flipped on disk is never
+attended by a scan through the store, and leaves no slot pinned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import xxhash
+from on_disk import flip_stored_page
+
+from kvgraft.artifact import FORMAT_VERSION
+from kvgraft.errors import DataLoss
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd import decode_attention
+from kvgraftd.decode_attention import DecodeSoftmax, OrderedPartials
+from kvgraftd.device_pool import DevicePool
+from kvgraftd.host_cache import HostCache
+from kvgraftd.kv_context import KvContext, Tiers
+from kvgraftd.model_adapter import ModelGeometry
+from kvgraftd.online_softmax import OnlineSoftmax, softmax_for
+from kvgraftd.page_records import page_records_of
+from kvgraftd.receipts import compute_profile
+from kvgraftd.store import Store
+
+pytestmark = pytest.mark.skipif(
+    decode_attention.kernel_name() == "torch", reason="the native kernel is not built"
+)
+
+
+def _inputs(heads: int, kv_heads: int, dim: int, tokens: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(heads, 1, dim, generator=gen)
+    keys = torch.randn(kv_heads, tokens, dim, generator=gen) * 2
+    values = torch.randn(kv_heads, tokens, dim, generator=gen)
+    return q, keys, values
+
+
+def _slot(keys: torch.Tensor, values: torch.Tensor, capacity: int) -> torch.Tensor:
+    kv_heads, tokens, dim = keys.shape
+    slot = torch.full((2, kv_heads, capacity, dim), float("nan"))  # past `tokens`: never read
+    slot[0, :, :tokens], slot[1, :, :tokens] = keys, values
+    return slot
+
+
+def _decode(q, keys, values, block: int, capacity: int | None = None) -> torch.Tensor:
+    softmax = DecodeSoftmax(q, keys.shape[0], keys.shape[2] ** -0.5)
+    for begin in range(0, keys.shape[1], block):
+        k, v = keys[:, begin : begin + block], values[:, begin : begin + block]
+        softmax.merge(softmax.slot_partial(_slot(k, v, capacity or block), k.shape[1]))
+    return softmax.result()
+
+
+def _reference(q, keys, values) -> torch.Tensor:
+    heads, _, dim = q.shape
+    kv_heads = keys.shape[0]
+    qg = q.double().reshape(kv_heads, heads // kv_heads, dim)
+    scores = torch.einsum("kgd,ktd->kgt", qg, keys.double()) * dim**-0.5
+    out = torch.einsum("kgt,ktd->kgd", torch.softmax(scores, dim=-1), values.double())
+    return out.reshape(1, heads, dim)
+
+
+@pytest.mark.parametrize(
+    "heads,kv_heads,dim,tokens,block",
+    [(9, 3, 64, 1000, 128), (4, 2, 16, 77, 8), (10, 2, 32, 300, 64), (8, 1, 128, 50, 50)],
+)
+def test_decode_matches_float64_attention(heads, kv_heads, dim, tokens, block) -> None:
+    q, keys, values = _inputs(heads, kv_heads, dim, tokens)
+    error = (_decode(q, keys, values, block).double() - _reference(q, keys, values)).abs().max()
+    assert error.item() < 2e-6
+
+
+def test_the_result_is_a_function_of_the_values_alone() -> None:
+    """Slots of any capacity, pages read in place, partials made on other threads in any
+    order: the same bytes, since partials are merged in block order."""
+    q, keys, values = _inputs(9, 3, 64, 1024)
+    expected = _decode(q, keys, values, 128)
+    assert torch.equal(_decode(q, keys, values, 128, capacity=4096), expected)
+
+    pages = [_slot(keys[:, b : b + 128], values[:, b : b + 128], 128) for b in range(0, 1024, 128)]
+    softmax = DecodeSoftmax(q, 3, 64**-0.5)
+
+    def late_first(index: int):  # the first blocks finish last
+        time.sleep(0.02 * (len(pages) - index))
+        page = pages[index].numpy().view(np.uint8).reshape(-1)
+        return softmax.checked_partial(page, None)
+
+    with ThreadPoolExecutor(4) as workers, OrderedPartials(workers, 8, softmax.merge) as partials:
+        for index in range(len(pages)):
+            partials.submit(late_first, index)
+    assert torch.equal(softmax.result(), expected)
+
+
+def test_the_check_refuses_any_flipped_byte_and_changes_nothing_else() -> None:
+    q, keys, values = _inputs(9, 3, 64, 256)
+    page = _slot(keys, values, 256).numpy().view(np.uint8).reshape(-1).copy()
+    softmax = DecodeSoftmax(q, 3, 0.125)
+    checked = softmax.checked_partial(page, xxhash.xxh3_128_digest(page))
+    unchecked = softmax.checked_partial(page, None)
+    assert checked is not None and unchecked is not None
+    assert all(np.array_equal(a, b) for a, b in zip(checked, unchecked, strict=True))
+    for at in (0, page.nbytes // 2 - 1, page.nbytes // 2 + 5, page.nbytes - 1):  # K, then V
+        bad = page.copy()
+        bad[at] ^= 0x01
+        assert softmax.checked_partial(bad, xxhash.xxh3_128_digest(page)) is None
+
+
+def test_the_portable_kernel_agrees_with_the_one_in_use() -> None:
+    """Machines without AVX-512 run kvg_block_partial_generic: same checks, same values up to
+    rounding (FMA contraction differs), so each machine's profile names its kernel."""
+    q, keys, values = _inputs(9, 3, 64, 200)
+    page = _slot(keys, values, 200).numpy().view(np.uint8).reshape(-1).copy()
+    scaled = (q.reshape(3, 3, 64) * 0.125).contiguous().numpy()
+    generic = decode_attention._library.kvg_block_partial_generic
+    generic.argtypes = decode_attention._library.kvg_block_partial.argtypes
+
+    def run(function, checksum):
+        out = [np.empty(9, np.float32), np.empty(9, np.float32), np.empty((9, 64), np.float32)]
+        scores = np.empty(9 * 200, np.float32)
+        base = page.ctypes.data
+        status = function(
+            scaled.ctypes.data, base, base + 3 * 200 * 64 * 4, 200 * 64, 3, 3, 64, 200,
+            scores.ctypes.data, *(array.ctypes.data for array in out), checksum,
+        )  # fmt: skip
+        return status, out
+
+    checksum = xxhash.xxh3_128_digest(page)
+    status, ours = run(generic, checksum)
+    assert status == 0
+    _, theirs = run(decode_attention._library.kvg_block_partial, checksum)
+    for a, b in zip(ours, theirs, strict=True):
+        assert np.abs(a - b).max() <= 1e-5 * max(1.0, np.abs(b).max())
+    assert run(generic, bytes(16))[0] == 1  # a checksum that does not match
+
+
+def test_a_failed_block_waits_for_the_others_before_raising() -> None:
+    ended: list[int] = []
+
+    def block(index: int):
+        if index == 0:
+            raise DataLoss("page 0 is corrupt")
+        time.sleep(0.2)
+        ended.append(index)
+        return None
+
+    workers = ThreadPoolExecutor(2)
+    with pytest.raises(DataLoss), OrderedPartials(workers, 4, lambda partial: None) as partials:
+        for index in range(3):
+            partials.submit(block, index)
+    workers.shutdown()
+    assert sorted(ended) == [1, 2]
+
+
+PAGE, KV_HEADS, DIM = 64, 3, 64
+
+
+def _stored_context(store: Store, pages: int, tiers: Tiers) -> tuple[KvContext, list[np.ndarray]]:
+    rng = np.random.default_rng(3)
+    data = [rng.standard_normal(2 * KV_HEADS * PAGE * DIM, dtype=np.float32) for _ in range(pages)]
+    hashes = [hashlib.sha256(d).digest() for d in data]
+    manifest = pb.Manifest(
+        format_version=FORMAT_VERSION,
+        model_fingerprint=b"\0" * 32,
+        layout=pb.KvLayout(num_layers=1, kv_heads=KV_HEADS, head_dim=DIM, kv_dtype=1),
+        profile=pb.ComputeProfile(page_tokens=PAGE),
+        token_ids=list(range(pages * PAGE)),
+        segment_ends=[pages * PAGE],
+        page_sha256=hashes,
+    )
+    store.commit_artifact(manifest, page_records_of(dict(zip(hashes, data, strict=True))))
+    geometry = ModelGeometry(1, 3 * KV_HEADS, KV_HEADS, DIM, 1)
+    context = KvContext(geometry, PAGE, PAGE, tiers)
+    context.attach(range(pages * PAGE), hashes)
+    return context, data
+
+
+def _step(context: KvContext) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(3 * KV_HEADS, 1, DIM, generator=gen)
+    k, v = (torch.randn(KV_HEADS, 1, DIM, generator=gen) for _ in range(2))
+    context.begin_chunk(context.length, [0])
+    with torch.inference_mode():
+        return context.attend(0, q, k, v, DIM**-0.5)
+
+
+def test_a_page_corrupt_on_disk_is_never_attended(tmp_path: Path) -> None:
+    """A scan (pages read in place, checked by the kernel) and a resident pool both refuse it,
+    and the scan leaves no slot of its pool pinned."""
+    store = Store(tmp_path / "store")
+    slot_shape = (2, KV_HEADS, PAGE, DIM)
+    try:
+        scan = Tiers(DevicePool(2 * 2 * KV_HEADS * PAGE * DIM * 4, slot_shape), HostCache(store, 0))
+        context, data = _stored_context(store, 12, scan)
+        hashes = [digest for page in context._stored_pages for digest in page]
+
+        def fresh(tiers: Tiers) -> KvContext:
+            new = KvContext(context.geometry, PAGE, PAGE, tiers)
+            new.attach(range(12 * PAGE), hashes)
+            return new
+
+        expected = _step(context)
+        assert torch.equal(
+            _step(fresh(Tiers(DevicePool(0, slot_shape), HostCache(store, 0)))), expected
+        )
+        assert flip_stored_page(store.path, data[7].tobytes()) == 1
+        for tiers in (scan, Tiers(DevicePool(0, slot_shape), HostCache(store, 0))):
+            with pytest.raises(DataLoss, match="corrupt on disk"):
+                _step(fresh(tiers))
+        assert all(scan.pool.acquire(("probe", i), 0, None, wait=False) for i in range(2))
+    finally:
+        store.close()
+
+
+def test_the_profile_names_the_decode_kernel(monkeypatch) -> None:
+    q = torch.randn(9, 1, 64)
+    assert isinstance(softmax_for(q, 3, 10, 0.125), DecodeSoftmax)
+    assert isinstance(softmax_for(torch.randn(9, 2, 64), 3, 10, 0.125), OnlineSoftmax)  # prefill
+    assert isinstance(softmax_for(torch.randn(9, 1, 24), 3, 10, 0.125), OnlineSoftmax)  # D % 16
+    native = compute_profile(64, 64).attention
+    assert native.endswith(f"decode={decode_attention.kernel_name()}")
+    assert decode_attention.kernel_name().startswith("native-")
+    monkeypatch.setattr(decode_attention, "_library", None)
+    assert decode_attention.kernel_name() == "torch"
+    assert isinstance(softmax_for(q, 3, 10, 0.125), OnlineSoftmax)
+    assert compute_profile(64, 64).attention != native  # other last bits, another profile
