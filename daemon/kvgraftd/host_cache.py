@@ -71,14 +71,7 @@ class HostCache:
         only with `admit`: for reads that copy each page once, where they
         need it.
         """
-        found: list[np.ndarray | None] = []
-        with self._lock:
-            for digest in digests:
-                cached = self._pages.get(digest)
-                if cached is not None:
-                    self._pages.move_to_end(digest)
-                    self.counters.hits += 1
-                found.append(cached)
+        found = self._cached(digests)
         missing = [index for index, page in enumerate(found) if page is None]
         if not missing:
             yield found
@@ -102,14 +95,7 @@ class HostCache:
         caller checks it before using anything computed from it, and may then
         `admit` it.
         """
-        found: list[tuple[np.ndarray, bytes | None] | None] = []
-        with self._lock:
-            for digest in digests:
-                cached = self._pages.get(digest)
-                if cached is not None:
-                    self._pages.move_to_end(digest)
-                    self.counters.hits += 1
-                found.append(None if cached is None else (cached, None))
+        found: list = [None if page is None else (page, None) for page in self._cached(digests)]
         missing = [index for index, page in enumerate(found) if page is None]
         with self.store.pages_to_check([digests[i] for i in missing]) as pages:
             with self._lock:
@@ -117,7 +103,19 @@ class HostCache:
                 self.counters.bytes_streamed += sum(view.nbytes for _, view in pages)
             for index, (checksum, view) in zip(missing, pages, strict=True):
                 found[index] = (view, checksum)
-            yield found  # type: ignore[misc]
+            yield found
+
+    def _cached(self, digests: list[bytes]) -> list[np.ndarray | None]:
+        """Each page's cached copy (a hit, now most recent), or None."""
+        found: list[np.ndarray | None] = []
+        with self._lock:
+            for digest in digests:
+                cached = self._pages.get(digest)
+                if cached is not None:
+                    self._pages.move_to_end(digest)
+                    self.counters.hits += 1
+                found.append(cached)
+        return found
 
     def admit(self, digest: bytes, data: np.ndarray) -> None:
         """Keep a copy of a page checked by the caller (if the budget allows)."""
