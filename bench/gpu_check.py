@@ -56,9 +56,9 @@ def main() -> int:
     from kvgraftd.device_pool import DevicePool
     from kvgraftd.engine import Engine
     from kvgraftd.host_cache import HostCache
-    from kvgraftd.kv_context import Tiers
     from kvgraftd.model_adapter import ModelAdapter
     from kvgraftd.store import Store
+    from kvgraftd.tiers import Tiers
 
     result: dict[str, object] = {"device": torch.cuda.get_device_name(0)}
     peak = pinned_peak()

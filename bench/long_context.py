@@ -62,11 +62,12 @@ from kvgraft.artifact import FORMAT_VERSION  # noqa: E402
 from kvgraft.v1 import kvgraft_pb2 as pb  # noqa: E402
 from kvgraftd.device_pool import DevicePool  # noqa: E402
 from kvgraftd.host_cache import HostCache  # noqa: E402
-from kvgraftd.kv_context import KvContext, Tiers  # noqa: E402
+from kvgraftd.kv_context import KvContext  # noqa: E402
 from kvgraftd.model_adapter import ModelGeometry  # noqa: E402
 from kvgraftd.page_records import page_records_of  # noqa: E402
 from kvgraftd.server import rss_anon_bytes  # noqa: E402
 from kvgraftd.store import Store  # noqa: E402
+from kvgraftd.tiers import Tiers  # noqa: E402
 
 KV_HEADS, HEAD_DIM, HEADS = 3, 64, 9
 PAGE = 4096

@@ -10,7 +10,9 @@ attended by a scan through the store, and leaves no slot pinned.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,15 +27,16 @@ from kvgraft.artifact import FORMAT_VERSION
 from kvgraft.errors import DataLoss
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd import decode_attention
-from kvgraftd.decode_attention import DecodeSoftmax, OrderedPartials
+from kvgraftd.decode_attention import CorruptBlock, DecodeSoftmax, OrderedPartials
 from kvgraftd.device_pool import DevicePool
 from kvgraftd.host_cache import HostCache
-from kvgraftd.kv_context import KvContext, Tiers
+from kvgraftd.kv_context import KvContext
 from kvgraftd.model_adapter import ModelGeometry
 from kvgraftd.online_softmax import OnlineSoftmax, softmax_for
 from kvgraftd.page_records import page_records_of
 from kvgraftd.receipts import compute_profile
 from kvgraftd.store import Store
+from kvgraftd.tiers import Tiers
 
 pytestmark = pytest.mark.skipif(
     decode_attention.kernel_name() == "torch", reason="the native kernel is not built"
@@ -55,11 +58,19 @@ def _slot(keys: torch.Tensor, values: torch.Tensor, capacity: int) -> torch.Tens
     return slot
 
 
-def _decode(q, keys, values, block: int, capacity: int | None = None) -> torch.Tensor:
+def _decode(q, keys, values, block: int, capacity: int | None = None, batch: int = 1):
+    """Attention over blocks of `block` positions, each in a slot of `capacity`, `batch`
+    blocks per call of the kernel."""
     softmax = DecodeSoftmax(q, keys.shape[0], keys.shape[2] ** -0.5)
-    for begin in range(0, keys.shape[1], block):
-        k, v = keys[:, begin : begin + block], values[:, begin : begin + block]
-        softmax.merge(softmax.slot_partial(_slot(k, v, capacity or block), k.shape[1]))
+    begins = range(0, keys.shape[1], block)
+    for first in range(0, len(begins), batch):
+        slots = []
+        for begin in begins[first : first + batch]:
+            k, v = keys[:, begin : begin + block], values[:, begin : begin + block]
+            slots.append((_slot(k, v, capacity or block), k.shape[1]))
+        softmax.merge(
+            softmax.partials([softmax.slot_block(slot, tokens) for slot, tokens in slots])
+        )
     return softmax.result()
 
 
@@ -83,11 +94,13 @@ def test_decode_matches_float64_attention(heads, kv_heads, dim, tokens, block) -
 
 
 def test_the_result_is_a_function_of_the_values_alone() -> None:
-    """Slots of any capacity, pages read in place, partials made on other threads in any
-    order: the same bytes, since partials are merged in block order."""
+    """Slots of any capacity, blocks batched any way, pages read in place, partials made on
+    other threads in any order: the same bytes, since partials are merged in block order."""
     q, keys, values = _inputs(9, 3, 64, 1024)
     expected = _decode(q, keys, values, 128)
     assert torch.equal(_decode(q, keys, values, 128, capacity=4096), expected)
+    for batch in (3, 8):
+        assert torch.equal(_decode(q, keys, values, 128, batch=batch), expected)
 
     pages = [_slot(keys[:, b : b + 128], values[:, b : b + 128], 128) for b in range(0, 1024, 128)]
     softmax = DecodeSoftmax(q, 3, 64**-0.5)
@@ -95,7 +108,7 @@ def test_the_result_is_a_function_of_the_values_alone() -> None:
     def late_first(index: int):  # the first blocks finish last
         time.sleep(0.02 * (len(pages) - index))
         page = pages[index].numpy().view(np.uint8).reshape(-1)
-        return softmax.checked_partial(page, None)
+        return softmax.partials([softmax.page_block(page, None)])
 
     with ThreadPoolExecutor(4) as workers, OrderedPartials(workers, 8, softmax.merge) as partials:
         for index in range(len(pages)):
@@ -106,15 +119,20 @@ def test_the_result_is_a_function_of_the_values_alone() -> None:
 def test_the_check_refuses_any_flipped_byte_and_changes_nothing_else() -> None:
     q, keys, values = _inputs(9, 3, 64, 256)
     page = _slot(keys, values, 256).numpy().view(np.uint8).reshape(-1).copy()
+    good = xxhash.xxh3_128_digest(page)
     softmax = DecodeSoftmax(q, 3, 0.125)
-    checked = softmax.checked_partial(page, xxhash.xxh3_128_digest(page))
-    unchecked = softmax.checked_partial(page, None)
-    assert checked is not None and unchecked is not None
+    checked = softmax.partials([softmax.page_block(page, good)])
+    unchecked = softmax.partials([softmax.page_block(page, None)])
     assert all(np.array_equal(a, b) for a, b in zip(checked, unchecked, strict=True))
     for at in (0, page.nbytes // 2 - 1, page.nbytes // 2 + 5, page.nbytes - 1):  # K, then V
         bad = page.copy()
         bad[at] ^= 0x01
-        assert softmax.checked_partial(bad, xxhash.xxh3_128_digest(page)) is None
+        # alone, and as the second block of a batch whose other blocks are sound
+        for batch in ([bad], [page, bad, page]):
+            blocks = [softmax.page_block(each, good) for each in batch]
+            with pytest.raises(CorruptBlock) as refused:
+                softmax.partials(blocks)
+            assert refused.value.index == len(batch) // 2
 
 
 def test_the_portable_kernel_agrees_with_the_one_in_use() -> None:
@@ -123,8 +141,12 @@ def test_the_portable_kernel_agrees_with_the_one_in_use() -> None:
     q, keys, values = _inputs(9, 3, 64, 200)
     page = _slot(keys, values, 200).numpy().view(np.uint8).reshape(-1).copy()
     scaled = (q.reshape(3, 3, 64) * 0.125).contiguous().numpy()
-    generic = decode_attention._library.kvg_block_partial_generic
-    generic.argtypes = decode_attention._library.kvg_block_partial.argtypes
+    library = decode_attention._library
+    pointer = ctypes.c_void_p
+    for function in (library.kvg_block_partial_generic, library.kvg_block_partial):
+        function.argtypes = [pointer] * 3 + [ctypes.c_int64] + [ctypes.c_int32] * 4
+        function.argtypes += [pointer] * 4 + [ctypes.c_char_p]
+    generic = library.kvg_block_partial_generic
 
     def run(function, checksum):
         out = [np.empty(9, np.float32), np.empty(9, np.float32), np.empty((9, 64), np.float32)]
@@ -197,17 +219,18 @@ def _step(context: KvContext) -> torch.Tensor:
 
 def test_a_page_corrupt_on_disk_is_never_attended(tmp_path: Path) -> None:
     """A scan (pages read in place, checked by the kernel) and a resident pool both refuse it,
-    and the scan leaves no slot of its pool pinned."""
+    in batches of two pages, and the scan leaves no slot of its pool pinned."""
     store = Store(tmp_path / "store")
     slot_shape = (2, KV_HEADS, PAGE, DIM)
     try:
         scan = Tiers(DevicePool(2 * 2 * KV_HEADS * PAGE * DIM * 4, slot_shape), HostCache(store, 0))
-        context, data = _stored_context(store, 12, scan)
+        context, data = _stored_context(store, 40, scan)
         hashes = [digest for page in context._stored_pages for digest in page]
+        assert scan.attention_batch(40) == 2  # page 7 is the second of its batch
 
         def fresh(tiers: Tiers) -> KvContext:
             new = KvContext(context.geometry, PAGE, PAGE, tiers)
-            new.attach(range(12 * PAGE), hashes)
+            new.attach(range(40 * PAGE), hashes)
             return new
 
         expected = _step(context)
@@ -219,6 +242,38 @@ def test_a_page_corrupt_on_disk_is_never_attended(tmp_path: Path) -> None:
             with pytest.raises(DataLoss, match="corrupt on disk"):
                 _step(fresh(tiers))
         assert all(scan.pool.acquire(("probe", i), 0, None, wait=False) for i in range(2))
+    finally:
+        store.close()
+
+
+def test_a_batch_of_slots_larger_than_the_pool_is_handed_on_not_waited_on(tmp_path) -> None:
+    """The thread filling a batch of slots hands it to the workers when the pool runs out,
+    instead of waiting for slots only it holds (regression: before that, a batch larger than
+    the free slots waited forever)."""
+    store = Store(tmp_path / "store")
+    try:
+        block = 2 * PAGE  # two pages a block: every block goes through a slot
+        slot_shape = (2, KV_HEADS, block, DIM)
+        context, _ = _stored_context(
+            store, 24, Tiers(DevicePool(0, slot_shape), HostCache(store, 0))
+        )
+        hashes = [digest for page in context._stored_pages for digest in page]
+        resident = KvContext(context.geometry, PAGE, block, context.tiers)
+        resident.attach(range(24 * PAGE), hashes)
+        expected = _step(resident)
+        small = Tiers(
+            DevicePool(4 * 2 * KV_HEADS * block * DIM * 4, slot_shape), HostCache(store, 0)
+        )
+        small.attention_batch = lambda blocks, slots=False: 5  # more than the pool's 4 slots
+        scan = KvContext(context.geometry, PAGE, block, small)
+        scan.attach(range(24 * PAGE), hashes)
+        result: list[torch.Tensor] = []
+        stepping = threading.Thread(target=lambda: result.append(_step(scan)), daemon=True)
+        stepping.start()
+        stepping.join(timeout=60)
+        assert not stepping.is_alive(), "the step waited on slots its own batch held"
+        assert torch.equal(result[0], expected)
+        assert all(small.pool.acquire(("probe", i), 0, None, wait=False) for i in range(4))
     finally:
         store.close()
 

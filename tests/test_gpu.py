@@ -17,9 +17,9 @@ from kvgraftd.decoding import DecodeOptions, ResultEvent
 from kvgraftd.device_pool import DevicePool
 from kvgraftd.engine import Engine
 from kvgraftd.host_cache import HostCache
-from kvgraftd.kv_context import Tiers
 from kvgraftd.model_adapter import ModelAdapter
 from kvgraftd.store import Store
+from kvgraftd.tiers import Tiers
 
 pytestmark = [
     pytest.mark.gpu,

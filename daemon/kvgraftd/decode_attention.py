@@ -7,17 +7,19 @@ small tensor ops per block ran at a third of the machine's memory speed.
 The native kernel (kvgraftd/native, built with the package) reads each
 block once: scores, their max, the weights and the weighted values of every
 head, and, for a page read where the store keeps it, the page's xxh3-128 in
-the same pass, so checking a streamed page costs no second read.
+the same pass, so checking a streamed page costs no second read. Blocks go
+to the kernel in batches, one call per batch, so a step of thousands of
+pages pays the interpreter per batch, not per page.
 
 Contract:
-* `DecodeSoftmax.partial(...)` is a pure function of the block's values (not
-  of strides, threads or the tier the bytes came from): thread-safe.
-  `checked_partial(page, checksum)` is the same for a whole stored page, or
-  None when the page's bytes do not hash to `checksum`; nothing computed from
-  such a page may be used.
-* `merge` folds partials in the order it is called; callers merge in block
-  order (`OrderedPartials`), so the logits never depend on which thread
-  computed which block (DESIGN.md, contract 5).
+* `DecodeSoftmax.partials(blocks)` gives each block's partial, a pure function
+  of that block's values (not of strides, batches, threads or the tier the
+  bytes came from): thread-safe. A block with a checksum (a whole stored
+  page, `page_block`) is checked in the same pass; when one does not match,
+  CorruptBlock names it and nothing computed from the batch may be used.
+* `merge` folds partials in the order given; callers merge in block order
+  (`OrderedPartials`), so the logits never depend on which thread computed
+  which block or how blocks were batched (DESIGN.md, contract 5).
 * `kernel_name()` names the kernel for the compute profile: "native-avx512",
   "native-generic", or "torch" where the library is not built (the engine
   then attends with kvgraftd.online_softmax alone).
@@ -29,8 +31,9 @@ import ctypes
 import importlib.util
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, wait
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -45,11 +48,11 @@ def _load() -> ctypes.CDLL | None:
     if spec is None or spec.origin is None:
         return None
     library = ctypes.CDLL(spec.origin)
-    library.kvg_block_partial.argtypes = [_P, _P, _P, ctypes.c_int64] + [ctypes.c_int32] * 4
-    library.kvg_block_partial.argtypes += [_P, _P, _P, _P, ctypes.c_char_p]
-    library.kvg_block_partial.restype = ctypes.c_int
-    library.kvg_merge.argtypes = [ctypes.c_int32, ctypes.c_int32, _P, _P, _P, _P, _P, _P]
-    library.kvg_merge.restype = None
+    library.kvg_blocks_partial.argtypes = [ctypes.c_int32] + [_P] * 4 + [ctypes.c_int32] * 3
+    library.kvg_blocks_partial.argtypes += [_P] * 5
+    library.kvg_blocks_partial.restype = ctypes.c_int
+    library.kvg_merge_blocks.argtypes = [ctypes.c_int32] * 3 + [_P] * 6
+    library.kvg_merge_blocks.restype = None
     library.kvg_kernel_name.restype = ctypes.c_char_p
     return library
 
@@ -61,7 +64,31 @@ def kernel_name() -> str:
     return f"native-{_library.kvg_kernel_name().decode()}" if _library is not None else "torch"
 
 
-Partial = tuple[np.ndarray, np.ndarray, np.ndarray]  # max [rows], sum [rows], acc [rows, D]
+@dataclass(frozen=True)
+class Block:
+    """K and V of `tokens` positions: head h, position j at address `keys` + (h *
+    head_stride + j * D) floats (V the same from `values`), and the xxh3-128 a
+    whole stored page is checked against (None: checked before)."""
+
+    keys: int
+    values: int
+    head_stride: int
+    tokens: int
+    checksum: bytes | None = None
+
+
+class CorruptBlock(Exception):
+    """Block `index` of a batch does not hash to its checksum: nothing computed from the
+    batch may be used."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"block {index} does not match its checksum")
+        self.index = index
+
+
+# per block of a batch: max [n, rows], sum [n, rows], acc [n, rows, D]
+Partials = tuple[np.ndarray, np.ndarray, np.ndarray]
+_NO_CHECKSUM = bytes(16)
 
 
 class DecodeSoftmax:
@@ -90,50 +117,50 @@ class DecodeSoftmax:
         self._acc = np.zeros((heads, dim), np.float32)
         self._scratch = threading.local()
 
-    def partial(
-        self, keys: int, values: int, head_stride: int, tokens: int, checksum: bytes | None = None
-    ) -> Partial | None:
-        """The partial over `tokens` positions whose K and V start at addresses `keys` and
-        `values` (head h at + h * head_stride floats, position j at + j * D)."""
-        heads, dim = self._kv_heads * self._group, self._dim
-        scores = getattr(self._scratch, "scores", None)
-        if scores is None or scores.size < heads * tokens:
-            scores = self._scratch.scores = np.empty(heads * tokens, np.float32)
-        out = (np.empty(heads, np.float32), np.empty(heads, np.float32))
-        acc = np.empty((heads, dim), np.float32)
-        status = _library.kvg_block_partial(
-            self._q.ctypes.data, keys, values, head_stride, self._kv_heads, self._group, dim,
-            tokens, scores.ctypes.data, out[0].ctypes.data, out[1].ctypes.data, acc.ctypes.data,
-            checksum,
-        )  # fmt: skip
-        if status == _MISMATCH:
-            return None
-        if status:
-            raise ValueError(f"the native kernel refused a block of {tokens} tokens")
-        return out[0], out[1], acc
-
-    def slot_partial(self, block: torch.Tensor, tokens: int) -> Partial:
-        """The partial over the first `tokens` positions of a slot [2, kv_heads, capacity, D]."""
-        head_stride = block.stride(1)
-        assert block.stride(2) == self._dim and block.stride(3) == 1, "a slot is contiguous"
-        result = self.partial(block[0].data_ptr(), block[1].data_ptr(), head_stride, tokens)
-        assert result is not None
-        return result
-
-    def checked_partial(self, page: np.ndarray, checksum: bytes | None) -> Partial | None:
-        """The partial over a whole page (uint8, K then V), checked in the same pass unless
-        `checksum` is None (a copy checked before); None when the page is corrupt."""
+    def page_block(self, page: np.ndarray, checksum: bytes | None) -> Block:
+        """A whole stored page (uint8, K then V of every head), checked against `checksum`."""
         tokens = page.nbytes // (2 * self._kv_heads * self._dim * 4)
         keys = page.ctypes.data
-        values = keys + self._kv_heads * tokens * self._dim * 4
-        return self.partial(keys, values, tokens * self._dim, tokens, checksum)
+        return Block(keys, keys + page.nbytes // 2, tokens * self._dim, tokens, checksum)
 
-    def merge(self, partial: Partial) -> None:
-        heads = self._kv_heads * self._group
-        maximum, total, acc = partial
-        _library.kvg_merge(
-            heads, self._dim, self._max.ctypes.data, self._sum.ctypes.data,
-            self._acc.ctypes.data, maximum.ctypes.data, total.ctypes.data, acc.ctypes.data,
+    @staticmethod
+    def slot_block(slot: torch.Tensor, tokens: int) -> Block:
+        """The first `tokens` positions of a slot [2, kv_heads, capacity, D]."""
+        assert slot.stride(3) == 1 and slot.stride(2) == slot.shape[3], "a slot is contiguous"
+        return Block(slot[0].data_ptr(), slot[1].data_ptr(), slot.stride(1), tokens)
+
+    def partials(self, blocks: Sequence[Block]) -> Partials:
+        """Each block's partial, computed in one call of the kernel; raises CorruptBlock."""
+        n, rows, dim = len(blocks), self._kv_heads * self._group, self._dim
+        longest = max(block.tokens for block in blocks)
+        scores = getattr(self._scratch, "scores", None)
+        if scores is None or scores.size < rows * longest:
+            scores = self._scratch.scores = np.empty(rows * longest, np.float32)
+        shape = np.array([(b.keys, b.values, b.head_stride, b.tokens) for b in blocks], np.int64)
+        checksums = b"".join(b.checksum or _NO_CHECKSUM for b in blocks)
+        checked = bytes(b.checksum is not None for b in blocks)
+        assert len(checksums) == 16 * n, "a checksum is an xxh3-128 digest (16 bytes)"
+        out = np.empty((n, rows), np.float32), np.empty((n, rows), np.float32)
+        acc = np.empty((n, rows, dim), np.float32)
+        failed = ctypes.c_int32(-1)
+        status = _library.kvg_blocks_partial(
+            n, self._q.ctypes.data, shape.ctypes.data, checksums, checked, self._kv_heads,
+            self._group, dim, scores.ctypes.data, out[0].ctypes.data, out[1].ctypes.data,
+            acc.ctypes.data, ctypes.byref(failed),
+        )  # fmt: skip
+        if status == _MISMATCH:
+            raise CorruptBlock(failed.value)
+        if status:
+            raise ValueError(f"the native kernel refused block {failed.value} of a batch")
+        return out[0], out[1], acc
+
+    def merge(self, partials: Partials) -> None:
+        """Fold the partials into the result, in their order."""
+        maximum, total, acc = partials
+        _library.kvg_merge_blocks(
+            len(maximum), self._kv_heads * self._group, self._dim, self._max.ctypes.data,
+            self._sum.ctypes.data, self._acc.ctypes.data, maximum.ctypes.data,
+            total.ctypes.data, acc.ctypes.data,
         )  # fmt: skip
 
     def result(self) -> torch.Tensor:
@@ -142,18 +169,19 @@ class DecodeSoftmax:
 
 
 class OrderedPartials:
-    """Block partials computed on worker threads and merged in the order they were submitted.
+    """Batches of block partials computed on worker threads and merged in the order they
+    were submitted.
 
-    At most `window` are in flight. Leaving the `with` block merges what is
+    At most `window` batches are in flight. Leaving the `with` block merges what is
     left; leaving it by an exception first waits for every task still
     running (they read pages and slots the caller is about to let go).
     """
 
-    def __init__(self, workers: Executor, window: int, merge: Callable[[Partial], None]) -> None:
+    def __init__(self, workers: Executor, window: int, merge: Callable[[Partials], None]) -> None:
         self._workers, self._window, self._merge = workers, window, merge
         self._pending: deque[Future] = deque()
 
-    def submit(self, compute: Callable[..., Partial], *args: object) -> None:
+    def submit(self, compute: Callable[..., Partials], *args: object) -> None:
         self._pending.append(self._workers.submit(compute, *args))
         if len(self._pending) > self._window:
             self._merge(self._pending.popleft().result())

@@ -15,7 +15,8 @@ pins a slot (never evicted while pinned), fills what is missing with the
 caller's `fill(tensor, start, end)`, and returns it; `release` unpins it.
 Least recently used unpinned slots are reused first. When every slot is
 pinned, acquire waits: callers pin at most a few slots each and release them
-without waiting for more, so a pool of two slots always makes progress.
+without waiting for more (a caller filling a batch of slots hands the batch on
+in `before_wait` first), so a pool of two slots always makes progress.
 
 Fill functions copy bytes; they never convert them. What a slot holds is
 what its source holds, so the tier a block came from cannot change the
@@ -98,16 +99,24 @@ class DevicePool:
 
     # ------------------------------------------------------------------
     def acquire(
-        self, key: Hashable, needed: int, fill: Fill, wait: bool = True, cache: bool = True
-    ) -> Slot | None:
+        self, key: Hashable, needed: int, fill: Fill, wait: bool = True, cache: bool = True,
+        before_wait: Callable[[], None] | None = None,
+    ) -> Slot | None:  # fmt: skip
         """A pinned slot holding the block's first `needed` positions.
 
         With wait=False (prefetch), None instead of waiting for a slot to free up.
+        `before_wait` runs, without the pool's lock, before waiting: a caller
+        holding pins of its own hands them on there, so it never waits on itself.
         With cache=False (a scan of more blocks than the pool holds, where
         caching only evicts what would have been hit), the slot goes back to
         the free list on release; the free list is last in, first out, so a
         scan keeps reusing the same few slots while they are warm in the CPU cache.
         """
+        if before_wait is not None:
+            slot = self.acquire(key, needed, fill, False, cache)
+            if slot is not None:
+                return slot
+            before_wait()
         if not cache:
             with self._cond:
                 slot = self._take_slot(wait)

@@ -36,7 +36,7 @@ from kvgraftd import compute_thread
 from kvgraftd.decoding import DecodeOptions, ResultEvent, TokenEvent
 from kvgraftd.device_pool import DevicePool
 from kvgraftd.host_cache import HostCache
-from kvgraftd.kv_context import KvContext, Tiers
+from kvgraftd.kv_context import KvContext
 from kvgraftd.model_adapter import ModelAdapter
 from kvgraftd.page_records import page_records_of
 from kvgraftd.receipts import (
@@ -47,6 +47,7 @@ from kvgraftd.receipts import (
     pin_determinism,
 )
 from kvgraftd.store import Store
+from kvgraftd.tiers import Tiers
 
 
 def choose_token(logits: torch.Tensor, options: DecodeOptions, generator: torch.Generator) -> int:

@@ -27,56 +27,26 @@ Pages are the unit of storage: page p of layer l holds positions
 from __future__ import annotations
 
 import itertools
-import threading
 import warnings
 from array import array
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 
 import numpy as np
 import torch
 
 from kvgraft.errors import DataLoss
-from kvgraft.page_checks import CHECK_THREADS
-from kvgraftd.decode_attention import DecodeSoftmax, OrderedPartials, Partial
-from kvgraftd.device_pool import DevicePool, Slot
-from kvgraftd.host_cache import HostCache
-from kvgraftd.live_buffers import GRANULE_TOKENS, LiveBuffers, round_capacity
+from kvgraftd.decode_attention import CorruptBlock, DecodeSoftmax, OrderedPartials, Partials
+from kvgraftd.device_pool import Slot
+from kvgraftd.live_buffers import GRANULE_TOKENS, round_capacity
 from kvgraftd.model_adapter import ModelGeometry
 from kvgraftd.online_softmax import OnlineSoftmax, softmax_for
 from kvgraftd.page_records import corrupt_message
+from kvgraftd.tiers import Tiers
 
 _uids = itertools.count(1)
 # Stored pages attended in place are read-only views of the store's map; attention only reads.
 warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
-
-
-class Tiers:
-    """The device pool, host cache, store and live buffers, shared by every context of an engine."""
-
-    def __init__(self, pool: DevicePool, host: HostCache, prefetch: bool = True) -> None:
-        self.pool = pool
-        self.host = host
-        # Live KV stays in host memory (pinned next to a GPU, for fast copies into slots).
-        self.live = LiveBuffers(pinned=pool.device.type == "cuda")
-        self._prefetcher = (
-            ThreadPoolExecutor(1, thread_name_prefix="prefetch") if prefetch else None
-        )
-        # decode-step block partials, one thread per core (kvgraftd.decode_attention)
-        self.attention_workers = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="attend")
-        self.attention_window = 2 * CHECK_THREADS  # blocks in flight per attention
-        self._staging = threading.local()  # per-thread buffer for one block of pages
-
-    def staging(self, size: int) -> np.ndarray:
-        buffer = getattr(self._staging, "buffer", None)
-        if buffer is None or buffer.nbytes < size:
-            buffer = self._staging.buffer = np.empty(size, np.uint8)
-        return buffer[:size]
-
-    def prefetch(self, key, needed: int, fill, cache: bool) -> Future | None:
-        if self._prefetcher is None:
-            return None
-        return self._prefetcher.submit(self.pool.acquire, key, needed, fill, False, cache)
 
 
 class KvContext:
@@ -174,12 +144,9 @@ class KvContext:
         cache = self._stored_blocks < (self.tiers.pool.capacity or 1 << 62)
         in_place = 0 if cache else self._stored_blocks_read_in_place()
         if isinstance(softmax, DecodeSoftmax):
-            workers, window = self.tiers.attention_workers, self.tiers.attention_window
-            with OrderedPartials(workers, window, softmax.merge) as partials:
+            with self.tiers.ordered_partials(softmax.merge) as partials:
                 self._decode_in_place(layer, in_place, softmax, partials)
-                # this thread fills the next slots while the workers attend: no fetch ahead
-                for slot, needed, _ in self._slots(layer, in_place, total, cache, ahead=False):
-                    partials.submit(self._slot_partial, softmax, slot, needed)
+                self._decode_slots(layer, in_place, total, cache, softmax, partials)
         else:
             for index in range(in_place):
                 self._attend_in_place(layer, index, softmax)
@@ -191,11 +158,12 @@ class KvContext:
         return softmax.result()
 
     def _slots(
-        self, layer: int, in_place: int, total: int, cache: bool, ahead: bool = True
-    ) -> Iterator:
+        self, layer: int, in_place: int, total: int, cache: bool, ahead: bool = True,
+        before_wait: Callable[[], None] | None = None,
+    ) -> Iterator:  # fmt: skip
         """(pinned slot, positions, first position) of each block after the first `in_place`
         up to `total`, in order (the next one fetched `ahead` on the prefetch thread); the
-        caller releases each slot."""
+        caller releases each slot (`before_wait`: see DevicePool.acquire)."""
         blocks = range(in_place * self.block_tokens, total, self.block_tokens)
         plan = [self._block(layer, begin, total) for begin in blocks]
         pending: Future | None = None
@@ -204,8 +172,8 @@ class KvContext:
                 index = in_place + step
                 slot: Slot | None = pending.result() if pending is not None else None
                 if slot is None:
-                    stored = index < self._stored_blocks
-                    slot = self.tiers.pool.acquire(key, needed, fill, cache=cache or not stored)
+                    keep = cache or index >= self._stored_blocks
+                    slot = self.tiers.pool.acquire(key, needed, fill, True, keep, before_wait)
                 upcoming = plan[step + 1] if step + 1 < len(plan) else None
                 pending = None
                 if ahead and upcoming and upcoming[3]:  # immutable: safe to fetch ahead
@@ -216,36 +184,67 @@ class KvContext:
             if pending is not None and pending.exception() is None and pending.result():
                 self.tiers.pool.release(pending.result())
 
-    def _slot_partial(self, softmax: DecodeSoftmax, slot: Slot, needed: int) -> Partial:
+    def _decode_slots(
+        self, layer: int, in_place: int, total: int, cache: bool, softmax: DecodeSoftmax,
+        partials: OrderedPartials,
+    ) -> None:  # fmt: skip
+        """The blocks after the first `in_place`, in batches of slots that this thread fills
+        while the workers attend the last ones (no fetch ahead, no waiting on itself)."""
+        size = self.tiers.attention_batch(-(-total // self.block_tokens) - in_place, slots=True)
+        batch: list[tuple[Slot, int]] = []
+
+        def submit() -> None:
+            if batch:
+                partials.submit(self._slots_partial, softmax, batch.copy())
+                batch.clear()
+
         try:
-            return softmax.slot_partial(slot.tensor, needed)
+            for slot, needed, _ in self._slots(layer, in_place, total, cache, False, submit):
+                batch.append((slot, needed))
+                if len(batch) == size:
+                    submit()
+            submit()
+        finally:  # an error: the slots of a batch not handed over are let go here
+            for slot, _ in batch:
+                self.tiers.pool.release(slot)
+
+    def _slots_partial(self, softmax: DecodeSoftmax, batch: list[tuple[Slot, int]]) -> Partials:
+        try:
+            return softmax.partials([softmax.slot_block(s.tensor, n) for s, n in batch])
         finally:
-            self.tiers.pool.release(slot)
+            for slot, _ in batch:
+                self.tiers.pool.release(slot)
 
     def _decode_in_place(
         self, layer: int, blocks: int, softmax: DecodeSoftmax, partials: OrderedPartials
     ) -> None:
-        """The first `blocks` one-page stored blocks, each checked as the kernel reads it."""
+        """The first `blocks` one-page stored blocks, in batches, each page checked as the
+        kernel reads it."""
         if not blocks:
             return
         digests = [self._stored_pages[index][layer] for index in range(blocks)]
         admit = self._cache_stored_pages()
+        size = self.tiers.attention_batch(blocks)
         with self.tiers.host.unchecked(digests) as pages:
-            for digest, (page, checksum) in zip(digests, pages, strict=True):
+            for digest, (page, _) in zip(digests, pages, strict=True):
                 if page.nbytes != self._stored_page_bytes:
                     raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
-                partials.submit(self._page_partial, softmax, digest, page, checksum, admit)
+            for first in range(0, blocks, size):
+                batch = slice(first, first + size)
+                partials.submit(self._pages_partial, softmax, digests[batch], pages[batch], admit)
             partials.drain()  # the views are valid inside the `with` only
 
-    def _page_partial(
-        self, softmax: DecodeSoftmax, digest: bytes, page: np.ndarray, checksum, admit: bool
-    ) -> Partial:
-        partial = softmax.checked_partial(page, checksum)
-        if partial is None:
-            raise DataLoss(corrupt_message(digest))
-        if admit and checksum is not None:
-            self.tiers.host.admit(digest, page)
-        return partial
+    def _pages_partial(
+        self, softmax: DecodeSoftmax, digests: list[bytes], pages: list, admit: bool
+    ) -> Partials:
+        try:
+            partials = softmax.partials([softmax.page_block(*page) for page in pages])
+        except CorruptBlock as corrupt:
+            raise DataLoss(corrupt_message(digests[corrupt.index])) from None
+        for digest, (page, checksum) in zip(digests, pages, strict=True):
+            if admit and checksum is not None:
+                self.tiers.host.admit(digest, page)
+        return partials
 
     def _stored_blocks_read_in_place(self) -> int:
         """How many leading blocks attention reads where the store keeps them (no slot).

@@ -110,8 +110,8 @@ def build_engine(config: DaemonConfig, store: Store) -> Engine:
     from kvgraftd.device_pool import DevicePool
     from kvgraftd.engine import Engine
     from kvgraftd.host_cache import HostCache
-    from kvgraftd.kv_context import Tiers
     from kvgraftd.model_adapter import ModelAdapter
+    from kvgraftd.tiers import Tiers
 
     device = config.device
     if device == "auto":

@@ -4,10 +4,19 @@
  * one where the CPU has it, and the merge of per-block partial results.
  *
  * kvg_block_partial: see attend_kernel.h.
+ * kvg_blocks_partial(n, q, blocks, checksums, checked, H, R, D, scores, out_max, out_sum,
+ *   out_acc, failed): kvg_block_partial over n blocks in one call. Block i is
+ *   blocks[4i..4i+3] = {address of K, address of V, head_stride, tokens}; it is
+ *   checked against checksums[16i..16i+15] where checked[i] is nonzero. Its
+ *   partial goes to out_max + i*H*R, out_sum + i*H*R, out_acc + i*H*R*D; scores
+ *   holds H*R*(the most tokens of a block) floats. Stops at the first block that
+ *   does not return 0: its index goes to *failed and its status is returned.
  * kvg_merge(rows, D, max, sum, acc, pmax, psum, pacc): folds one block's
  *   partial into the running state (the online softmax), row by row:
  *   m = max(max, pmax); sum = sum e^(max-m) + psum e^(pmax-m); the same for acc.
  *   A state with max = -inf holds nothing yet.
+ * kvg_merge_blocks(n, rows, D, max, sum, acc, pmax, psum, pacc): kvg_merge of n
+ *   partials laid out as kvg_blocks_partial writes them, in index order.
  * kvg_kernel_name(): which build kvg_block_partial runs ("avx512", "generic").
  */
 #include <math.h>
@@ -47,6 +56,28 @@ int kvg_block_partial(const float *q, const float *k, const float *v, int64_t he
                                      out_acc, expected);
 }
 
+int kvg_blocks_partial(int32_t n, const float *q, const int64_t *blocks, const uint8_t *checksums,
+                       const uint8_t *checked, int32_t H, int32_t R, int32_t D, float *scores,
+                       float *out_max, float *out_sum, float *out_acc, int32_t *failed) {
+    for (int32_t i = 0; i < n; i++) {
+        const int64_t *block = blocks + 4 * (int64_t)i;
+        if (block[3] < 1 || block[3] > INT32_MAX) {
+            *failed = i;
+            return KVG_BAD_ARGS;
+        }
+        int64_t rows = (int64_t)i * H * R;
+        int status = kvg_block_partial(q, (const float *)(uintptr_t)block[0],
+                                       (const float *)(uintptr_t)block[1], block[2], H, R, D,
+                                       (int32_t)block[3], scores, out_max + rows, out_sum + rows,
+                                       out_acc + rows * D, checked[i] ? checksums + 16 * i : NULL);
+        if (status) {
+            *failed = i;
+            return status;
+        }
+    }
+    return 0;
+}
+
 void kvg_merge(int32_t rows, int32_t D, float *max, float *sum, float *acc, const float *pmax,
                const float *psum, const float *pacc) {
     for (int32_t r = 0; r < rows; r++) {
@@ -58,4 +89,11 @@ void kvg_merge(int32_t rows, int32_t D, float *max, float *sum, float *acc, cons
             acc[(int64_t)r * D + d] = acc[(int64_t)r * D + d] * old + pacc[(int64_t)r * D + d] * new;
         max[r] = m;
     }
+}
+
+void kvg_merge_blocks(int32_t n, int32_t rows, int32_t D, float *max, float *sum, float *acc,
+                      const float *pmax, const float *psum, const float *pacc) {
+    for (int32_t i = 0; i < n; i++)
+        kvg_merge(rows, D, max, sum, acc, pmax + (int64_t)i * rows, psum + (int64_t)i * rows,
+                  pacc + (int64_t)i * rows * D);
 }
