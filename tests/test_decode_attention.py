@@ -39,7 +39,7 @@ from kvgraftd.store import Store
 from kvgraftd.tiers import Tiers
 
 pytestmark = pytest.mark.skipif(
-    decode_attention.kernel_name() == "torch", reason="the native kernel is not built"
+    decode_attention._library is None, reason="the native kernel is not built"
 )
 
 
@@ -283,10 +283,18 @@ def test_the_profile_names_the_decode_kernel(monkeypatch) -> None:
     assert isinstance(softmax_for(q, 3, 10, 0.125), DecodeSoftmax)
     assert isinstance(softmax_for(torch.randn(9, 2, 64), 3, 10, 0.125), OnlineSoftmax)  # prefill
     assert isinstance(softmax_for(torch.randn(9, 1, 24), 3, 10, 0.125), OnlineSoftmax)  # D % 16
-    native = compute_profile(64, 64).attention
-    assert native.endswith(f"decode={decode_attention.kernel_name()}")
-    assert decode_attention.kernel_name().startswith("native-")
+    kernel = decode_attention.kernel_for(9, 3, 64)
+    assert kernel.startswith("native-")
+    native = compute_profile(64, 64, ModelGeometry(1, 9, 3, 64, 1)).attention
+    assert native.endswith(f"decode={kernel}")
+    # geometries the kernel does not take decode with torch, and their profile says so
+    for heads, kv_heads, dim in ((9, 3, 24), (18, 2, 64)):  # D % 16, 9 rows per KV head
+        profile = compute_profile(64, 64, ModelGeometry(1, heads, kv_heads, dim, 1))
+        assert profile.attention.endswith("decode=torch")
+        odd = torch.randn(heads, 1, dim)
+        assert isinstance(softmax_for(odd, kv_heads, 10, 0.125), OnlineSoftmax)
     monkeypatch.setattr(decode_attention, "_library", None)
-    assert decode_attention.kernel_name() == "torch"
+    assert decode_attention.kernel_for(9, 3, 64) == "torch"
     assert isinstance(softmax_for(q, 3, 10, 0.125), OnlineSoftmax)
-    assert compute_profile(64, 64).attention != native  # other last bits, another profile
+    other = compute_profile(64, 64, ModelGeometry(1, 9, 3, 64, 1)).attention
+    assert other != native  # other last bits, another profile

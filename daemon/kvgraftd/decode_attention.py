@@ -20,9 +20,10 @@ Contract:
 * `merge` folds partials in the order given; callers merge in block order
   (`OrderedPartials`), so the logits never depend on which thread computed
   which block or how blocks were batched (DESIGN.md, contract 5).
-* `kernel_name()` names the kernel for the compute profile: "native-avx512",
-  "native-generic", or "torch" where the library is not built (the engine
-  then attends with kvgraftd.online_softmax alone).
+* `kernel_for(heads, kv_heads, dim)` names the kernel that decodes a model of
+  that geometry, for the compute profile: "native-avx512", "native-generic",
+  or "torch" where the library is not built or does not take the geometry
+  (the engine then attends with kvgraftd.online_softmax alone).
 """
 
 from __future__ import annotations
@@ -60,8 +61,14 @@ def _load() -> ctypes.CDLL | None:
 _library = _load()
 
 
-def kernel_name() -> str:
-    return f"native-{_library.kvg_kernel_name().decode()}" if _library is not None else "torch"
+def takes_geometry(heads: int, kv_heads: int, dim: int) -> bool:
+    return _library is not None and dim % 16 == 0 and heads // kv_heads <= MAX_ROWS
+
+
+def kernel_for(heads: int, kv_heads: int, dim: int) -> str:
+    if not takes_geometry(heads, kv_heads, dim):
+        return "torch"
+    return f"native-{_library.kvg_kernel_name().decode()}"
 
 
 @dataclass(frozen=True)
@@ -97,14 +104,8 @@ class DecodeSoftmax:
     @staticmethod
     def takes(q: torch.Tensor, kv_heads: int) -> bool:
         heads, n, dim = q.shape
-        return (
-            _library is not None
-            and q.device.type == "cpu"
-            and q.dtype == torch.float32
-            and n == 1
-            and dim % 16 == 0
-            and heads // kv_heads <= MAX_ROWS
-        )
+        on_cpu = q.device.type == "cpu" and q.dtype == torch.float32
+        return on_cpu and n == 1 and takes_geometry(heads, kv_heads, dim)
 
     def __init__(self, q: torch.Tensor, kv_heads: int, scaling: float) -> None:
         heads, _, dim = q.shape

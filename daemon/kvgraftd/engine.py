@@ -80,7 +80,7 @@ class Engine:
         self.block_tokens = block_tokens
         self.max_context_tokens = max_context_tokens
         self.fingerprint = adapter.fingerprint
-        self.profile = compute_profile(page_tokens, block_tokens, self.tiers.pool.device)
+        self.profile = compute_profile(page_tokens, block_tokens, g, self.tiers.pool.device)
         self.layout = pb.KvLayout(
             num_layers=g.num_layers,
             kv_heads=g.kv_heads,

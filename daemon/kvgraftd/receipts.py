@@ -14,12 +14,16 @@ import os
 import platform
 import struct
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd import decode_attention
+
+if TYPE_CHECKING:  # the model's module loads transformers; the profile needs only the shape
+    from kvgraftd.model_adapter import ModelGeometry
 
 ATTENTION = "kvgraft-blockwise-online-softmax/1"
 
@@ -50,10 +54,11 @@ _CPU = torch.device("cpu")
 
 
 def compute_profile(
-    page_tokens: int, block_tokens: int, device: torch.device = _CPU
+    page_tokens: int, block_tokens: int, geometry: ModelGeometry, device: torch.device = _CPU
 ) -> pb.ComputeProfile:
     on_cuda = device.type == "cuda"
-    decode = "torch" if on_cuda else decode_attention.kernel_name()  # decoding's last bits
+    shape = geometry.num_heads, geometry.kv_heads, geometry.head_dim
+    decode = "torch" if on_cuda else decode_attention.kernel_for(*shape)  # decoding's last bits
     return pb.ComputeProfile(
         torch_version=torch.__version__,
         device_kind=device.type,
