@@ -22,9 +22,9 @@ fails is logged as DATA_LOSS, counted, and read as a miss; never served.
 
 Faults: every request has connect/read timeouts and botocore's standard
 retries (exponential backoff with jitter). A request that still fails opens a
-breaker: for a backoff that doubles up to BREAKER_MAX_S, reads are misses at
-once (local serving never waits on a dead server); the failure is logged once
-per outage, not per request. Writes are always attempted (they are explicit:
+breaker (kvgraftd.remote_health): for a backoff that doubles up to 30 s, reads
+are misses at once (local serving never waits on a dead server); the failure
+is logged once per outage, not per request. Writes are always attempted (they are explicit:
 a write-through commit, the write-back drain with its own backoff, a sync)
 and fail with Unavailable, so a server that is back is used at once.
 Credentials come from the standard AWS chain (AWS_ACCESS_KEY_ID /
@@ -32,7 +32,8 @@ AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_SHARED_CREDENTIALS_FILE,
 AWS_PROFILE); they are never logged, and botocore's own loggers are held at
 WARNING so its debug output (request headers) never reaches the daemon log.
 
-kvgraftd.remote_s3 makes the boto3 client. Neither knows anything of LMDB or gRPC.
+kvgraftd.remote_s3 makes the boto3 client, kvgraftd.remote_health keeps the
+counters and the breaker. None knows anything of LMDB or gRPC.
 """
 
 from __future__ import annotations
@@ -41,18 +42,17 @@ import base64
 import hashlib
 import logging
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 
-from kvgraft.errors import FailedPrecondition, Unauthenticated, Unavailable
+from kvgraft.errors import FailedPrecondition, Unauthenticated
+from kvgraftd.remote_health import Breaker, RemoteCounters
 from kvgraftd.remote_s3 import (
     AUTH,
     EXISTS,
     MISSING,
     RemoteSettings,
-    describe,
     error_code,
     make_client,
     write_error,
@@ -60,27 +60,7 @@ from kvgraftd.remote_s3 import (
 
 log = logging.getLogger(__name__)
 
-BREAKER_MIN_S = 1.0
-BREAKER_MAX_S = 30.0
 KNOWN_PAGES = 1 << 18  # page hashes remembered as present in the bucket
-
-
-class RemoteCounters:
-    """What the tier did since the daemon started (`add` from any thread)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.hits = self.misses = self.corrupt = 0  # object reads: chains, manifests, pages
-        self.page_misses = 0  # page reads that found no intact page
-        self.pages_up = self.bytes_up = self.artifacts_up = 0
-        self.pages_down = self.bytes_down = 0
-        self.last_error = ""
-        self.last_error_unix_ms = 0
-
-    def add(self, **deltas: int) -> None:
-        with self._lock:
-            for name, delta in deltas.items():
-                setattr(self, name, getattr(self, name) + delta)
 
 
 class RemoteTier:
@@ -92,8 +72,7 @@ class RemoteTier:
         self._prefix = settings.prefix.strip("/")
         self._pool = ThreadPoolExecutor(settings.connections, thread_name_prefix="remote")
         self._lock = threading.Lock()
-        self._down_until = 0.0
-        self._backoff_s = BREAKER_MIN_S
+        self.breaker = Breaker(self.counters, f"{self._bucket} at {settings.endpoint or 'AWS S3'}")
         self._known: OrderedDict[bytes, None] = OrderedDict()
 
     def close(self) -> None:
@@ -134,52 +113,13 @@ class RemoteTier:
                     f"the remote tier's {where} does not exist: create it (e.g. `aws s3 mb "
                     f"s3://{self._bucket}`) or fix [remote] bucket"
                 ) from None
-            self._failed("check", exc)
+            self.breaker.failed("check", exc)
             return False
         except BotoCoreError as exc:
-            self._failed("check", exc)
+            self.breaker.failed("check", exc)
             return False
-        self._succeeded()
+        self.breaker.succeeded()
         return True
-
-    def available(self) -> bool:
-        return time.monotonic() >= self._down_until
-
-    def retry_in_s(self) -> float:
-        return max(0.0, self._down_until - time.monotonic())
-
-    def require(self) -> None:
-        """Raise Unavailable while the breaker is open."""
-        if not self.available():
-            raise Unavailable(
-                f"the remote tier ({self._bucket} at {self.settings.endpoint or 'AWS S3'}) is "
-                f"unreachable ({self.counters.last_error}); next attempt in "
-                f"{self.retry_in_s():.0f} s"
-            )
-
-    def _succeeded(self) -> None:
-        if self._down_until:
-            with self._lock:
-                if self._down_until:
-                    log.info("the remote tier answers again")
-                self._down_until = 0.0
-                self._backoff_s = BREAKER_MIN_S
-
-    def _failed(self, what: str, exc: BaseException) -> None:
-        detail = describe(exc)
-        with self._lock:
-            first = not self._down_until
-            self._down_until = time.monotonic() + self._backoff_s
-            self._backoff_s = min(BREAKER_MAX_S, 2 * self._backoff_s)
-            self.counters.last_error = f"{what}: {detail}"
-            self.counters.last_error_unix_ms = int(time.time() * 1000)
-        if first:  # once per outage; the status RPC shows the latest
-            log.warning(
-                "the remote tier failed (%s: %s); reads are misses and writes wait until it "
-                "answers again",
-                what,
-                detail,
-            )
 
     def _remember(self, digest: bytes) -> None:
         with self._lock:
@@ -198,24 +138,24 @@ class RemoteTier:
     def _get(self, key: str) -> bytes | None:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        if not self.available():
+        if not self.breaker.available():
             self.counters.add(misses=1)
             return None
         try:
             body = self._s3.get_object(Bucket=self._bucket, Key=key)["Body"].read()
         except ClientError as exc:
             if error_code(exc) in MISSING:
-                self._succeeded()
+                self.breaker.succeeded()
                 self.counters.add(misses=1)
                 return None
-            self._failed(f"GET {key}", exc)
+            self.breaker.failed(f"GET {key}", exc)
             self.counters.add(misses=1)
             return None
         except BotoCoreError as exc:
-            self._failed(f"GET {key}", exc)
+            self.breaker.failed(f"GET {key}", exc)
             self.counters.add(misses=1)
             return None
-        self._succeeded()
+        self.breaker.succeeded()
         return body
 
     def _corrupt(self, key: str, actual: bytes) -> None:
@@ -292,14 +232,14 @@ class RemoteTier:
             call()
         except ClientError as exc:
             if error_code(exc) in answered:
-                self._succeeded()
+                self.breaker.succeeded()
                 return False
-            self._failed(f"{what} {key}", exc)
+            self.breaker.failed(f"{what} {key}", exc)
             raise write_error(key, exc) from None
         except BotoCoreError as exc:
-            self._failed(f"{what} {key}", exc)
+            self.breaker.failed(f"{what} {key}", exc)
             raise write_error(key, exc) from None
-        self._succeeded()
+        self.breaker.succeeded()
         return True
 
     def _put(self, key: str, body: bytes | memoryview, digest: bytes, conditional: bool) -> bool:
@@ -403,9 +343,9 @@ class RemoteTier:
                 for item in page.get("Contents", ()):
                     yield item["Key"][len(prefix) :]
         except (ClientError, BotoCoreError) as exc:
-            self._failed(f"LIST {prefix}", exc)
+            self.breaker.failed(f"LIST {prefix}", exc)
             raise write_error(prefix, exc) from None
-        self._succeeded()
+        self.breaker.succeeded()
 
     def fingerprints(self) -> list[bytes]:
         """The model fingerprints that have objects under the prefix."""

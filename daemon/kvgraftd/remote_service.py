@@ -117,7 +117,7 @@ class RemoteService:
             bucket=settings.bucket,
             prefix=settings.prefix,
             write_mode=settings.write,
-            reachable=remote.available(),
+            reachable=remote.breaker.available(),
             backlog_artifacts=self.queue.backlog() if self.queue is not None else 0,
             uploaded_artifacts=c.artifacts_up,
             uploaded_pages=c.pages_up,
@@ -129,7 +129,7 @@ class RemoteService:
             corrupt_objects=c.corrupt,
             last_error=c.last_error,
             last_error_unix_ms=c.last_error_unix_ms,
-            retry_in_s=remote.retry_in_s(),
+            retry_in_s=remote.breaker.retry_in_s(),
         )
 
     def tier_infos(self) -> list[pb.TierInfo]:
@@ -194,7 +194,7 @@ class RemoteService:
                     pass  # deleted meanwhile
                 except KvgraftError as exc:
                     response.failures.append(f"push {artifact_id}: {exc}")
-                    if not remote.available():
+                    if not remote.breaker.available():
                         return  # the server went away: the rest would fail the same way
                     continue
                 if self.queue is not None:
@@ -216,5 +216,5 @@ class RemoteService:
                     moved.add(import_artifact(self._store, remote, fingerprint, artifact_id))
                 except KvgraftError as exc:
                     response.failures.append(f"pull {artifact_id}: {exc}")
-                    if not remote.available():
+                    if not remote.breaker.available():
                         return

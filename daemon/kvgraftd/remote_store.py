@@ -99,7 +99,7 @@ class RemoteBackedStore:
         try:
             return self._store.resolve(id_or_prefix)
         except NotFound:
-            if not self._read_through or not self._remote.available():
+            if not self._read_through or not self._remote.breaker.available():
                 raise
             try:
                 found = find_remote(self._remote, id_or_prefix)
@@ -120,7 +120,11 @@ class RemoteBackedStore:
         max_pages: int,
     ) -> list[ChainEntry]:
         found = self._store.longest_chain(fingerprint, profile, layout, token_ids, max_pages)
-        if not self._read_through or len(found) >= max_pages or not self._remote.available():
+        if (
+            not self._read_through
+            or len(found) >= max_pages
+            or not self._remote.breaker.available()
+        ):
             return found
         try:
             more = self._remote_chain(

@@ -105,7 +105,7 @@ def import_artifact(
     """Copy one remote artifact into the local store, every byte verified first."""
     canonical = remote.get_manifest(fingerprint, artifact_id)
     if canonical is None:
-        remote.require()
+        remote.breaker.require()
         raise NotFound(
             f"artifact {artifact_id[:16]} is neither local nor readable in the remote tier"
         )
@@ -153,7 +153,7 @@ def _fetch_and_stage(
     if absent:
         if fetched:  # keep what was verified: a retry need not fetch it again
             store.stage_pages(page_records_of({d: fetched[d] for d in fetched if d not in absent}))
-        remote.require()
+        remote.breaker.require()
         raise DataLoss(
             f"page {absent[0].hex()[:16]} of artifact {artifact_id[:16]} could not be read "
             f"from the remote tier intact ({len(absent)} of {len(digests)} pages missing or "
