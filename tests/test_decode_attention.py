@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -274,6 +275,42 @@ def test_a_batch_of_slots_larger_than_the_pool_is_handed_on_not_waited_on(tmp_pa
         assert not stepping.is_alive(), "the step waited on slots its own batch held"
         assert torch.equal(result[0], expected)
         assert all(small.pool.acquire(("probe", i), 0, None, wait=False) for i in range(4))
+    finally:
+        store.close()
+
+
+def test_a_failed_batch_of_slots_leaves_every_slot_released_once(tmp_path, monkeypatch) -> None:
+    """A batch that fails on a worker surfaces while a later batch is handed over: that batch
+    is released by its worker only (regression: the handing thread released it as well, so a
+    slot in use could count as free). No real fault makes the kernel fail on a slot, so one is
+    injected into the second batch."""
+    store = Store(tmp_path / "store")
+    try:
+        block = 2 * PAGE
+        slot_shape = (2, KV_HEADS, block, DIM)
+        context, _ = _stored_context(
+            store, 24, Tiers(DevicePool(0, slot_shape), HostCache(store, 0))
+        )
+        hashes = [digest for page in context._stored_pages for digest in page]
+        tiers = Tiers(
+            DevicePool(6 * 2 * KV_HEADS * block * DIM * 4, slot_shape), HostCache(store, 0)
+        )
+        tiers.attention_batch = lambda blocks, slots=False: 1
+        calls = itertools.count()
+        real = DecodeSoftmax.partials
+
+        def failing_second(self, blocks):
+            if next(calls) == 1:
+                time.sleep(0.2)  # fails once later batches are being handed over
+                raise ValueError("injected")
+            return real(self, blocks)
+
+        monkeypatch.setattr(DecodeSoftmax, "partials", failing_second)
+        scan = KvContext(context.geometry, PAGE, block, tiers)
+        scan.attach(range(24 * PAGE), hashes)
+        with pytest.raises(ValueError, match="injected"):
+            _step(scan)
+        assert all(tiers.pool.acquire(("probe", i), 0, None, wait=False) for i in range(6))
     finally:
         store.close()
 

@@ -187,6 +187,7 @@ class DevicePool:
 
     def release(self, slot: Slot) -> None:
         with self._cond:
+            assert slot.pins > 0, "a slot released more often than it was acquired"
             slot.pins -= 1
             if slot.key is None and not slot.pins:  # a transient slot
                 slot.valid = 0

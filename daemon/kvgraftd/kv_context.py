@@ -193,10 +193,11 @@ class KvContext:
         size = self.tiers.attention_batch(-(-total // self.block_tokens) - in_place, slots=True)
         batch: list[tuple[Slot, int]] = []
 
-        def submit() -> None:
+        def submit() -> None:  # handed over before submit can raise an earlier batch's error
             if batch:
-                partials.submit(self._slots_partial, softmax, batch.copy())
+                handed = batch.copy()
                 batch.clear()
+                partials.submit(self._slots_partial, softmax, handed)
 
         try:
             for slot, needed, _ in self._slots(layer, in_place, total, cache, False, submit):
