@@ -16,6 +16,7 @@ import itertools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -311,6 +312,44 @@ def test_a_failed_batch_of_slots_leaves_every_slot_released_once(tmp_path, monke
         with pytest.raises(ValueError, match="injected"):
             _step(scan)
         assert all(tiers.pool.acquire(("probe", i), 0, None, wait=False) for i in range(6))
+    finally:
+        store.close()
+
+
+def test_a_scan_lets_its_pages_go_only_after_every_batch_reading_them_ended(
+    tmp_path, monkeypatch
+) -> None:
+    """A corrupt page fails its batch while later batches still read other pages in place:
+    the store's views are let go only once they have all ended (regression: the error left
+    the views' `with` block first, the batches still reading)."""
+    store = Store(tmp_path / "store")
+    try:
+        scan = Tiers(DevicePool(2 * 2 * KV_HEADS * PAGE * DIM * 4, (2, KV_HEADS, PAGE, DIM)),
+                     HostCache(store, 0))  # fmt: skip
+        context, data = _stored_context(store, 40, scan)
+        assert flip_stored_page(store.path, data[0].tobytes()) == 1
+        ended, let_go = [], []
+        real_partials, real_unchecked = DecodeSoftmax.partials, scan.host.unchecked
+
+        def slow_partials(self, blocks):
+            result = real_partials(self, blocks)  # the batch of page 0 fails at once
+            time.sleep(0.1)
+            ended.append(time.monotonic())
+            return result
+
+        @contextmanager
+        def recorded_unchecked(digests):
+            try:
+                with real_unchecked(digests) as pages:
+                    yield pages
+            finally:
+                let_go.append(time.monotonic())
+
+        monkeypatch.setattr(DecodeSoftmax, "partials", slow_partials)
+        monkeypatch.setattr(scan.host, "unchecked", recorded_unchecked)
+        with pytest.raises(DataLoss, match="corrupt on disk"):
+            _step(context)
+        assert ended and let_go and max(ended) <= let_go[0]
     finally:
         store.close()
 

@@ -194,10 +194,15 @@ class OrderedPartials:
     def __enter__(self) -> OrderedPartials:
         return self
 
+    def settle(self) -> None:
+        """Wait until no task is running (after an error: they read pages and slots the
+        caller is about to let go); what they computed is dropped."""
+        wait(self._pending)
+        self._pending.clear()
+
     def __exit__(self, exc_type: type | None, *_: object) -> None:
         try:
             if exc_type is None:
                 self.drain()
         finally:  # a task that failed, or the caller's error: let every other task end
-            wait(self._pending)
-            self._pending.clear()
+            self.settle()

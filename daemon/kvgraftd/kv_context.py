@@ -157,10 +157,8 @@ class KvContext:
                     self.tiers.pool.release(slot)
         return softmax.result()
 
-    def _slots(
-        self, layer: int, in_place: int, total: int, cache: bool, ahead: bool = True,
-        before_wait: Callable[[], None] | None = None,
-    ) -> Iterator:  # fmt: skip
+    def _slots(self, layer: int, in_place: int, total: int, cache: bool, ahead: bool = True,
+               before_wait: Callable[[], None] | None = None) -> Iterator:  # fmt: skip
         """(pinned slot, positions, first position) of each block after the first `in_place`
         up to `total`, in order (the next one fetched `ahead` on the prefetch thread); the
         caller releases each slot (`before_wait`: see DevicePool.acquire)."""
@@ -184,10 +182,8 @@ class KvContext:
             if pending is not None and pending.exception() is None and pending.result():
                 self.tiers.pool.release(pending.result())
 
-    def _decode_slots(
-        self, layer: int, in_place: int, total: int, cache: bool, softmax: DecodeSoftmax,
-        partials: OrderedPartials,
-    ) -> None:  # fmt: skip
+    def _decode_slots(self, layer: int, in_place: int, total: int, cache: bool,
+                      softmax: DecodeSoftmax, partials: OrderedPartials) -> None:  # fmt: skip
         """The blocks after the first `in_place`, in batches of slots that this thread fills
         while the workers attend the last ones (no fetch ahead, no waiting on itself)."""
         size = self.tiers.attention_batch(-(-total // self.block_tokens) - in_place, slots=True)
@@ -219,21 +215,23 @@ class KvContext:
     def _decode_in_place(
         self, layer: int, blocks: int, softmax: DecodeSoftmax, partials: OrderedPartials
     ) -> None:
-        """The first `blocks` one-page stored blocks, in batches, each page checked as the
-        kernel reads it."""
+        """The first `blocks` one-page stored blocks, in batches, checked as they are read."""
         if not blocks:
             return
         digests = [self._stored_pages[index][layer] for index in range(blocks)]
         admit = self._cache_stored_pages()
         size = self.tiers.attention_batch(blocks)
-        with self.tiers.host.unchecked(digests) as pages:
-            for digest, (page, _) in zip(digests, pages, strict=True):
-                if page.nbytes != self._stored_page_bytes:
-                    raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
-            for first in range(0, blocks, size):
-                batch = slice(first, first + size)
-                partials.submit(self._pages_partial, softmax, digests[batch], pages[batch], admit)
-            partials.drain()  # the views are valid inside the `with` only
+        with self.tiers.host.unchecked(digests) as pages:  # views valid inside only
+            try:
+                for digest, (page, _) in zip(digests, pages, strict=True):
+                    if page.nbytes != self._stored_page_bytes:
+                        raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
+                for first in range(0, blocks, size):
+                    part = slice(first, first + size)
+                    partials.submit(self._pages_partial, softmax, digests[part], pages[part], admit)
+                partials.drain()
+            finally:  # an earlier batch's error, raised while handing over a later one
+                partials.settle()
 
     def _pages_partial(
         self, softmax: DecodeSoftmax, digests: list[bytes], pages: list, admit: bool
