@@ -13,6 +13,9 @@ built into artifacts with the real `Artifact.build`:
   LMDB). Timed from the call to its return; the target's daemon start and
   the source's load are excluded. Every trial checks that the target holds
   every artifact and that exactly the corpus's bytes were moved.
+* one-shot pull: `Client.pull_from` (what `kvgraft replicate --pull` runs):
+  the fresh target daemon copies from the source itself (the Replicate RPC),
+  the bytes going from the source to the target only. Timed the same way.
 * follow-mode catch-up: a fresh target daemon started with
   `--replication-follow SOURCE` copies the same corpus by itself (the
   replicator inside the target daemon, writing its own store without a gRPC
@@ -39,7 +42,7 @@ baselines are interleaved (order alternating), because disk and memory
 bandwidth on a shared machine drift. The table gives the median and best
 GB/s (1 GB = 1e9 bytes); a ratio is the median of per-trial ratios (pairs ran
 back to back). Clocks are time.perf_counter. The last stdout line is one JSON
-object with replication_vs_tcp (one-shot / raw TCP) and catchup_lag_s.
+object with replication_vs_tcp (one-shot / raw TCP), pull_vs_tcp and catchup_lag_s.
 
 Run: .venv/bin/python bench/replication_bench.py [--gib 1.0] [--trials 3] [--dir /tmp]
 """
@@ -55,6 +58,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -103,6 +107,7 @@ def bench_one_shot(
     into = memoryview(dest).cast("B")
     ours = Row("copy", "one-shot Client.replicate_to (2 workers)", n)
     follow = Row("copy", "follow-mode catch-up (replicator in the target daemon)", n)
+    pull = Row("copy", "one-shot pull Client.pull_from (Replicate)", n)
     raw = Row("copy", "raw TCP socket, recv_into  [baseline]", n)
     durable = Row("copy", "raw TCP + file write + fsync per artifact", n)
     put = Row("copy", "PutArtifact from memory into a fresh daemon (ceiling)", n)
@@ -115,15 +120,13 @@ def bench_one_shot(
         target.stop()
         shutil.rmtree(target.data_dir, ignore_errors=True)
 
-    def one_shot() -> float:
+    def filled(copy: Callable[[Client], object]) -> float:
+        """Seconds `copy(target client)` takes to give a fresh target the corpus (checked)."""
         target = fresh_target()
         try:
-            with (
-                Client(source.address, timeout_s=60, transfer_timeout_s=900) as a,
-                Client(target.address, timeout_s=60, transfer_timeout_s=900) as b,
-            ):
+            with Client(target.address, timeout_s=60, transfer_timeout_s=900) as b:
                 start = time.perf_counter()
-                summary = a.replicate_to(b)
+                summary = copy(b)
                 seconds = time.perf_counter() - start
                 held = {info.artifact_id for info in b.list_artifacts()}
             if held != ids or summary.bytes_moved != n or summary.artifacts_failed:
@@ -131,6 +134,13 @@ def bench_one_shot(
             return seconds
         finally:
             discard(target)
+
+    def one_shot() -> float:
+        with Client(source.address, timeout_s=60, transfer_timeout_s=900) as a:
+            return filled(a.replicate_to)
+
+    def pull_once() -> float:
+        return filled(lambda b: b.pull_from(source.address))
 
     def catch_up() -> float:
         target = fresh_target("--replication-follow", source.address)
@@ -190,6 +200,7 @@ def bench_one_shot(
         [
             (ours, one_shot),
             (raw, tcp_get),
+            (pull, pull_once),
             (follow, catch_up),
             (durable, tcp_fsync),
             (put, put_from_memory),
@@ -197,7 +208,7 @@ def bench_one_shot(
     )
     if not np.array_equal(dest, corpus.data):
         raise AssertionError("the TCP baseline received other bytes than were sent")
-    return [ours, follow, put, raw, durable]
+    return [ours, pull, follow, put, raw, durable]
 
 
 def lag_artifact(corpus: Corpus, index: int) -> Artifact:
@@ -299,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     print_table(rows)
-    ours, follow, put, raw, durable = rows
+    ours, pull, follow, put, raw, durable = rows
     lag_bytes = geometry.layers * (LAG_TOKENS // geometry.page_tokens) * geometry.page_bytes
     print(
         f"\ncatch-up lag, {LAG_TOKENS}-token artifacts ({lag_bytes / 1e6:.1f} MB), "
@@ -309,12 +320,14 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "replication_vs_tcp": round(paired_ratio(ours, raw), 3),
         "catchup_lag_s": round(statistics.median(lags), 4),
+        "pull_vs_tcp": round(paired_ratio(pull, raw), 3),
         "follow_catchup_vs_tcp": round(paired_ratio(follow, raw), 3),
         "replication_vs_tcp_fsync": round(paired_ratio(ours, durable), 3),
         "replication_vs_put": round(paired_ratio(ours, put), 3),
         "follow_catchup_vs_put": round(paired_ratio(follow, put), 3),
         "put_gbps": round(put.median_gbps, 3),
         "replication_gbps": round(ours.median_gbps, 3),
+        "pull_gbps": round(pull.median_gbps, 3),
         "follow_catchup_gbps": round(follow.median_gbps, 3),
         "tcp_gbps": round(raw.median_gbps, 3),
         "tcp_fsync_gbps": round(durable.median_gbps, 3),

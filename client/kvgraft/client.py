@@ -355,6 +355,28 @@ class Client(EngineCalls):
 
         return replicate(source, self, **options)
 
+    def pull_from(
+        self, source: str, *, from_sequence: int = 1, progress=None
+    ) -> ReplicationSummary:
+        """Make this daemon copy `source`'s artifacts, deletes too, straight from `source`
+        (the Replicate RPC: the bytes do not pass through this process). `source` is the
+        address as this daemon reaches it; `progress` has tqdm's `total` and `update(n)`.
+        Returns the ReplicationSummary."""
+        from kvgraft.replication_summary import ReplicationSummary
+
+        request = pb.ReplicateRequest(source=source, from_sequence=from_sequence)
+        last, done = None, 0
+        for last in self._stream(self._stub.Replicate(request)):
+            if progress is not None:
+                progress.total = last.bytes_planned
+                progress.update(last.bytes_done - done)
+            done = last.bytes_done
+        if last is None or not last.done:
+            raise Unavailable(f"the Replicate stream of {self.address} ended before its summary")
+        summary = ReplicationSummary.from_proto(last.summary)
+        summary.target = self.address
+        return summary
+
     # ------------------------------------------------------------------
     def export_bundle(self, artifact_id: str, path: Path, progress=None) -> str:
         """Write an artifact to a safetensors bundle; returns the full id."""

@@ -144,6 +144,14 @@ class Replicator:
         self.summary.elapsed_s = round(time.monotonic() - began, 3)
         return self.summary
 
+    def stop(self) -> None:
+        """End a pass early, from any thread: no retry starts after this."""
+        self._stop.set()
+
+    def snapshot(self) -> ReplicationSummary:
+        """The summary so far, read from any thread while the pass runs."""
+        return self._ledger.snapshot()
+
     def follow(
         self,
         from_sequence: int = 1,

@@ -1,8 +1,11 @@
 """`kvgraft replicate`: make one daemon hold another's artifacts, once or continuously.
 
-    kvgraft replicate --from A [--to B] [--follow] [--from-sequence N] [--workers N]
+    kvgraft replicate --from A [--to B] [--pull | --follow] [--from-sequence N] [--workers N]
 
 --to defaults to --server; both connections use the same TLS and token flags.
+By default the bytes pass through this process (it reads A and writes B);
+with --pull, B copies straight from A (the Replicate RPC; A is then the
+address as B reaches it, and B uses its own TLS and token settings).
 One pass by default: a progress bar on stderr when interactive, then a
 summary of artifacts, pages and bytes moved. --follow then keeps applying
 the source's changes, one line per artifact, until Ctrl-C or SIGTERM, and
@@ -27,6 +30,18 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 def cmd_replicate(client: Client, args: argparse.Namespace) -> None:
     options = {"timeout_s": args.timeout, **connection_options(args)}
+    if args.pull:
+        if args.follow:
+            raise SystemExit(
+                "kvgraft replicate: --pull copies once; for a target that keeps following its "
+                'source, give it `[replication] follow = ["ADDR"]` in its config'
+            )
+        if args.to is None:
+            _pull(client, args)
+        else:
+            with Client(args.to, **options) as target:
+                _pull(target, args)
+        return
     with Client(args.source, **options) as source:
         if args.to is None:
             _replicate(source, client, args)
@@ -35,12 +50,17 @@ def cmd_replicate(client: Client, args: argparse.Namespace) -> None:
                 _replicate(source, target, args)
 
 
-def _replicate(source: Client, target: Client, args: argparse.Namespace) -> None:
-    bar = None
-    if not args.json and sys.stderr.isatty():
-        from tqdm import tqdm
+def _bar(args: argparse.Namespace, what: str):
+    """A progress bar on stderr when interactive (and not --json), else None."""
+    if args.json or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
 
-        bar = tqdm(total=0, unit="B", unit_scale=True, desc="replicate", file=sys.stderr)
+    return tqdm(total=0, unit="B", unit_scale=True, desc=what, file=sys.stderr)
+
+
+def _replicate(source: Client, target: Client, args: argparse.Namespace) -> None:
+    bar = _bar(args, "replicate")
 
     def changed(outcome: str, artifact_id: str) -> None:
         if args.follow and not args.json:
@@ -73,6 +93,18 @@ def _replicate(source: Client, target: Client, args: argparse.Namespace) -> None
         raise SystemExit(1)
 
 
+def _pull(target: Client, args: argparse.Namespace) -> None:
+    bar = _bar(args, "pull")
+    try:
+        summary = target.pull_from(args.source, from_sequence=args.from_sequence, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    emit(args.json, summary.as_dict(), summary_text(summary))
+    if summary.artifacts_failed:
+        raise SystemExit(1)
+
+
 def summary_text(s: ReplicationSummary) -> str:
     rate = s.bytes_moved / s.elapsed_s / 1e9 if s.elapsed_s else 0.0
     lines = [
@@ -94,6 +126,12 @@ def add_replicate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--to", default=None, metavar="ADDR", help="target (default: --server)")
     parser.add_argument(
         "--follow", action="store_true", help="keep applying the source's changes until Ctrl-C"
+    )
+    parser.add_argument(
+        "--pull",
+        action="store_true",
+        help="the target copies straight from the source (the bytes skip this machine); "
+        "--from is then the source's address as the target reaches it",
     )
     parser.add_argument(
         "--from-sequence",

@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from kvgraft.errors import KvgraftError
+from kvgraft.v1 import kvgraft_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,15 @@ class ReplicationSummary:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def to_proto(self) -> pb.ReplicationSummary:
+        return pb.ReplicationSummary(**self.as_dict())
+
+    @classmethod
+    def from_proto(cls, message: pb.ReplicationSummary) -> ReplicationSummary:
+        values = {f.name: getattr(message, f.name) for f in fields(cls)}
+        values.update(retry_reasons=list(message.retry_reasons), failures=dict(message.failures))
+        return cls(**values)
+
 
 class ReplicationLedger:
     """Counts into a ReplicationSummary from any thread."""
@@ -62,6 +72,12 @@ class ReplicationLedger:
         self._progress = progress
         self._on_change = on_change
         self._lock = threading.Lock()
+
+    def snapshot(self) -> ReplicationSummary:
+        """A copy of the summary as it stands, consistent while workers count into it."""
+        with self._lock:
+            s = self.summary
+            return replace(s, retry_reasons=list(s.retry_reasons), failures=dict(s.failures))
 
     def count(self, **deltas: int) -> None:
         with self._lock:

@@ -7,7 +7,8 @@
   on an idle thread of its own, and give up when their client goes away.
 * **Deadlines**: a stream that has run `max_call_s` ends with
   DEADLINE_EXCEEDED at its next message (follow Watch streams are exempt:
-  a replica follows for days; keepalive notices when it vanishes).
+  a replica follows for days; keepalive notices when it vanishes; so are
+  Replicate pulls, which take as long as the copy does).
 * **Threads** (`Lanes`): the server's pool has a thread for every admitted
   kvgraft call plus `RESERVE_THREADS` for refusals; health Check runs on a
   small pool of its own, and the other non-kvgraft streams (reflection,
@@ -41,7 +42,7 @@ HEALTH_THREADS = 2
 SIDE_THREADS = 4  # reflection and health Watch
 KVGRAFT_PREFIX = "/kvgraft."
 WORKER_POLL_S = 0.25
-UNBOUNDED_METHODS = frozenset({"Watch"})  # exempt from max_call_s
+UNBOUNDED_METHODS = frozenset({"Watch", "Replicate"})  # exempt from max_call_s
 HEALTH_CHECK = f"/{health.SERVICE_NAME}/Check"
 
 

@@ -31,11 +31,12 @@ from kvgraft.errors import KvgraftError
 from kvgraftd import security
 from kvgraftd.config import ConfigError, DaemonConfig, build_parser, load_config, to_toml
 from kvgraftd.engine_service import EngineService
-from kvgraftd.follower import start_followers
+from kvgraftd.follower import LocalTarget, start_followers
 from kvgraftd.limits import CallLimiter, server_options
 from kvgraftd.lockfile import DataDirLock
 from kvgraftd.metrics import KvgraftCollector, MetricsServer
 from kvgraftd.notify import Notifier
+from kvgraftd.pulls import Pulls
 from kvgraftd.readiness import HealthProbe, Readiness, probe_target
 from kvgraftd.remote_service import RemoteService
 from kvgraftd.server import ServerSettings, create_server, set_serving, stats_response
@@ -233,9 +234,11 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
     )
     notifier = Notifier.from_environment()
     settings = server_settings(config, notifier)
+    pulls = Pulls(LocalTarget(service, store))  # Replicate: copies from a named daemon
     server, port, health_servicer = create_server(
-        service, engine, config.listen, workers=config.workers, settings=settings, remote=remote
-    )
+        service, engine, config.listen, workers=config.workers, settings=settings, remote=remote,
+        pulls=pulls,
+    )  # fmt: skip
     metrics = None
     if config.metrics_listen:
         stats = lambda: stats_response(service, engine, settings.counter, remote)  # noqa: E731

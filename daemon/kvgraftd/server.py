@@ -30,11 +30,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from kvgraft import wire
-from kvgraft.errors import InvalidArgument, KvgraftError
+from kvgraft.errors import FailedPrecondition, InvalidArgument, KvgraftError
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine_service import EngineService
 from kvgraftd.library import LibraryService
 from kvgraftd.limits import CallLimiter, Lanes
+from kvgraftd.pulls import Pulls
 from kvgraftd.remote_service import RemoteService
 from kvgraftd.security import AccessInterceptor, TokenCheck
 from kvgraftd.service import StoreService
@@ -143,6 +144,7 @@ def _method_table(
     counter: CallCounter,
     limiter: CallLimiter | None = None,
     remote: RemoteService | None = None,
+    pulls: Pulls | None = None,
 ) -> dict[str, grpc.RpcMethodHandler]:
     def serialize(message) -> bytes:
         return message.SerializeToString()
@@ -162,6 +164,12 @@ def _method_table(
         )
 
     remote = remote or RemoteService(None)  # the remote tier (kvgraftd.remote_service)
+
+    def pull(request: pb.ReplicateRequest, context: grpc.ServicerContext):
+        if pulls is None:
+            raise FailedPrecondition("this server was built without Replicate (kvgraftd.pulls)")
+        return pulls.replicate(request, context.is_active)
+
     table = {
         "Info": unary("Info", lambda r, c: _info(service, engine, r, remote), pb.InfoRequest),
         "MissingPages": unary(
@@ -184,6 +192,7 @@ def _method_table(
         "Watch": streaming(
             "Watch", lambda r, c: service.watch(r, c.is_active), pb.WatchRequest, serialize
         ),
+        "Replicate": streaming("Replicate", pull, pb.ReplicateRequest, serialize),
         "PutArtifact": grpc.stream_unary_rpc_method_handler(
             _guard(
                 "PutArtifact",
@@ -311,6 +320,7 @@ def create_server(
     workers: int = 16,
     settings: ServerSettings | None = None,
     remote: RemoteService | None = None,
+    pulls: Pulls | None = None,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Build (not start) the server; returns it, the bound port and the health servicer."""
     settings = settings or ServerSettings()
@@ -328,7 +338,7 @@ def create_server(
             ),
         ],
     )
-    table = _method_table(service, engine, counter, limiter, remote)
+    table = _method_table(service, engine, counter, limiter, remote, pulls)
     instrumented = {name: settings.telemetry.instrument(name, h) for name, h in table.items()}
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(SERVICE_NAME, instrumented),)

@@ -547,6 +547,75 @@ class ChangeRecord(_message.Message):
     unix_ms: int
     def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[ChangeRecord.Kind, str]] = ..., artifact_id: _Optional[str] = ..., unix_ms: _Optional[int] = ...) -> None: ...
 
+class ReplicateRequest(_message.Message):
+    __slots__ = ("source", "from_sequence")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    FROM_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    from_sequence: int
+    def __init__(self, source: _Optional[str] = ..., from_sequence: _Optional[int] = ...) -> None: ...
+
+class ReplicateProgress(_message.Message):
+    __slots__ = ("bytes_planned", "bytes_done", "done", "summary")
+    BYTES_PLANNED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    bytes_planned: int
+    bytes_done: int
+    done: bool
+    summary: ReplicationSummary
+    def __init__(self, bytes_planned: _Optional[int] = ..., bytes_done: _Optional[int] = ..., done: _Optional[bool] = ..., summary: _Optional[_Union[ReplicationSummary, _Mapping]] = ...) -> None: ...
+
+class ReplicationSummary(_message.Message):
+    __slots__ = ("source", "target", "artifacts_added", "artifacts_present", "artifacts_deleted", "deletes_kept_pinned", "artifacts_vanished", "artifacts_failed", "pages_moved", "bytes_moved", "pages_resent", "bytes_resent", "pages_written", "bytes_written", "retries", "last_sequence", "elapsed_s", "retry_reasons", "failures")
+    class FailuresEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_ADDED_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    DELETES_KEPT_PINNED_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_VANISHED_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    PAGES_MOVED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
+    PAGES_RESENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RESENT_FIELD_NUMBER: _ClassVar[int]
+    PAGES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    RETRY_REASONS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    target: str
+    artifacts_added: int
+    artifacts_present: int
+    artifacts_deleted: int
+    deletes_kept_pinned: int
+    artifacts_vanished: int
+    artifacts_failed: int
+    pages_moved: int
+    bytes_moved: int
+    pages_resent: int
+    bytes_resent: int
+    pages_written: int
+    bytes_written: int
+    retries: int
+    last_sequence: int
+    elapsed_s: float
+    retry_reasons: _containers.RepeatedScalarFieldContainer[str]
+    failures: _containers.ScalarMap[str, str]
+    def __init__(self, source: _Optional[str] = ..., target: _Optional[str] = ..., artifacts_added: _Optional[int] = ..., artifacts_present: _Optional[int] = ..., artifacts_deleted: _Optional[int] = ..., deletes_kept_pinned: _Optional[int] = ..., artifacts_vanished: _Optional[int] = ..., artifacts_failed: _Optional[int] = ..., pages_moved: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., pages_resent: _Optional[int] = ..., bytes_resent: _Optional[int] = ..., pages_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., retries: _Optional[int] = ..., last_sequence: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., retry_reasons: _Optional[_Iterable[str]] = ..., failures: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
 class LibraryAddRequest(_message.Message):
     __slots__ = ("problem", "solution", "answer", "verified_by", "tags")
     PROBLEM_FIELD_NUMBER: _ClassVar[int]

@@ -110,6 +110,11 @@ class KvgraftStub:
                 request_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.WatchRequest.SerializeToString,
                 response_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.ChangeRecord.FromString,
                 _registered_method=True)
+        self.Replicate = channel.unary_stream(
+                '/kvgraft.v1.Kvgraft/Replicate',
+                request_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.ReplicateRequest.SerializeToString,
+                response_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.ReplicateProgress.FromString,
+                _registered_method=True)
         self.LibraryAdd = channel.unary_unary(
                 '/kvgraft.v1.Kvgraft/LibraryAdd',
                 request_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.LibraryAddRequest.SerializeToString,
@@ -259,6 +264,16 @@ class KvgraftServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Replicate(self, request, context):
+        """Copy into this daemon what another daemon holds, deletes too, read
+        straight from that daemon's API (Watch, List, GetArtifact): the bytes do
+        not pass through the caller. Progress about twice a second; the last
+        message carries the summary.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def LibraryAdd(self, request, context):
         """Deposit a verified solution in the knowledge library: the daemon
         computes the context "problem + verified solution" in the model's chat
@@ -387,6 +402,11 @@ def add_KvgraftServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.WatchRequest.FromString,
                     response_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.ChangeRecord.SerializeToString,
+            ),
+            'Replicate': grpc.unary_stream_rpc_method_handler(
+                    servicer.Replicate,
+                    request_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.ReplicateRequest.FromString,
+                    response_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.ReplicateProgress.SerializeToString,
             ),
             'LibraryAdd': grpc.unary_unary_rpc_method_handler(
                     servicer.LibraryAdd,
@@ -825,6 +845,33 @@ class Kvgraft:
             '/kvgraft.v1.Kvgraft/Watch',
             kvgraft_dot_v1_dot_kvgraft__pb2.WatchRequest.SerializeToString,
             kvgraft_dot_v1_dot_kvgraft__pb2.ChangeRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Replicate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kvgraft.v1.Kvgraft/Replicate',
+            kvgraft_dot_v1_dot_kvgraft__pb2.ReplicateRequest.SerializeToString,
+            kvgraft_dot_v1_dot_kvgraft__pb2.ReplicateProgress.FromString,
             options,
             channel_credentials,
             insecure,

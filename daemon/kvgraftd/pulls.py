@@ -1,0 +1,114 @@
+"""One-shot pulls into this daemon: the Replicate RPC (`kvgraft replicate --pull`).
+
+A caller names a source daemon; this daemon copies from it what it holds,
+deletes too, with kvgraft.replication.Replicator, exactly as a follower
+(kvgraftd.follower) does but once: the source's gRPC API on one side, this
+daemon's own intake (LocalTarget) on the other. The bytes go from the source
+to this daemon and nowhere else, so a replication started from a laptop does
+not carry the store through the laptop, and the machine pays one gRPC hop
+instead of two.
+
+Contract:
+* `replicate(request, is_active)` yields a ReplicateProgress about every
+  PROGRESS_INTERVAL_S while the pass runs, then one with `done` and the final
+  summary. The pass is idempotent and resumable like any replication: what was
+  committed stays, a retry moves only what is missing.
+* The source is reached like a follower's peer (kvgraft.Client: TLS and the
+  bearer token from KVGRAFT_TLS_* and KVGRAFT_TOKEN_FILE in this daemon's
+  environment), at the address as this daemon sees it. One it cannot reach
+  fails with UNAVAILABLE and a message that says so.
+* A caller that goes away (or a daemon that stops) ends the pass: no retry
+  starts and the source connection is closed; artifacts committed so far stay.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+
+from kvgraft import Client
+from kvgraft.errors import InvalidArgument, Unavailable
+from kvgraft.replication import Replicator
+from kvgraft.replication_summary import ReplicationSummary
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.follower import LocalTarget
+
+log = logging.getLogger(__name__)
+
+PROGRESS_INTERVAL_S = 0.5
+
+
+class ByteProgress:
+    """The replicator's progress bar (tqdm's `total` and `update`), read from another thread."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.done = 0
+
+    def update(self, n: int) -> None:
+        self.done += n  # the replicator's ledger calls this under its lock
+
+
+class Pulls:
+    def __init__(
+        self, target: LocalTarget, client_factory: Callable[[str], Client] = Client
+    ) -> None:
+        self._target = target
+        self._client_factory = client_factory
+
+    def replicate(
+        self, request: pb.ReplicateRequest, is_active: Callable[[], bool]
+    ) -> Iterator[pb.ReplicateProgress]:
+        source = request.source.strip()
+        host, _, port = source.rpartition(":")
+        if not host or not port.isdigit():
+            raise InvalidArgument(
+                f"Replicate needs the source as host:port (got {request.source!r}), the "
+                "address at which this daemon reaches it, e.g. 10.0.0.5:50051"
+            )
+        progress = ByteProgress()
+        with self._client_factory(source) as client:
+            replicator = Replicator(client, self._target, progress=progress)
+            outcome: list = []
+
+            def run() -> None:
+                try:
+                    outcome.append(replicator.sync(max(1, request.from_sequence)))
+                except BaseException as exc:  # handed to the caller's stream below
+                    outcome.append(exc)
+
+            log.info("pulling from %s (a Replicate call)", source)
+            worker = threading.Thread(target=run, name="pull", daemon=True)
+            worker.start()
+            try:
+                while worker.is_alive():
+                    worker.join(PROGRESS_INTERVAL_S)
+                    if not is_active():
+                        return  # (through the finally below)
+                    yield _progress(progress, replicator.snapshot(), done=False)
+            finally:  # the caller went away, or the daemon stops: end the pass
+                if worker.is_alive():
+                    log.info("the pull from %s ends early: its caller went away", source)
+                    replicator.stop()
+                    client.close()
+                    worker.join()
+        result = outcome[0]
+        if isinstance(result, Unavailable):
+            raise Unavailable(
+                f"this daemon could not reach the source {source} ({result}); give the source "
+                "as this daemon reaches it, or replicate through the caller (without --pull)"
+            ) from None
+        if isinstance(result, BaseException):
+            raise result
+        log.info("pulled from %s: %d artifacts added", source, result.artifacts_added)
+        yield _progress(progress, result, done=True)
+
+
+def _progress(progress: ByteProgress, summary: ReplicationSummary, done: bool):
+    return pb.ReplicateProgress(
+        bytes_planned=progress.total,
+        bytes_done=progress.done,
+        done=done,
+        summary=summary.to_proto(),
+    )

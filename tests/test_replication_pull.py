@@ -1,0 +1,90 @@
+"""One-shot pulls (the Replicate RPC, `kvgraft replicate --pull`): the target daemon copies
+straight from the source, two real daemons in their own processes.
+
+* 30 artifacts pulled: the replica holds exactly them, whole (store audit), every exported
+  bundle byte-identical to the source's; a second pull moves nothing; a delete on the
+  source propagates with the next pull.
+* The CLI prints the pull's summary (--json and text) and refuses --pull with --follow.
+* Bad input is refused with a clear error and changes nothing: a source that is not
+  host:port (INVALID_ARGUMENT), one the target cannot reach (UNAVAILABLE, saying so).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from factory import random_artifact
+from replica_audit import export_digests, ids
+from store_audit import audit_store, distinct_page_sizes
+
+from kvgraft import Client
+from kvgraft.cli import main as cli_main
+from kvgraft.errors import InvalidArgument, Unavailable
+
+
+class Progress:
+    """tqdm's `total` and `update(n)`, recorded."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.done = 0
+
+    def update(self, n: int) -> None:
+        self.done += n
+
+
+def test_a_pull_copies_straight_from_the_source(start_daemon, rng, tmp_path) -> None:
+    source, replica = start_daemon(), start_daemon()
+    artifacts = [random_artifact(rng) for _ in range(30)]
+    with Client(source.address) as a, Client(replica.address) as b:
+        for artifact in artifacts:
+            a.put_artifact(artifact)
+        progress = Progress()
+        summary = b.pull_from(source.address, progress=progress)
+        assert (summary.artifacts_added, summary.artifacts_failed) == (30, 0)
+        assert summary.bytes_moved == sum(distinct_page_sizes(artifacts).values())
+        assert (summary.source, summary.target) == (source.address, replica.address)
+        assert summary.last_sequence == 30
+        assert progress.done == progress.total == summary.bytes_moved
+        expected = {artifact.id: artifact for artifact in artifacts}
+        audit_store(b, expected)
+        on_source = export_digests(a, set(expected), tmp_path / "a")
+        assert export_digests(b, set(expected), tmp_path / "b") == on_source
+
+        again = b.pull_from(source.address)
+        assert (again.artifacts_added, again.artifacts_present, again.bytes_moved) == (0, 30, 0)
+        a.delete(artifacts[0].id)
+        after = b.pull_from(source.address, from_sequence=31)
+        assert (after.artifacts_deleted, after.last_sequence) == (1, 31)
+        assert ids(b) == ids(a)
+
+
+def test_cli_pull_prints_a_summary(start_daemon, rng, capsys) -> None:
+    source, replica = start_daemon(), start_daemon()
+    artifacts = [random_artifact(rng) for _ in range(3)]
+    with Client(source.address) as a, Client(replica.address) as b:
+        for artifact in artifacts:
+            a.put_artifact(artifact)
+        argv = ["--json", "--server", replica.address, "replicate", "--from", source.address]
+        assert cli_main([*argv, "--pull"]) == 0
+        document = json.loads(capsys.readouterr().out)
+        assert (document["artifacts_added"], document["target"]) == (3, replica.address)
+        assert ids(b) == ids(a)
+        argv = ["replicate", "--from", source.address, "--to", replica.address, "--pull"]
+        assert cli_main(argv) == 0
+        assert "0 added, 3 already there" in capsys.readouterr().out
+        with pytest.raises(SystemExit, match="--pull copies once"):
+            cli_main([*argv, "--follow"])
+
+
+def test_a_pull_from_a_bad_source_is_refused_and_changes_nothing(start_daemon) -> None:
+    replica = start_daemon()
+    with Client(replica.address) as b:
+        for bad in ("", "no-port", "host:port"):
+            with pytest.raises(InvalidArgument, match="host:port"):
+                b.pull_from(bad)
+        with pytest.raises(Unavailable, match=r"could not reach the source 127\.0\.0\.1:9 "):
+            b.pull_from("127.0.0.1:9")  # the discard port: nothing listens
+        assert not ids(b)
+        assert b.stats().last_sequence == 0
