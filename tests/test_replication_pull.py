@@ -4,6 +4,8 @@ straight from the source, two real daemons in their own processes.
 * 30 artifacts pulled: the replica holds exactly them, whole (store audit), every exported
   bundle byte-identical to the source's; a second pull moves nothing; a delete on the
   source propagates with the next pull.
+* A caller that goes away ends the pull: the target stops copying, holds only whole
+  artifacts, and the next pull completes the copy.
 * The CLI prints the pull's summary (--json and text) and refuses --pull with --follow.
 * Bad input is refused with a clear error and changes nothing: a source that is not
   host:port (INVALID_ARGUMENT), one the target cannot reach (UNAVAILABLE, saying so).
@@ -12,15 +14,17 @@ straight from the source, two real daemons in their own processes.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from factory import random_artifact
 from replica_audit import export_digests, ids
-from store_audit import audit_store, distinct_page_sizes
+from store_audit import audit_store, distinct_page_sizes, multi_mib_artifact
 
 from kvgraft import Client
 from kvgraft.cli import main as cli_main
 from kvgraft.errors import InvalidArgument, Unavailable
+from kvgraft.v1 import kvgraft_pb2 as pb
 
 
 class Progress:
@@ -58,6 +62,30 @@ def test_a_pull_copies_straight_from_the_source(start_daemon, rng, tmp_path) -> 
         after = b.pull_from(source.address, from_sequence=31)
         assert (after.artifacts_deleted, after.last_sequence) == (1, 31)
         assert ids(b) == ids(a)
+
+
+def test_a_pull_ends_when_its_caller_goes_away(start_daemon, rng) -> None:
+    source, replica = start_daemon(), start_daemon()
+    artifacts = [multi_mib_artifact(rng) for _ in range(120)]
+    with Client(source.address) as a, Client(replica.address) as b:
+        for artifact in artifacts:
+            a.put_artifact(artifact)
+        call = b._stub.Replicate(pb.ReplicateRequest(source=source.address))
+        for progress in call:  # about every 0.5 s
+            if 0 < progress.bytes_done < progress.bytes_planned:
+                break
+        call.cancel()
+        replica.wait_for_log("ends early: its caller went away", timeout_s=30)
+        held = b.stats().artifacts
+        time.sleep(1.0)
+        assert b.stats().artifacts == held < len(artifacts)  # it stopped copying
+        expected = {artifact.id: artifact for artifact in artifacts}
+        # whole artifacts only; the pages of those in flight are staged for the next pull
+        staged = b.stats().staged_pages
+        audit_store(b, {aid: expected[aid] for aid in ids(b)}, staged_pages=staged)
+        summary = b.pull_from(source.address)
+        assert summary.artifacts_added + summary.artifacts_present == len(artifacts)
+        audit_store(b, expected)
 
 
 def test_cli_pull_prints_a_summary(start_daemon, rng, capsys) -> None:
