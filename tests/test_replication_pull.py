@@ -6,6 +6,8 @@ straight from the source, two real daemons in their own processes.
   source propagates with the next pull.
 * A caller that goes away ends the pull: the target stops copying, holds only whole
   artifacts, and the next pull completes the copy.
+* A target stopped (SIGTERM) in the middle of a pull exits cleanly, its caller hears
+  UNAVAILABLE, and restarted it holds only whole artifacts; the next pull completes.
 * The CLI prints the pull's summary (--json and text) and refuses --pull with --follow.
 * Bad input is refused with a clear error and changes nothing: a source that is not
   host:port (INVALID_ARGUMENT), one the target cannot reach (UNAVAILABLE, saying so).
@@ -14,6 +16,7 @@ straight from the source, two real daemons in their own processes.
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -23,7 +26,7 @@ from store_audit import audit_store, distinct_page_sizes, multi_mib_artifact
 
 from kvgraft import Client
 from kvgraft.cli import main as cli_main
-from kvgraft.errors import InvalidArgument, Unavailable
+from kvgraft.errors import InvalidArgument, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 
@@ -83,6 +86,42 @@ def test_a_pull_ends_when_its_caller_goes_away(start_daemon, rng) -> None:
         # whole artifacts only; the pages of those in flight are staged for the next pull
         staged = b.stats().staged_pages
         audit_store(b, {aid: expected[aid] for aid in ids(b)}, staged_pages=staged)
+        summary = b.pull_from(source.address)
+        assert summary.artifacts_added + summary.artifacts_present == len(artifacts)
+        audit_store(b, expected)
+
+
+def test_a_target_stopped_during_a_pull_exits_cleanly(start_daemon, rng) -> None:
+    source, replica = start_daemon(), start_daemon()
+    artifacts = [multi_mib_artifact(rng) for _ in range(120)]
+    expected = {artifact.id: artifact for artifact in artifacts}
+    with Client(source.address) as a:
+        for artifact in artifacts:
+            a.put_artifact(artifact)
+    errors: list[Exception] = []
+
+    def pull() -> None:
+        with Client(replica.address) as b:
+            try:
+                b.pull_from(source.address)
+            except KvgraftError as exc:
+                errors.append(exc)
+
+    puller = threading.Thread(target=pull)
+    puller.start()
+    with Client(replica.address) as b:
+        deadline = time.monotonic() + 60
+        while b.stats().artifacts == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert replica.terminate(60) == 0, replica.log()
+    puller.join(60)
+    assert len(errors) == 1 and isinstance(errors[0], Unavailable), errors
+    replica.launch()
+    with Client(replica.address) as b:
+        held = ids(b)
+        assert 0 < len(held) < len(artifacts)
+        staged = b.stats().staged_pages
+        audit_store(b, {aid: expected[aid] for aid in held}, staged_pages=staged)
         summary = b.pull_from(source.address)
         assert summary.artifacts_added + summary.artifacts_present == len(artifacts)
         audit_store(b, expected)

@@ -265,6 +265,7 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
     set_serving(health_servicer, False)
     service.stop_watches()
     followers.stop(config.drain_s)  # they write through the service: before the store closes
+    pulls.stop(config.drain_s)  # so do Replicate calls still running
     server.stop(grace=config.drain_s).wait()
     log.info("server stopped")
     remote.stop()  # the write-back drain reads the store: before it closes

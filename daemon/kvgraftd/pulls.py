@@ -17,8 +17,9 @@ Contract:
   bearer token from KVGRAFT_TLS_* and KVGRAFT_TOKEN_FILE in this daemon's
   environment), at the address as this daemon sees it. One it cannot reach
   fails with UNAVAILABLE and a message that says so.
-* A caller that goes away (or a daemon that stops) ends the pass: no retry
-  starts and the source connection is closed; artifacts committed so far stay.
+* A caller that goes away ends the pass: no retry starts and the source
+  connection is closed; artifacts committed so far stay. `stop` ends every
+  pass in progress and waits for them (main calls it before the store closes).
 """
 
 from __future__ import annotations
@@ -56,6 +57,18 @@ class Pulls:
     ) -> None:
         self._target = target
         self._client_factory = client_factory
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._running: dict[threading.Thread, Callable[[], None]] = {}  # pass -> its end
+
+    def stop(self, timeout_s: float) -> None:
+        with self._lock:
+            self._stopping = True
+            running = dict(self._running)
+        for end in running.values():
+            end()
+        for worker in running:
+            worker.join(timeout_s)
 
     def replicate(
         self, request: pb.ReplicateRequest, is_active: Callable[[], bool]
@@ -78,8 +91,14 @@ class Pulls:
                 except BaseException as exc:  # handed to the caller's stream below
                     outcome.append(exc)
 
+            def end() -> None:
+                replicator.stop()
+                client.close()
+
             log.info("pulling from %s (a Replicate call)", source)
             worker = threading.Thread(target=run, name="pull", daemon=True)
+            with self._lock:
+                self._running[worker] = end
             worker.start()
             try:
                 while worker.is_alive():
@@ -90,11 +109,17 @@ class Pulls:
             finally:  # the caller went away, or the daemon stops: end the pass
                 if worker.is_alive():
                     log.info("the pull from %s ends early: its caller went away", source)
-                    replicator.stop()
-                    client.close()
+                    end()
                     worker.join()
+                with self._lock:
+                    del self._running[worker]
         result = outcome[0]
-        if isinstance(result, Unavailable):
+        if self._stopping and not isinstance(result, ReplicationSummary):
+            raise Unavailable(
+                f"this daemon is shutting down: the pull from {source} stopped; what it copied "
+                "stays, run it again once the daemon is back"
+            )
+        if isinstance(result, Unavailable) and f"at {source}" in str(result):
             raise Unavailable(
                 f"this daemon could not reach the source {source} ({result}); give the source "
                 "as this daemon reaches it, or replicate through the caller (without --pull)"
