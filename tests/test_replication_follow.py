@@ -33,7 +33,7 @@ from replica_audit import divergent_artifacts, ids, wait_until
 from store_audit import multi_mib_artifact
 
 from kvgraft import Client
-from kvgraft.client import Stream
+from kvgraft.replication_calls import Stream
 from kvgraft.stream_guard import StreamGuard
 from kvgraftd.config import DaemonConfig
 

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import grpc
 import numpy as np
@@ -31,11 +31,9 @@ from kvgraft.channel import Security
 from kvgraft.engine_calls import EngineCalls
 from kvgraft.errors import ERRORS_BY_CODE, DataLoss, InvalidArgument, KvgraftError, Unavailable
 from kvgraft.page_buffers import page_slots
+from kvgraft.replication_calls import ReplicationCalls
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraft.v1 import kvgraft_pb2_grpc as pb_grpc
-
-if TYPE_CHECKING:
-    from kvgraft.replication import ReplicationSummary
 
 DEFAULT_SERVER = "127.0.0.1:50551"
 MISSING_QUERY_BATCH = 100_000
@@ -61,7 +59,7 @@ def default_server() -> str:
     return os.environ.get("KVGRAFT_SERVER") or DEFAULT_SERVER
 
 
-class Client(EngineCalls):
+class Client(EngineCalls, ReplicationCalls):
     """A connection to one kvgraftd (the engine's calls: kvgraft.engine_calls)."""
 
     def __init__(
@@ -314,69 +312,6 @@ class Client(EngineCalls):
             self._stub.Pin, pb.PinRequest(artifact_id=artifact_id, pinned=pinned)
         ).info
 
-    def watch(self, from_sequence: int = 1, *, follow: bool = False) -> Stream[pb.ChangeRecord]:
-        """The change feed from `from_sequence`; with `follow` it waits for new records
-        until `cancel()` is called on the returned iterator."""
-        request = pb.WatchRequest(from_sequence=from_sequence, follow=follow)
-        timeout = None if follow else self.timeout_s
-        call = self._stub.Watch(request, timeout=timeout)
-        return Stream(self._stream(call), call.cancel)
-
-    # ------------------------------------------------------------------
-    # replication (kvgraft.replication)
-    def get_artifact_messages(
-        self, artifact_id: str, *, manifest_only: bool = False, only_pages: Iterable[bytes] = ()
-    ) -> Stream[bytes]:
-        """GetArtifact as raw GetArtifactResponse messages, for kvgraft.wire to parse.
-
-        Replication forwards pages without assembling artifacts. The caller
-        checks the pages (get_artifact does it for you) and may `cancel()`.
-        """
-        request = pb.GetArtifactRequest(
-            artifact_id=artifact_id, manifest_only=manifest_only, only_pages=list(only_pages)
-        )
-        call = self._get(request, timeout=self.transfer_timeout_s)
-        return Stream(self._stream(call), call.cancel)
-
-    def put_artifact_messages(self, messages: Iterable[bytes]) -> pb.PutArtifactResponse:
-        """PutArtifact from encoded PutArtifactRequest messages: pages, then the manifest."""
-        with self._mapped():
-            return self._put(iter(messages), timeout=self.transfer_timeout_s)
-
-    def replicate_to(self, target: Client | str, **options) -> ReplicationSummary:
-        """Make `target` hold this daemon's artifacts, deletes too (kvgraft.replication)."""
-        from kvgraft.replication import replicate
-
-        return replicate(self, target, **options)
-
-    def replicate_from(self, source: Client | str, **options) -> ReplicationSummary:
-        """Make this daemon hold `source`'s artifacts, deletes too (kvgraft.replication)."""
-        from kvgraft.replication import replicate
-
-        return replicate(source, self, **options)
-
-    def pull_from(
-        self, source: str, *, from_sequence: int = 1, progress=None
-    ) -> ReplicationSummary:
-        """Make this daemon copy `source`'s artifacts, deletes too, straight from `source`
-        (the Replicate RPC: the bytes do not pass through this process). `source` is the
-        address as this daemon reaches it; `progress` has tqdm's `total` and `update(n)`.
-        Returns the ReplicationSummary."""
-        from kvgraft.replication_summary import ReplicationSummary
-
-        request = pb.ReplicateRequest(source=source, from_sequence=from_sequence)
-        last, done = None, 0
-        for last in self._stream(self._stub.Replicate(request)):
-            if progress is not None:
-                progress.total = last.bytes_planned
-                progress.update(last.bytes_done - done)
-            done = last.bytes_done
-        if last is None or not last.done:
-            raise Unavailable(f"the Replicate stream of {self.address} ended before its summary")
-        summary = ReplicationSummary.from_proto(last.summary)
-        summary.target = self.address
-        return summary
-
     # ------------------------------------------------------------------
     def export_bundle(self, artifact_id: str, path: Path, progress=None) -> str:
         """Write an artifact to a safetensors bundle; returns the full id."""
@@ -387,27 +322,6 @@ class Client(EngineCalls):
     def import_bundle(self, path: Path, progress=None) -> pb.PutArtifactResponse:
         """Store the artifact of a safetensors bundle (its hashes are checked first)."""
         return self.put_artifact(read_bundle(Path(path)), progress=progress)
-
-
-class Stream(Iterator[T]):
-    """The messages of a server stream, and `cancel()` to end it early (from any thread)."""
-
-    def __init__(self, messages: Iterator[T], cancel: Callable[[], object]) -> None:
-        self._messages = messages
-        self._cancel = cancel
-
-    def __next__(self) -> T:
-        return next(self._messages)
-
-    def cancel(self) -> None:
-        self._cancel()  # a no-op once the call has ended
-
-    def close(self) -> None:
-        """Cancel the call and close the iterator (as for a generator)."""
-        self._cancel()
-        close = getattr(self._messages, "close", None)
-        if close is not None:
-            close()
 
 
 class _Connection:

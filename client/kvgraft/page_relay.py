@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator
 import xxhash
 
 from kvgraft import wire
-from kvgraft.client import Stream
 from kvgraft.errors import DataLoss, KvgraftError
+from kvgraft.replication_calls import Stream
 
 # on_message(page bytes forwarded, digests of the pages that message completed)
 MessageHook = Callable[[int, list[bytes]], None]

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 
-from kvgraft.client import Stream
+from kvgraft.replication_calls import Stream
 
 log = logging.getLogger(__name__)
 
