@@ -120,9 +120,9 @@ def bench_one_shot(
         target.stop()
         shutil.rmtree(target.data_dir, ignore_errors=True)
 
-    def filled(copy: Callable[[Client], object]) -> float:
+    def filled(copy: Callable[[Client], object], *extra: str) -> float:
         """Seconds `copy(target client)` takes to give a fresh target the corpus (checked)."""
-        target = fresh_target()
+        target = fresh_target(*extra)
         try:
             with Client(target.address, timeout_s=60, transfer_timeout_s=900) as b:
                 start = time.perf_counter()
@@ -140,7 +140,9 @@ def bench_one_shot(
             return filled(a.replicate_to)
 
     def pull_once() -> float:
-        return filled(lambda b: b.pull_from(source.address))
+        return filled(
+            lambda b: b.pull_from(source.address), "--replication-pull-from", source.address
+        )
 
     def catch_up() -> float:
         target = fresh_target("--replication-follow", source.address)

@@ -10,7 +10,9 @@ straight from the source, two real daemons in their own processes.
   UNAVAILABLE, and restarted it holds only whole artifacts; the next pull completes.
 * The CLI prints the pull's summary (--json and text) and refuses --pull with --follow.
 * Bad input is refused with a clear error and changes nothing: a source that is not
-  host:port (INVALID_ARGUMENT), one the target cannot reach (UNAVAILABLE, saying so).
+  host:port (INVALID_ARGUMENT), one the operator did not allow (FAILED_PRECONDITION: the
+  daemon would present its own credentials there), one the target cannot reach
+  (UNAVAILABLE, saying so).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from store_audit import audit_store, distinct_page_sizes, multi_mib_artifact
 
 from kvgraft import Client
 from kvgraft.cli import main as cli_main
-from kvgraft.errors import InvalidArgument, KvgraftError, Unavailable
+from kvgraft.errors import FailedPrecondition, InvalidArgument, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 
@@ -42,7 +44,8 @@ class Progress:
 
 
 def test_a_pull_copies_straight_from_the_source(start_daemon, rng, tmp_path) -> None:
-    source, replica = start_daemon(), start_daemon()
+    source = start_daemon()
+    replica = start_daemon(extra_args=["--replication-pull-from", source.address])
     artifacts = [random_artifact(rng) for _ in range(30)]
     with Client(source.address) as a, Client(replica.address) as b:
         for artifact in artifacts:
@@ -68,7 +71,8 @@ def test_a_pull_copies_straight_from_the_source(start_daemon, rng, tmp_path) -> 
 
 
 def test_a_pull_ends_when_its_caller_goes_away(start_daemon, rng) -> None:
-    source, replica = start_daemon(), start_daemon()
+    source = start_daemon()
+    replica = start_daemon(extra_args=["--replication-pull-from", source.address])
     artifacts = [multi_mib_artifact(rng) for _ in range(120)]
     with Client(source.address) as a, Client(replica.address) as b:
         for artifact in artifacts:
@@ -78,7 +82,7 @@ def test_a_pull_ends_when_its_caller_goes_away(start_daemon, rng) -> None:
             if 0 < progress.bytes_done < progress.bytes_planned:
                 break
         call.cancel()
-        replica.wait_for_log("ends early: its caller went away", timeout_s=30)
+        replica.wait_for_log("ended early: its caller went away", timeout_s=30)
         held = b.stats().artifacts
         time.sleep(1.0)
         assert b.stats().artifacts == held < len(artifacts)  # it stopped copying
@@ -92,7 +96,8 @@ def test_a_pull_ends_when_its_caller_goes_away(start_daemon, rng) -> None:
 
 
 def test_a_target_stopped_during_a_pull_exits_cleanly(start_daemon, rng) -> None:
-    source, replica = start_daemon(), start_daemon()
+    source = start_daemon()
+    replica = start_daemon(extra_args=["--replication-pull-from", source.address])
     artifacts = [multi_mib_artifact(rng) for _ in range(120)]
     expected = {artifact.id: artifact for artifact in artifacts}
     with Client(source.address) as a:
@@ -128,7 +133,8 @@ def test_a_target_stopped_during_a_pull_exits_cleanly(start_daemon, rng) -> None
 
 
 def test_cli_pull_prints_a_summary(start_daemon, rng, capsys) -> None:
-    source, replica = start_daemon(), start_daemon()
+    source = start_daemon()
+    replica = start_daemon(extra_args=["--replication-pull-from", source.address])
     artifacts = [random_artifact(rng) for _ in range(3)]
     with Client(source.address) as a, Client(replica.address) as b:
         for artifact in artifacts:
@@ -146,7 +152,12 @@ def test_cli_pull_prints_a_summary(start_daemon, rng, capsys) -> None:
 
 
 def test_a_pull_from_a_bad_source_is_refused_and_changes_nothing(start_daemon) -> None:
-    replica = start_daemon()
+    source = start_daemon()
+    with Client(start_daemon().address) as strict:  # no [replication] pull_from
+        with pytest.raises(FailedPrecondition, match=r"add it to \[replication\] pull_from"):
+            strict.pull_from(source.address)
+        assert not ids(strict)
+    replica = start_daemon(extra_args=["--replication-pull-from", "*"])
     with Client(replica.address) as b:
         for bad in ("", "no-port", "host:port"):
             with pytest.raises(InvalidArgument, match="host:port"):

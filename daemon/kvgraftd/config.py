@@ -103,6 +103,11 @@ class DaemonConfig:
     replication_follow: tuple[str, ...] = _opt(
         (), "peers (host:port, comma-separated) whose artifacts and deletes this daemon copies"
     )
+    replication_pull_from: tuple[str, ...] = _opt(
+        (),
+        "sources (host:port, comma-separated; * for any) a Replicate call may make this daemon "
+        "copy from, besides its follow peers; it connects with its own KVGRAFT_* credentials",
+    )
     # Remote tier (kvgraftd.remote). TOML: [remote] endpoint, bucket, prefix, write, ...
     # Credentials: the standard AWS variables or credentials file, never this file.
     remote_endpoint: str = _opt("", "S3 endpoint URL of the remote tier (empty: AWS S3)")
@@ -131,6 +136,9 @@ class DaemonConfig:
             if getattr(self, name) < 1 << 20:
                 raise ConfigError(f"{name} must be at least 1MiB")
         _check_exposure_fields(self)
+        for source in self.replication_pull_from:
+            if source != "*" and ":" not in source:
+                raise ConfigError(f"replication_pull_from {source!r}: use host:port or *")
         for peer in self.replication_follow:
             if ":" not in peer:
                 raise ConfigError(f"replication_follow {peer!r}: use host:port")

@@ -15,8 +15,10 @@ Contract:
   committed stays, a retry moves only what is missing.
 * The source is reached like a follower's peer (kvgraft.Client: TLS and the
   bearer token from KVGRAFT_TLS_* and KVGRAFT_TOKEN_FILE in this daemon's
-  environment), at the address as this daemon sees it. One it cannot reach
-  fails with UNAVAILABLE and a message that says so.
+  environment), at the address as this daemon sees it. Those credentials are
+  the operator's, so a caller may name only a source the operator allows
+  (`[replication] pull_from`, "*" for any, and the follow peers): any other is
+  FAILED_PRECONDITION. One it cannot reach fails with UNAVAILABLE, saying so.
 * A caller that goes away ends the pass: no retry starts and the source
   connection is closed; artifacts committed so far stay. `stop` ends every
   pass in progress and waits for them (main calls it before the store closes).
@@ -26,10 +28,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from kvgraft import Client
-from kvgraft.errors import InvalidArgument, Unavailable
+from kvgraft.errors import FailedPrecondition, InvalidArgument, Unavailable
 from kvgraft.replication import Replicator
 from kvgraft.replication_summary import ReplicationSummary
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -53,9 +55,13 @@ class ByteProgress:
 
 class Pulls:
     def __init__(
-        self, target: LocalTarget, client_factory: Callable[[str], Client] = Client
+        self,
+        target: LocalTarget,
+        allowed: Iterable[str],
+        client_factory: Callable[[str], Client] = Client,
     ) -> None:
         self._target = target
+        self._allowed = frozenset(allowed)
         self._client_factory = client_factory
         self._lock = threading.Lock()
         self._stopping = False
@@ -79,6 +85,13 @@ class Pulls:
             raise InvalidArgument(
                 f"Replicate needs the source as host:port (got {request.source!r}), the "
                 "address at which this daemon reaches it, e.g. 10.0.0.5:50051"
+            )
+        if source not in self._allowed and "*" not in self._allowed:
+            raise FailedPrecondition(
+                f"this daemon copies only from sources its operator allows, and {source} is "
+                "not one: add it to [replication] pull_from in the daemon's config (or "
+                "--replication-pull-from) and restart it, or replicate through the caller "
+                "(without --pull)"
             )
         progress = ByteProgress()
         with self._client_factory(source) as client:
@@ -108,9 +121,9 @@ class Pulls:
                     yield _progress(progress, replicator.snapshot(), done=False)
             finally:  # the caller went away, or the daemon stops: end the pass
                 if worker.is_alive():
-                    log.info("the pull from %s ends early: its caller went away", source)
                     end()
                     worker.join()
+                    log.info("the pull from %s ended early: its caller went away", source)
                 with self._lock:
                     del self._running[worker]
         result = outcome[0]
