@@ -111,6 +111,8 @@ class Pulls:
             log.info("pulling from %s (a Replicate call)", source)
             worker = threading.Thread(target=run, name="pull", daemon=True)
             with self._lock:
+                if self._stopping:
+                    raise Unavailable("this daemon is shutting down: pull again once it is back")
                 self._running[worker] = end
             worker.start()
             try:
