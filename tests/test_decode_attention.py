@@ -248,34 +248,38 @@ def test_a_page_corrupt_on_disk_is_never_attended(tmp_path: Path) -> None:
         store.close()
 
 
+def _slot_contexts(store: Store, slots: int, batch: int) -> tuple[KvContext, KvContext]:
+    """24 stored pages in blocks of two (every block goes through a slot), grafted twice: on
+    an unbounded pool, and on a pool of `slots` slots attended in batches of `batch`."""
+    block = 2 * PAGE
+    slot_shape = (2, KV_HEADS, block, DIM)
+    context, _ = _stored_context(store, 24, Tiers(DevicePool(0, slot_shape), HostCache(store, 0)))
+    hashes = [digest for page in context._stored_pages for digest in page]
+    pool = DevicePool(slots * 2 * KV_HEADS * block * DIM * 4, slot_shape)
+    small = Tiers(pool, HostCache(store, 0))
+    small.attention_batch = lambda blocks, slots=False: batch
+    grafts = []
+    for tiers in (context.tiers, small):
+        grafts.append(KvContext(context.geometry, PAGE, block, tiers))
+        grafts[-1].attach(range(24 * PAGE), hashes)
+    return grafts[0], grafts[1]
+
+
 def test_a_batch_of_slots_larger_than_the_pool_is_handed_on_not_waited_on(tmp_path) -> None:
     """The thread filling a batch of slots hands it to the workers when the pool runs out,
     instead of waiting for slots only it holds (regression: before that, a batch larger than
     the free slots waited forever)."""
     store = Store(tmp_path / "store")
     try:
-        block = 2 * PAGE  # two pages a block: every block goes through a slot
-        slot_shape = (2, KV_HEADS, block, DIM)
-        context, _ = _stored_context(
-            store, 24, Tiers(DevicePool(0, slot_shape), HostCache(store, 0))
-        )
-        hashes = [digest for page in context._stored_pages for digest in page]
-        resident = KvContext(context.geometry, PAGE, block, context.tiers)
-        resident.attach(range(24 * PAGE), hashes)
+        resident, scan = _slot_contexts(store, slots=4, batch=5)  # a batch larger than the pool
         expected = _step(resident)
-        small = Tiers(
-            DevicePool(4 * 2 * KV_HEADS * block * DIM * 4, slot_shape), HostCache(store, 0)
-        )
-        small.attention_batch = lambda blocks, slots=False: 5  # more than the pool's 4 slots
-        scan = KvContext(context.geometry, PAGE, block, small)
-        scan.attach(range(24 * PAGE), hashes)
         result: list[torch.Tensor] = []
         stepping = threading.Thread(target=lambda: result.append(_step(scan)), daemon=True)
         stepping.start()
         stepping.join(timeout=60)
         assert not stepping.is_alive(), "the step waited on slots its own batch held"
         assert torch.equal(result[0], expected)
-        assert all(small.pool.acquire(("probe", i), 0, None, wait=False) for i in range(4))
+        assert all(scan.tiers.pool.acquire(("probe", i), 0, None, wait=False) for i in range(4))
     finally:
         store.close()
 
@@ -287,16 +291,7 @@ def test_a_failed_batch_of_slots_leaves_every_slot_released_once(tmp_path, monke
     injected into the second batch."""
     store = Store(tmp_path / "store")
     try:
-        block = 2 * PAGE
-        slot_shape = (2, KV_HEADS, block, DIM)
-        context, _ = _stored_context(
-            store, 24, Tiers(DevicePool(0, slot_shape), HostCache(store, 0))
-        )
-        hashes = [digest for page in context._stored_pages for digest in page]
-        tiers = Tiers(
-            DevicePool(6 * 2 * KV_HEADS * block * DIM * 4, slot_shape), HostCache(store, 0)
-        )
-        tiers.attention_batch = lambda blocks, slots=False: 1
+        _, scan = _slot_contexts(store, slots=6, batch=1)
         calls = itertools.count()
         real = DecodeSoftmax.partials
 
@@ -307,11 +302,9 @@ def test_a_failed_batch_of_slots_leaves_every_slot_released_once(tmp_path, monke
             return real(self, blocks)
 
         monkeypatch.setattr(DecodeSoftmax, "partials", failing_second)
-        scan = KvContext(context.geometry, PAGE, block, tiers)
-        scan.attach(range(24 * PAGE), hashes)
         with pytest.raises(ValueError, match="injected"):
             _step(scan)
-        assert all(tiers.pool.acquire(("probe", i), 0, None, wait=False) for i in range(6))
+        assert all(scan.tiers.pool.acquire(("probe", i), 0, None, wait=False) for i in range(6))
     finally:
         store.close()
 

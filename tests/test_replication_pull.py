@@ -26,7 +26,7 @@ from factory import random_artifact
 from replica_audit import export_digests, ids
 from store_audit import audit_store, distinct_page_sizes, multi_mib_artifact
 
-from kvgraft import Client
+from kvgraft import Artifact, Client
 from kvgraft.cli import main as cli_main
 from kvgraft.errors import FailedPrecondition, InvalidArgument, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -43,13 +43,29 @@ class Progress:
         self.done += n
 
 
-def test_a_pull_copies_straight_from_the_source(start_daemon, rng, tmp_path) -> None:
+def _source_and_replica(start_daemon, artifacts: list[Artifact]):
+    """A source daemon holding `artifacts`, and an empty replica allowed to pull from it."""
     source = start_daemon()
-    replica = start_daemon(extra_args=["--replication-pull-from", source.address])
-    artifacts = [random_artifact(rng) for _ in range(30)]
-    with Client(source.address) as a, Client(replica.address) as b:
+    with Client(source.address) as a:
         for artifact in artifacts:
             a.put_artifact(artifact)
+    return source, start_daemon(extra_args=["--replication-pull-from", source.address])
+
+
+def _whole_then_completed(b: Client, source, expected: dict[str, Artifact]) -> None:
+    """After a cut pull, `b` holds whole artifacts only (the pages of those in flight staged
+    for the next pull), and the next pull completes the copy."""
+    staged = b.stats().staged_pages
+    audit_store(b, {aid: expected[aid] for aid in ids(b)}, staged_pages=staged)
+    summary = b.pull_from(source.address)
+    assert summary.artifacts_added + summary.artifacts_present == len(expected)
+    audit_store(b, expected)
+
+
+def test_a_pull_copies_straight_from_the_source(start_daemon, rng, tmp_path) -> None:
+    artifacts = [random_artifact(rng) for _ in range(30)]
+    source, replica = _source_and_replica(start_daemon, artifacts)
+    with Client(source.address) as a, Client(replica.address) as b:
         progress = Progress()
         summary = b.pull_from(source.address, progress=progress)
         assert (summary.artifacts_added, summary.artifacts_failed) == (30, 0)
@@ -71,12 +87,9 @@ def test_a_pull_copies_straight_from_the_source(start_daemon, rng, tmp_path) -> 
 
 
 def test_a_pull_ends_when_its_caller_goes_away(start_daemon, rng) -> None:
-    source = start_daemon()
-    replica = start_daemon(extra_args=["--replication-pull-from", source.address])
     artifacts = [multi_mib_artifact(rng) for _ in range(120)]
-    with Client(source.address) as a, Client(replica.address) as b:
-        for artifact in artifacts:
-            a.put_artifact(artifact)
+    source, replica = _source_and_replica(start_daemon, artifacts)
+    with Client(replica.address) as b:
         call = b._stub.Replicate(pb.ReplicateRequest(source=source.address))
         for progress in call:  # about every 0.5 s
             if 0 < progress.bytes_done < progress.bytes_planned:
@@ -86,23 +99,12 @@ def test_a_pull_ends_when_its_caller_goes_away(start_daemon, rng) -> None:
         held = b.stats().artifacts
         time.sleep(1.0)
         assert b.stats().artifacts == held < len(artifacts)  # it stopped copying
-        expected = {artifact.id: artifact for artifact in artifacts}
-        # whole artifacts only; the pages of those in flight are staged for the next pull
-        staged = b.stats().staged_pages
-        audit_store(b, {aid: expected[aid] for aid in ids(b)}, staged_pages=staged)
-        summary = b.pull_from(source.address)
-        assert summary.artifacts_added + summary.artifacts_present == len(artifacts)
-        audit_store(b, expected)
+        _whole_then_completed(b, source, {artifact.id: artifact for artifact in artifacts})
 
 
 def test_a_target_stopped_during_a_pull_exits_cleanly(start_daemon, rng) -> None:
-    source = start_daemon()
-    replica = start_daemon(extra_args=["--replication-pull-from", source.address])
     artifacts = [multi_mib_artifact(rng) for _ in range(120)]
-    expected = {artifact.id: artifact for artifact in artifacts}
-    with Client(source.address) as a:
-        for artifact in artifacts:
-            a.put_artifact(artifact)
+    source, replica = _source_and_replica(start_daemon, artifacts)
     errors: list[Exception] = []
 
     def pull() -> None:
@@ -123,22 +125,14 @@ def test_a_target_stopped_during_a_pull_exits_cleanly(start_daemon, rng) -> None
     assert len(errors) == 1 and isinstance(errors[0], Unavailable), errors
     replica.launch()
     with Client(replica.address) as b:
-        held = ids(b)
-        assert 0 < len(held) < len(artifacts)
-        staged = b.stats().staged_pages
-        audit_store(b, {aid: expected[aid] for aid in held}, staged_pages=staged)
-        summary = b.pull_from(source.address)
-        assert summary.artifacts_added + summary.artifacts_present == len(artifacts)
-        audit_store(b, expected)
+        assert 0 < len(ids(b)) < len(artifacts)
+        _whole_then_completed(b, source, {artifact.id: artifact for artifact in artifacts})
 
 
 def test_cli_pull_prints_a_summary(start_daemon, rng, capsys) -> None:
-    source = start_daemon()
-    replica = start_daemon(extra_args=["--replication-pull-from", source.address])
     artifacts = [random_artifact(rng) for _ in range(3)]
+    source, replica = _source_and_replica(start_daemon, artifacts)
     with Client(source.address) as a, Client(replica.address) as b:
-        for artifact in artifacts:
-            a.put_artifact(artifact)
         argv = ["--json", "--server", replica.address, "replicate", "--from", source.address]
         assert cli_main([*argv, "--pull"]) == 0
         document = json.loads(capsys.readouterr().out)

@@ -87,10 +87,7 @@ def _replicate(source: Client, target: Client, args: argparse.Namespace) -> None
     finally:
         if bar is not None:
             bar.close()
-    summary = replicator.summary
-    emit(args.json, summary.as_dict(), summary_text(summary))
-    if summary.artifacts_failed:
-        raise SystemExit(1)
+    _report(replicator.summary, args)
 
 
 def _pull(target: Client, args: argparse.Namespace) -> None:
@@ -100,6 +97,11 @@ def _pull(target: Client, args: argparse.Namespace) -> None:
     finally:
         if bar is not None:
             bar.close()
+    _report(summary, args)
+
+
+def _report(summary: ReplicationSummary, args: argparse.Namespace) -> None:
+    """The summary (JSON with --json); exit status 1 when an artifact failed."""
     emit(args.json, summary.as_dict(), summary_text(summary))
     if summary.artifacts_failed:
         raise SystemExit(1)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from kvgraft import Client
 from kvgraft.errors import FailedPrecondition, InvalidArgument, Unavailable
@@ -65,7 +66,7 @@ class Pulls:
         self._client_factory = client_factory
         self._lock = threading.Lock()
         self._stopping = False
-        self._running: dict[threading.Thread, Callable[[], None]] = {}  # pass -> its end
+        self._running: dict[Future, Callable[[], None]] = {}  # pass -> its end
 
     def stop(self, timeout_s: float) -> None:
         with self._lock:
@@ -73,8 +74,7 @@ class Pulls:
             running = dict(self._running)
         for end in running.values():
             end()
-        for worker in running:
-            worker.join(timeout_s)
+        wait(running, timeout_s)
 
     def replicate(
         self, request: pb.ReplicateRequest, is_active: Callable[[], bool]
@@ -94,53 +94,46 @@ class Pulls:
                 "(without --pull)"
             )
         progress = ByteProgress()
-        with self._client_factory(source) as client:
+        with (
+            self._client_factory(source) as client,
+            ThreadPoolExecutor(1, thread_name_prefix="pull") as pool,
+        ):
             replicator = Replicator(client, self._target, progress=progress)
-            outcome: list = []
-
-            def run() -> None:
-                try:
-                    outcome.append(replicator.sync(max(1, request.from_sequence)))
-                except BaseException as exc:  # handed to the caller's stream below
-                    outcome.append(exc)
 
             def end() -> None:
                 replicator.stop()
                 client.close()
 
-            log.info("pulling from %s (a Replicate call)", source)
-            worker = threading.Thread(target=run, name="pull", daemon=True)
             with self._lock:
                 if self._stopping:
                     raise Unavailable("this daemon is shutting down: pull again once it is back")
-                self._running[worker] = end
-            worker.start()
+                copying = pool.submit(replicator.sync, max(1, request.from_sequence))
+                self._running[copying] = end
+            log.info("pulling from %s (a Replicate call)", source)
             try:
-                while worker.is_alive():
-                    worker.join(PROGRESS_INTERVAL_S)
+                while not wait([copying], PROGRESS_INTERVAL_S).done:
                     if not is_active():
                         return  # (through the finally below)
                     yield _progress(progress, replicator.snapshot(), done=False)
             finally:  # the caller went away, or the daemon stops: end the pass
-                if worker.is_alive():
+                if not copying.done():
                     end()
-                    worker.join()
+                    wait([copying])
                     log.info("the pull from %s ended early: its caller went away", source)
                 with self._lock:
-                    del self._running[worker]
-        result = outcome[0]
-        if self._stopping and not isinstance(result, ReplicationSummary):
+                    del self._running[copying]
+        error = copying.exception()
+        if error is not None and self._stopping:
             raise Unavailable(
                 f"this daemon is shutting down: the pull from {source} stopped; what it copied "
                 "stays, run it again once the daemon is back"
             )
-        if isinstance(result, Unavailable) and f"at {source}" in str(result):
+        if isinstance(error, Unavailable) and f"at {source}" in str(error):
             raise Unavailable(
-                f"this daemon could not reach the source {source} ({result}); give the source "
+                f"this daemon could not reach the source {source} ({error}); give the source "
                 "as this daemon reaches it, or replicate through the caller (without --pull)"
             ) from None
-        if isinstance(result, BaseException):
-            raise result
+        result = copying.result()  # raises any other error of the pass
         log.info("pulled from %s: %d artifacts added", source, result.artifacts_added)
         yield _progress(progress, result, done=True)
 
