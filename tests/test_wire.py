@@ -53,6 +53,45 @@ def test_submessage_encoding_is_protobufs() -> None:
     ).SerializeToString(deterministic=True)
 
 
+def test_put_parts_round_trip_as_protobuf_reads_them() -> None:
+    """encode_put is PutArtifactRequest's encoding; decode_put reads it (and protobuf's) back."""
+    chunks = _chunks(random.Random(2), 5)
+    manifest = pb.Manifest(format_version=1, token_ids=[4, 5]).SerializeToString()
+    expected_id = os.urandom(32).hex()
+    pages = wire.PutPart(chunks)
+    last = wire.PutPart([], manifest, expected_id)
+    assert (
+        wire.encode_put(pages)
+        == pb.PutArtifactRequest(
+            pages=pb.PageBlock(chunks=[_as_pb(c) for c in chunks])
+        ).SerializeToString()
+    )
+    request = pb.PutArtifactRequest.FromString(wire.encode_put(last))
+    assert request.manifest.SerializeToString() == manifest
+    assert request.expected_artifact_id == expected_id
+    decoded = wire.decode_put(wire.encode_put(pages))
+    assert decoded.manifest is None and decoded.expected_artifact_id == ""
+    assert [(c.sha256, c.offset, c.page_bytes, bytes(c.data), c.xxh3) for c in decoded.chunks] == [
+        (c.sha256, c.offset, c.page_bytes, c.data, c.xxh3) for c in chunks
+    ]
+    # protobuf's own encoding puts expected_artifact_id after the manifest; any order is read
+    reordered = wire.encode_submessage(wire.PUT_EXPECTED_ID, expected_id.encode()) + (
+        wire.encode_submessage(wire.PUT_MANIFEST, manifest)
+    )
+    for raw in (request.SerializeToString(), reordered):
+        assert wire.decode_put(raw) == wire.PutPart([], manifest, expected_id)
+    assert wire.decode_put(wire.encode_put(wire.PutPart([], manifest))).expected_artifact_id == ""
+
+
+@pytest.mark.parametrize("bad", ["ab" * 31, "AB" * 32, "zz" * 32, "\u00e9" * 32])
+def test_decode_put_refuses_a_malformed_expected_id(bad: str) -> None:
+    raw = wire.encode_submessage(wire.PUT_MANIFEST, b"") + wire.encode_submessage(
+        wire.PUT_EXPECTED_ID, bad.encode()
+    )
+    with pytest.raises(InvalidArgument, match="64 lowercase hex"):
+        wire.decode_put(raw)
+
+
 def test_decode_reads_protobuf_encodings() -> None:
     chunks = _chunks(random.Random(1), 40)  # whole pages with an xxh3 take the fast path
     raw = pb.PutArtifactRequest(

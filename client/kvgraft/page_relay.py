@@ -3,8 +3,9 @@
 The relay checks every chunk as it passes: a page that was asked for, at its
 size, its pieces in order; each whole page against the xxh3-128 the source
 sends (SHA-256 when it sends none; a page larger than one message is hashed
-piece by piece). Each message is then framed anew as a PutArtifactRequest and
-forwarded, and the manifest goes last with the id it must hash to. The
+piece by piece). Each message's chunks become one PutArtifactRequest (`parts`,
+decoded, for a target in this process; `messages`, framed anew, for one
+across the network), and the manifest goes last with the id it must hash to. The
 target recomputes SHA-256 of everything anyway: the check here stops a
 corrupt page before it travels further, and says which side failed.
 
@@ -52,15 +53,19 @@ class PageRelay:
 
     def messages(self) -> Iterator[bytes]:
         """PutArtifactRequest messages: the wanted pages, then the manifest."""
+        return map(wire.encode_put, self.parts())
+
+    def parts(self) -> Iterator[wire.PutPart]:
+        """The same, decoded; a failure on the source's side ends them before the manifest."""
         if self._stream is not None:
             try:
                 yield from self._pages(self._stream)
             except KvgraftError as exc:
                 self.source_error = exc
                 return
-        yield wire.encode_put_manifest(self._manifest_bytes, self._artifact_id)
+        yield wire.PutPart([], self._manifest_bytes, self._artifact_id)
 
-    def _pages(self, stream: Stream[bytes]) -> Iterator[bytes]:
+    def _pages(self, stream: Stream[bytes]) -> Iterator[wire.PutPart]:
         if manifest_of(next(stream, None), self._artifact_id) != self._manifest_bytes:
             raise DataLoss(f"the manifest of {self._artifact_id[:16]} changed between two reads")
         for raw in stream:
@@ -68,7 +73,7 @@ class PageRelay:
             if manifest is not None:
                 raise DataLoss("GetArtifact sent a second manifest")
             done = [digest for digest in map(self._check, chunks) if digest is not None]
-            yield wire.encode_page_block(wire.PUT_PAGES, chunks)
+            yield wire.PutPart(chunks)
             self._on_message(sum(len(c.data) for c in chunks), done)
         if self._pending:
             raise DataLoss(

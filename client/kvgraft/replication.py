@@ -358,7 +358,7 @@ class Replicator:
         relay = PageRelay(artifact_id, manifest_bytes, sizes, missing, stream, forwarded)
         try:
             with self._opened(stream):
-                response = self.target.put_artifact_messages(relay.messages())
+                response = self.target.put_parts(relay.parts())
         except KvgraftError:
             if relay.source_error is not None:
                 raise relay.source_error from None  # the cause; the put only ended early

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
+from kvgraft import wire
 from kvgraft.client import Client
 from kvgraft.errors import FailedPrecondition, NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -21,7 +22,7 @@ class Target(Protocol):
     def list_ids(self) -> Iterable[str]: ...
     def has_artifact(self, artifact_id: str) -> bool: ...
     def missing_pages(self, digests: list[bytes]) -> list[bytes]: ...
-    def put_artifact_messages(self, messages: Iterator[bytes]) -> pb.PutArtifactResponse: ...
+    def put_parts(self, parts: Iterator[wire.PutPart]) -> pb.PutArtifactResponse: ...
     def delete_artifact(self, artifact_id: str) -> str: ...  # "deleted", "absent", "pinned"
 
 
@@ -44,8 +45,8 @@ class ClientTarget:
     def missing_pages(self, digests: list[bytes]) -> list[bytes]:
         return self.client.missing_pages(digests)
 
-    def put_artifact_messages(self, messages: Iterator[bytes]) -> pb.PutArtifactResponse:
-        return self.client.put_artifact_messages(messages)
+    def put_parts(self, parts: Iterator[wire.PutPart]) -> pb.PutArtifactResponse:
+        return self.client.put_artifact_messages(map(wire.encode_put, parts))
 
     def delete_artifact(self, artifact_id: str) -> str:
         try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvgraft.errors import InvalidArgument
 
@@ -126,6 +127,21 @@ def encode_put_manifest(manifest: bytes, expected_artifact_id: str = "") -> byte
     if expected_artifact_id:
         message += encode_submessage(PUT_EXPECTED_ID, expected_artifact_id.encode("ascii"))
     return message
+
+
+class PutPart(NamedTuple):
+    """One PutArtifactRequest, decoded: page chunks, or the manifest and the id it must hash to."""
+
+    chunks: list[Chunk]
+    manifest: bytes | None = None
+    expected_artifact_id: str = ""
+
+
+def encode_put(part: PutPart) -> bytes:
+    """The PutArtifactRequest bytes of `part`."""
+    if part.manifest is not None:
+        return encode_put_manifest(part.manifest, part.expected_artifact_id)
+    return encode_page_block(PUT_PAGES, part.chunks)
 
 
 def chunk_overhead_bytes(page_bytes: int) -> int:
@@ -284,6 +300,20 @@ def decode_envelope(
             "malformed message: each message must carry either pages or a manifest"
         )
     return chunks or [], other
+
+
+def decode_put(raw: bytes) -> PutPart:
+    """Parse a PutArtifactRequest; expected_artifact_id must be 64 lowercase hex characters."""
+    chunks, manifest = decode_envelope(raw, PUT_PAGES, PUT_MANIFEST)
+    expected = ""
+    if manifest is not None:  # the id rides with the manifest
+        buf = memoryview(raw)
+        for field, wire_type, value in _fields(buf, 0, len(buf)):
+            if field == PUT_EXPECTED_ID and wire_type == _WIRE_LEN:
+                expected = bytes(value).decode("ascii", "replace")
+        if expected and (len(expected) != 64 or expected.strip("0123456789abcdef")):
+            raise InvalidArgument("expected_artifact_id must be 64 lowercase hex characters")
+    return PutPart(chunks, manifest, expected)
 
 
 # Field numbers of the two envelopes (proto/kvgraft/v1/kvgraft.proto).

@@ -2,12 +2,12 @@
 
 One thread per peer runs kvgraft.replication.Replicator.follow: the peer's
 gRPC API is the source (its change feed, GetArtifact), and this daemon's own
-store is the target, written through StoreService.put_artifact, the very
+store is the target, written through StoreService.put_parts, the very
 intake PutArtifact uses (every page's SHA-256 checked, one commit per
 artifact). The local side skips a loopback gRPC hop on purpose: on a small
 machine replication is CPU-bound, and the hop would cost an encode, a copy
 and a decode of every byte (and a token of its own when the daemon wants
-one).
+one): the pages go from GetArtifact's messages, as decoded, into the intake.
 
 Position: after each change it applies, a follower records the peer's
 sequence in DATA/replication.json (rewritten atomically: temporary file,
@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from kvgraft import Client
+from kvgraft import Client, wire
 from kvgraft.errors import FailedPrecondition, KvgraftError, NotFound
 from kvgraft.replication import Replicator
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -72,8 +72,8 @@ class LocalTarget:
     def missing_pages(self, digests: list[bytes]) -> list[bytes]:
         return self._store.missing_pages(digests)
 
-    def put_artifact_messages(self, messages: Iterator[bytes]) -> pb.PutArtifactResponse:
-        return self._service.put_artifact(messages)
+    def put_parts(self, parts: Iterator[wire.PutPart]) -> pb.PutArtifactResponse:
+        return self._service.put_parts(parts)
 
     def delete_artifact(self, artifact_id: str) -> str:
         try:

@@ -13,8 +13,6 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
 
-from google.protobuf.message import DecodeError
-
 from kvgraft import __version__, wire
 from kvgraft.artifact import DIGEST_BYTES, artifact_id, page_sizes, parse_manifest
 from kvgraft.errors import DataLoss, InvalidArgument, KvgraftError, Unavailable
@@ -85,6 +83,10 @@ class StoreService:
 
     # ------------------------------------------------------------------
     def put_artifact(self, messages: Iterable[bytes]) -> pb.PutArtifactResponse:
+        """PutArtifact from its raw PutArtifactRequest messages (see put_parts)."""
+        return self.put_parts(map(wire.decode_put, messages))
+
+    def put_parts(self, parts: Iterable[wire.PutPart]) -> pb.PutArtifactResponse:
         """Receive pages then a manifest; commit them together.
 
         Verified pages of a stream that is cut (the iterator raises something
@@ -96,7 +98,7 @@ class StoreService:
         try:
             # Taken off the connection while the previous message is hashed and
             # stored; what was taken survives a cut call (kvgraftd.read_ahead).
-            with closing(read_ahead(messages, READ_AHEAD_MESSAGES)) as received:
+            with closing(read_ahead(parts, READ_AHEAD_MESSAGES)) as received:
                 manifest, expected_id = _receive(received, intake)
         except KvgraftError:
             raise
@@ -248,30 +250,18 @@ class StoreService:
             self._store.wait_for_change(WATCH_POLL_S)
 
 
-def _receive(messages: Iterable[bytes], intake: PageIntake) -> tuple[pb.Manifest | None, str]:
-    """Pages into `intake`; the manifest (the last message) and its expected id, if sent."""
+def _receive(parts: Iterable[wire.PutPart], intake: PageIntake) -> tuple[pb.Manifest | None, str]:
+    """Pages into `intake`; the manifest (the last part) and its expected id, if sent."""
     manifest: pb.Manifest | None = None
     expected_id = ""
-    for raw in messages:
+    for chunks, manifest_bytes, expected in parts:
         if manifest is not None:
             raise InvalidArgument("the manifest must be the last message of PutArtifact")
-        chunks, manifest_bytes = wire.decode_envelope(raw, wire.PUT_PAGES, wire.PUT_MANIFEST)
         if manifest_bytes is not None:
             manifest = parse_manifest(manifest_bytes)
-            expected_id = _expected_artifact_id(raw)
+            expected_id = expected
         intake.add(chunks)
     return manifest, expected_id
-
-
-def _expected_artifact_id(raw: bytes) -> str:
-    """PutArtifactRequest.expected_artifact_id of the manifest's message ('' when unset)."""
-    try:
-        expected = pb.PutArtifactRequest.FromString(raw).expected_artifact_id
-    except DecodeError:
-        raise InvalidArgument("the manifest's PutArtifactRequest does not parse") from None
-    if expected and (len(expected) != 64 or expected.strip("0123456789abcdef")):
-        raise InvalidArgument("expected_artifact_id must be 64 lowercase hex characters")
-    return expected
 
 
 def _decode_page_token(token: str) -> bytes:
