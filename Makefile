@@ -72,5 +72,5 @@ service-config: $(STAMP) ## regenerate daemon/systemd/kvgraftd.toml from kvgraft
 	  $(BIN)/kvgraftd --data /var/lib/kvgraft --print-config; } > daemon/systemd/kvgraftd.toml.new
 	mv daemon/systemd/kvgraftd.toml.new daemon/systemd/kvgraftd.toml
 
-clean: ## remove the virtual environment, caches and the built kernel (keeps ./kvgraft-data)
-	rm -rf $(VENV) .pytest_cache .ruff_cache build daemon/kvgraftd/_attend.*.so
+clean: ## remove the virtual environment, caches and the built kernels (keeps ./kvgraft-data)
+	rm -rf $(VENV) .pytest_cache .ruff_cache build daemon/kvgraftd/_*.so
