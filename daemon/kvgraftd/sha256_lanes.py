@@ -53,7 +53,7 @@ def available() -> bool:
 
 def sha256_digests(pages: Sequence[object]) -> list[bytes]:
     """The SHA-256 digest of each page, in order."""
-    arrays = [np.frombuffer(page, np.uint8) for page in pages]  # type: ignore[call-overload]
+    arrays = [np.frombuffer(page, np.uint8) for page in pages]
     digests: list[bytes | None] = [None] * len(arrays)
     if _library is not None:
         by_length: dict[int, list[int]] = {}
@@ -64,7 +64,7 @@ def sha256_digests(pages: Sequence[object]) -> list[bytes]:
             for lo in range(0, len(indexes), LANES):
                 group = indexes[lo : lo + LANES]
                 if len(group) >= MIN_LANES_USED:
-                    _hash_lanes(_library, [arrays[i] for i in group], length, group, digests)
+                    _hash_lanes(_library, arrays, group, length, digests)
     return [
         digest if digest is not None else hashlib.sha256(array).digest()
         for digest, array in zip(digests, arrays, strict=True)
@@ -73,14 +73,15 @@ def sha256_digests(pages: Sequence[object]) -> list[bytes]:
 
 def _hash_lanes(
     library: ctypes.CDLL,
-    group: list[np.ndarray],
+    arrays: list[np.ndarray],
+    group: list[int],
     length: int,
-    indexes: list[int],
     digests: list[bytes | None],
 ) -> None:
-    addresses = (ctypes.c_void_p * LANES)(*(array.ctypes.data for array in group))
+    """digests[i] for each i in `group` (1-16 indexes of arrays of `length` bytes)."""
+    addresses = (ctypes.c_void_p * LANES)(*(arrays[index].ctypes.data for index in group))
     out = ctypes.create_string_buffer(32 * len(group))
     library.kvg_sha256_x16(addresses, len(group), length, out)
     raw = out.raw
-    for position, index in enumerate(indexes):
+    for position, index in enumerate(group):
         digests[index] = raw[32 * position : 32 * position + 32]
