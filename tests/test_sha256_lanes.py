@@ -76,6 +76,28 @@ def test_a_flipped_byte_changes_its_own_lane_only(every_group_native) -> None:
     assert after[9] == hashlib.sha256(pages[9]).digest()
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_copies_hold_the_bytes_hashed(native: bool, monkeypatch) -> None:
+    """With copies, each page lands in its own array, in the kernel and in the fallback."""
+    if native and not sha256_lanes.available():
+        pytest.skip("the 16-lane kernel does not run here")
+    monkeypatch.setattr(sha256_lanes, "MIN_LANES_USED", 1 if native else LANES + 1)
+    rng = random.Random(11)
+    pages = [rng.randbytes(length) for length in [98_304] * 13 + [100, 100, 7]]
+    copies = [np.full(len(page), 0xEE, np.uint8) for page in pages]
+    digests = sha256_digests(pages, copies)
+    assert digests == [hashlib.sha256(page).digest() for page in pages]
+    assert [bytes(copy) for copy in copies] == pages
+
+
+def test_copies_must_fit_and_be_writable() -> None:
+    page = b"x" * 64
+    with pytest.raises(ValueError, match="writable contiguous"):
+        sha256_digests([page], [np.empty(63, np.uint8)])
+    with pytest.raises(ValueError, match="writable contiguous"):
+        sha256_digests([page], [np.frombuffer(bytes(64), np.uint8)])  # read-only
+
+
 def test_empty_pages_and_small_groups_go_to_hashlib() -> None:
     """Every path, native or not, gives hashlib's digests (the default threshold here)."""
     rng = random.Random(5)

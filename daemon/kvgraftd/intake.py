@@ -18,8 +18,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-import numpy as np
-
 from kvgraft.artifact import DIGEST_BYTES, MAX_PAGE_BYTES, page_sizes
 from kvgraft.errors import DataLoss, InvalidArgument
 from kvgraft.page_buffers import page_slots
@@ -58,13 +56,14 @@ class PageIntake:
         slots = page_slots({digest: len(data) for digest, data in pages})
 
         def verify(lo: int, hi: int) -> int | None:
-            for start in range(lo, hi, LANES):  # copied, then hashed while still in cache
+            for start in range(lo, hi, LANES):
                 group = range(start, min(start + LANES, hi))
-                for index in group:
-                    digest, data = pages[index]
-                    # block-aligned: the store writes it with direct I/O
-                    slots[digest][:] = np.frombuffer(data, np.uint8)
-                actual = sha256_digests([slots[pages[index][0]] for index in group])
+                # Each page copied to its block-aligned slot (the store writes it with
+                # direct I/O) and hashed in the same pass.
+                actual = sha256_digests(
+                    [pages[index][1] for index in group],
+                    [slots[pages[index][0]] for index in group],
+                )
                 for index, got in zip(group, actual, strict=True):
                     digest = pages[index][0]
                     if got != digest:

@@ -11,9 +11,12 @@
  *
  * kvg_sha256_lanes_supported(): 1 where this CPU has AVX-512F and BW, else 0
  *   (then nothing else here may be called).
- * kvg_sha256_x16(messages, count, len, out): the SHA-256 of messages[0..count)
- *   (1 <= count <= 16), each `len` bytes, to out[32 * i .. 32 * i + 32). The
- *   unused lanes hash messages[0] again; their digests are dropped.
+ * kvg_sha256_x16(messages, copies, count, len, out): the SHA-256 of
+ *   messages[0..count) (1 <= count <= 16), each `len` bytes, to
+ *   out[32 * i .. 32 * i + 32). Where `copies` is not NULL, message i is also
+ *   copied to copies[i] in the same pass (the bytes hashed are the bytes
+ *   written: one read of each). The unused lanes hash messages[0] again; their
+ *   digests are dropped and they copy nothing.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -73,13 +76,17 @@ static inline void transpose16(__m512i r[16]) {
 #define XOR3(a, b, c) _mm512_ternarylogic_epi32((a), (b), (c), 0x96)
 #define ADD(a, b) _mm512_add_epi32((a), (b))
 
-/* One 64-byte block of every lane: lane i's block starts at block[i] + offset. */
-static void compress16(__m512i state[8], const uint8_t *const block[16], size_t offset) {
+/* One 64-byte block of every lane: lane i's block starts at block[i] + offset (and is
+ * copied to copies[i] + offset for i < copied). */
+static void compress16(__m512i state[8], const uint8_t *const block[16], size_t offset,
+                       uint8_t *const *copies, int copied) {
     const __m512i big_endian =
         _mm512_set4_epi32(0x0c0d0e0f, 0x08090a0b, 0x04050607, 0x00010203);
     __m512i w[16];
     for (int lane = 0; lane < 16; lane++)
         w[lane] = _mm512_loadu_si512((const void *)(block[lane] + offset));
+    for (int lane = 0; lane < copied; lane++)
+        _mm512_storeu_si512((void *)(copies[lane] + offset), w[lane]);
     transpose16(w);
     for (int t = 0; t < 16; t++) w[t] = _mm512_shuffle_epi8(w[t], big_endian);
     __m512i a = state[0], b = state[1], c = state[2], d = state[3];
@@ -107,13 +114,16 @@ static void compress16(__m512i state[8], const uint8_t *const block[16], size_t 
     state[6] = ADD(state[6], g), state[7] = ADD(state[7], h);
 }
 
-void kvg_sha256_x16(const uint8_t *const *messages, int32_t count, size_t len, uint8_t *out) {
+void kvg_sha256_x16(const uint8_t *const *messages, uint8_t *const *copies, int32_t count,
+                    size_t len, uint8_t *out) {
     const uint8_t *lane[16];
     for (int i = 0; i < 16; i++) lane[i] = messages[i < count ? i : 0];
+    int copied = copies ? count : 0;
     __m512i state[8];
     for (int i = 0; i < 8; i++) state[i] = _mm512_set1_epi32((int)H0[i]);
     size_t whole = len & ~(size_t)63;
-    for (size_t offset = 0; offset < whole; offset += 64) compress16(state, lane, offset);
+    for (size_t offset = 0; offset < whole; offset += 64)
+        compress16(state, lane, offset, copies, copied);
 
     /* The last bytes, the 0x80 terminator and the length in bits: one or two blocks. */
     size_t rest = len - whole, tail_blocks = rest + 9 <= 64 ? 1 : 2;
@@ -127,7 +137,8 @@ void kvg_sha256_x16(const uint8_t *const *messages, int32_t count, size_t len, u
         for (int k = 0; k < 8; k++) tail[i][tail_blocks * 64 - 1 - k] = (uint8_t)(bits >> (8 * k));
         tails[i] = tail[i];
     }
-    for (size_t k = 0; k < tail_blocks; k++) compress16(state, tails, 64 * k);
+    for (int i = 0; i < copied; i++) memcpy(copies[i] + whole, lane[i] + whole, rest);
+    for (size_t k = 0; k < tail_blocks; k++) compress16(state, tails, 64 * k, NULL, 0);
 
     uint32_t words[8][16];
     for (int i = 0; i < 8; i++) _mm512_storeu_si512(words[i], state[i]);
@@ -146,8 +157,9 @@ void kvg_sha256_x16(const uint8_t *const *messages, int32_t count, size_t len, u
 
 int kvg_sha256_lanes_supported(void) { return 0; }
 
-void kvg_sha256_x16(const uint8_t *const *messages, int32_t count, size_t len, uint8_t *out) {
-    (void)messages, (void)count, (void)len, (void)out;
+void kvg_sha256_x16(const uint8_t *const *messages, uint8_t *const *copies, int32_t count,
+                    size_t len, uint8_t *out) {
+    (void)messages, (void)copies, (void)count, (void)len, (void)out;
 }
 
 #endif
