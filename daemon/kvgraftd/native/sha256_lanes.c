@@ -137,7 +137,7 @@ void kvg_sha256_x16(const uint8_t *const *messages, uint8_t *const *copies, int3
         for (int k = 0; k < 8; k++) tail[i][tail_blocks * 64 - 1 - k] = (uint8_t)(bits >> (8 * k));
         tails[i] = tail[i];
     }
-    for (int i = 0; i < copied; i++) memcpy(copies[i] + whole, lane[i] + whole, rest);
+    for (int i = 0; i < copied; i++) memcpy(copies[i] + whole, tail[i], rest); /* as hashed */
     for (size_t k = 0; k < tail_blocks; k++) compress16(state, tails, 64 * k, NULL, 0);
 
     uint32_t words[8][16];
