@@ -3,9 +3,9 @@
 The relay checks every chunk as it passes: a page that was asked for, at its
 size, its pieces in order; each whole page against the xxh3-128 the source
 sends (SHA-256 when it sends none; a page larger than one message is hashed
-piece by piece). Each message's chunks become one PutArtifactRequest (`parts`,
-decoded, for a target in this process; `messages`, framed anew, for one
-across the network), and the manifest goes last with the id it must hash to. The
+piece by piece). Each message's chunks become one PutArtifactRequest, decoded
+(`parts`: a target across the network frames them anew, one in this process
+takes them as they are), and the manifest goes last with the id it must hash to. The
 target recomputes SHA-256 of everything anyway: the check here stops a
 corrupt page before it travels further, and says which side failed.
 
@@ -51,12 +51,9 @@ class PageRelay:
         self._on_message = on_message
         self.source_error: KvgraftError | None = None
 
-    def messages(self) -> Iterator[bytes]:
-        """PutArtifactRequest messages: the wanted pages, then the manifest."""
-        return map(wire.encode_put, self.parts())
-
     def parts(self) -> Iterator[wire.PutPart]:
-        """The same, decoded; a failure on the source's side ends them before the manifest."""
+        """The wanted pages, then the manifest; a failure on the source's side ends them
+        before the manifest."""
         if self._stream is not None:
             try:
                 yield from self._pages(self._stream)
