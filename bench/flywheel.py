@@ -57,8 +57,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from daemon_process import DaemonProcess, wait_model_ready  # noqa: E402
 from flywheel_problems import KINDS, Problem, heldout, recurring  # noqa: E402
 
-from kvgraft import Client  # noqa: E402
-from kvgraft.v1 import kvgraft_pb2 as pb  # noqa: E402
+from kvgraft import AskResult, Client  # noqa: E402
 from kvgraftd.library_format import normalize_answer  # noqa: E402
 
 MODEL_CACHE = ROOT / ".cache" / "models"
@@ -74,17 +73,17 @@ def solved(text: str, answer: str) -> bool:
     return re.search(rf"\b{re.escape(answer)}\b", text, re.IGNORECASE) is not None
 
 
-def recalled(response: pb.AskResponse, problem: Problem) -> bool:
-    return response.path == pb.ASK_PATH_RECALL and normalize_answer(
-        response.answer
-    ) == normalize_answer(problem.answer)
+def recalled(response: AskResult, problem: Problem) -> bool:
+    return response.path == "recall" and normalize_answer(response.answer) == normalize_answer(
+        problem.answer
+    )
 
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def totals(responses: list[pb.AskResponse]) -> dict[str, float]:
+def totals(responses: list[AskResult]) -> dict[str, float]:
     return {
         "decode_tokens": sum(r.decode_tokens for r in responses),
         "wall_s": sum(r.wall_s for r in responses),
@@ -152,7 +151,7 @@ def main() -> int:
                 grafted = client.ask(
                     problem.problem, max_new_tokens=args.heldout_budget, library_tag=problem.kind
                 )
-                assert grafted.path == pb.ASK_PATH_LIBRARY and plain.path == pb.ASK_PATH_GENERATE
+                assert grafted.path == "library" and plain.path == "generate"
                 held["without"].append(solved(plain.answer, problem.answer))
                 held["with"].append(solved(grafted.answer, problem.answer))
                 log(

@@ -50,14 +50,14 @@ MODEL_CACHE = ROOT / ".cache" / "models"
 def ttft(client: Client, tokens: list[int], no_cache: bool) -> tuple[float, object, int]:
     """Seconds to the first token, the final result, and the first token id."""
     started = time.perf_counter()
-    first_s, first_token, result = None, None, None
-    for response in client.generate(token_ids=tokens, max_new_tokens=1, no_cache=no_cache):
-        if response.HasField("token") and first_s is None:
+    first_s, first_token = None, None
+    stream = client.generate_stream(token_ids=tokens, max_new_tokens=1, no_cache=no_cache)
+    for token in stream:
+        if first_s is None:
             first_s = time.perf_counter() - started
-            first_token = response.token.token_id
-        if response.HasField("result"):
-            result = response.result
-    assert first_s is not None and result is not None
+            first_token = token.token_id
+    result = stream.result()
+    assert first_s is not None
     return first_s, result, first_token
 
 

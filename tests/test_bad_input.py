@@ -1,6 +1,6 @@
 """Bad input: every malformed request gets a clear status, stores nothing, and the daemon serves on.
 
-The daemon is a trust boundary (DESIGN.md): PutArtifact streams are parsed by
+The daemon is a trust boundary (docs/architecture.md): PutArtifact streams are parsed by
 hand (kvgraft.wire), every page's SHA-256 is recomputed on arrival, and the
 manifest is validated before anything commits. Each test here sends one kind
 of bad input, with raw gRPC calls where the client library would refuse to

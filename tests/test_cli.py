@@ -11,6 +11,7 @@ the daemon itself.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -24,7 +25,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from daemon_process import DaemonProcess
+from daemon_process import DaemonProcess, wait_model_ready
 from factory import random_artifact
 
 from kvgraft import Artifact, Client, __version__
@@ -104,7 +105,27 @@ def test_info_from_the_environment_variable(daemon: DaemonProcess, client: Clien
     text = kvgraft("info", env=env)
     assert text.returncode == 0, text.stderr
     assert f"kvgraftd {__version__} at {daemon.address}" in text.stdout
-    assert f"artifacts: 1   pages: {stats['pages']}" in text.stdout
+    assert f"store: artifacts 1, distinct pages {stats['pages']} " in text.stdout
+    assert "of disk free" in text.stdout  # free disk said as free disk, not a "capacity"
+
+
+def test_info_says_what_the_cache_figures_mean(start_daemon) -> None:
+    """Regression: a fresh daemon's device pool read "2.0 GiB used of 2.0 GiB" (it is
+    allocated whole at start); info now tells allocated from holding and says what a hit
+    and a miss count."""
+    daemon = start_daemon(extra_args=["--model", "tiny:1", "--device-budget-bytes", "8MiB"])
+    wait_model_ready(daemon.address)
+    document = kvgraft_json("info", server=daemon.address)
+    device = next(t for t in document["info"]["tiers"] if t["name"] == "device")
+    assert int(device["used_bytes"]) == int(device["capacity_bytes"]) > 0
+    assert int(device["holding_bytes"]) == 0
+    text = kvgraft("info", server=daemon.address).stdout
+    header = next(line for line in text.splitlines() if line.startswith("cache"))
+    assert header.split() == ["cache", "holding", "allocated", "budget", "hits", "misses"]
+    device_row = next(line for line in text.splitlines() if line.startswith("device "))
+    assert device_row.split()[1:3] == ["0", "B"]
+    assert "device: attention-block slots, allocated whole at start" in text
+    assert "host: checked copies of stored pages in RAM" in text
 
 
 def test_ls_lists_and_filters_by_label(daemon: DaemonProcess, client: Client, rng) -> None:
@@ -176,6 +197,17 @@ def test_stat_accepts_a_prefix(daemon: DaemonProcess, client: Client, rng) -> No
     assert f"artifact {artifact.id}" in text.stdout
     assert f"tokens 40 in {len(artifact.manifest.segment_ends)} segment(s); 6 pages" in text.stdout
     assert "label source=test" in text.stdout
+    assert "token ids" not in text.stdout
+
+    # Regression: `stat --manifest` printed the same text as `stat`.
+    full = kvgraft("stat", artifact.id[:10], "--manifest", server=daemon.address)
+    assert full.returncode == 0, full.stderr
+    assert full.stdout.startswith(text.stdout.rstrip("\n"))
+    lines = full.stdout.splitlines()
+    assert "token ids " + " ".join(map(str, artifact.manifest.token_ids)) in lines
+    assert "segment ends " + " ".join(map(str, artifact.manifest.segment_ends)) in lines
+    for digest in artifact.manifest.page_sha256:
+        assert digest.hex() in full.stdout
 
 
 def test_pin_blocks_rm_until_unpinned(daemon: DaemonProcess, client: Client, rng) -> None:
@@ -409,6 +441,74 @@ def test_json_is_accepted_after_the_command_too(args: list[str]) -> None:
     """Regression: `kvgraft info --json` was refused (only `kvgraft --json info` worked)."""
     assert build_parser().parse_args(args).json is True
     assert build_parser().parse_args([a for a in args if a != "--json"]).json is False
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["ls", "--server", "H:1"],
+        ["ls", "--server=H:1"],
+        ["library", "ls", "--server", "H:1"],
+        ["replicate", "--from", "A:1", "--to", "B:1", "--server", "H:1"],
+        ["remote", "status", "--server", "H:1"],
+    ],
+)
+def test_global_options_are_accepted_after_the_command(args: list[str]) -> None:
+    """Regression: --server (and the TLS and token options) worked only before the command."""
+    parsed = build_parser().parse_args([*args, "--timeout", "5", "--tls-ca", "ca.pem"])
+    assert (parsed.server, parsed.timeout, parsed.tls_ca) == ("H:1", 5.0, "ca.pem")
+    before = build_parser().parse_args(["--server", "X:2", *args])
+    assert before.server == "H:1"  # given after the command: that one counts
+    assert build_parser().parse_args(["--server", "X:2", "ls"]).server == "X:2"
+
+
+def test_global_options_after_the_command_reach_the_daemon(daemon: DaemonProcess) -> None:
+    after = kvgraft("info", "--server", daemon.address)
+    assert after.returncode == 0, after.stderr
+    assert f"at {daemon.address}" in after.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "usage"),
+    [
+        (["ls", "--bogus"], "usage: kvgraft ls"),
+        (["stat", "abcdef12", "--manfest"], "usage: kvgraft stat"),
+        (["library", "add", "--problem", "p", "--bogus"], "usage: kvgraft library add"),
+        (["generate", "--text", "x", "--max-tokens", "3"], "usage: kvgraft generate"),
+        (["ls", "--label", "novalue"], "usage: kvgraft ls"),
+    ],
+)
+def test_a_mistyped_flag_shows_the_commands_usage(args: list[str], usage: str) -> None:
+    """Regression: a mistyped flag printed the top-level usage, not the command's."""
+    result = kvgraft(*args, server="127.0.0.1:1")
+    assert result.returncode == 2
+    assert result.stderr.startswith(usage), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _commands() -> list[list[str]]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    commands = [[name] for name in sub.choices]
+    library = sub.choices["library"]
+    actions = next(a for a in library._actions if isinstance(a, argparse._SubParsersAction))
+    return [[], *commands, *(["library", name] for name in actions.choices)]
+
+
+@pytest.mark.parametrize("command", _commands(), ids=lambda c: " ".join(c) or "kvgraft")
+def test_every_command_has_help(command: list[str]) -> None:
+    """Regression: `kvgraft serve --help` (and `kvgraftd --help`) exited 1 with a traceback."""
+    result = kvgraft(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage:" in result.stdout and "Traceback" not in result.stderr
+
+
+def test_the_daemon_has_help() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "kvgraftd", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "usage: kvgraftd" in result.stdout and "M_TOP_PAD" in result.stdout
 
 
 def test_json_after_the_command_prints_the_same_document(daemon: DaemonProcess) -> None:

@@ -1,6 +1,6 @@
 """Crash: kill -9 the daemon mid-put, restart, and check nothing acknowledged is lost.
 
-The contract under test (DESIGN.md, store layout): an artifact's pages,
+The contract under test (docs/architecture.md, store layout): an artifact's pages,
 reference counts, manifest and change record commit in one LMDB write
 transaction, and PutArtifact answers only after that commit. So after a
 kill -9 at any moment, and a restart on the same data directory:

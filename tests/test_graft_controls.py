@@ -3,7 +3,7 @@
 * Sanity: the engine's logits (16-token pages, blockwise attention) against a
   plain transformers forward of the same tokens (eager attention, one pass):
   same argmax, a small max |Δ| (printed), since the arithmetic differs.
-* Negative control (DESIGN.md, contract 3): RoPE makes attention depend on
+* Negative control (docs/architecture.md, contract 3): RoPE makes attention depend on
   relative positions only, so KV computed at positions [0, n) and re-rotated
   by s is mathematically the KV of the same tokens at [s, s + n). In float32
   it is not: the re-rotated keys differ from freshly computed ones, and a

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from daemon_process import wait_model_ready
 
-from kvgraft import Client, final_result
+from kvgraft import Client
 
 PAGE = 16
 SAMPLES = 50
@@ -101,9 +101,9 @@ def test_fifty_grafted_samples_equal_fresh_runs(daemons, real_model) -> None:
         suffix_length = rng.choice((1, 2, PAGE - 1, PAGE, PAGE + 1, rng.randint(3, 2 * PAGE)))
         prompt = tokens[start : start + len(prefix) + suffix_length]
         options = {"max_new_tokens": NEW_TOKENS, "return_logits": True}
-        grafted = final_result(a.generate(token_ids=prompt, **options))
-        fresh = final_result(a.generate(token_ids=prompt, no_cache=True, **options))
-        elsewhere = final_result(b.generate(token_ids=prompt, **options))
+        grafted = a.generate(token_ids=prompt, **options)
+        fresh = a.generate(token_ids=prompt, no_cache=True, **options)
+        elsewhere = b.generate(token_ids=prompt, **options)
         expected_reuse = min(len(prefix) // PAGE, (len(prompt) - 1) // PAGE) * PAGE
         assert grafted.receipt.reused_tokens == expected_reuse, sample
         assert fresh.receipt.reused_tokens == elsewhere.receipt.reused_tokens == 0
@@ -125,11 +125,9 @@ def test_graft_of_whole_artifacts_equals_replay(daemons, real_model) -> None:
             deposited = a.deposit(token_ids=tokens[start : start + length])
             continuation = tokens[start + length : start + length + rng.randint(1, PAGE)]
             options = {"max_new_tokens": NEW_TOKENS, "return_logits": True}
-            grafted = final_result(
-                a.graft(deposited.artifact_id, token_ids=continuation, **options)
-            )
-            replayed = final_result(
-                a.graft(deposited.artifact_id, token_ids=continuation, no_cache=True, **options)
+            grafted = a.graft(deposited.artifact_id, token_ids=continuation, **options)
+            replayed = a.graft(
+                deposited.artifact_id, token_ids=continuation, no_cache=True, **options
             )
             assert grafted.receipt.reused_tokens == length
             assert replayed.receipt.reused_tokens == 0

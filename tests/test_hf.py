@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from daemon_process import wait_model_ready
 
-from kvgraft import Client, final_result
+from kvgraft import Client
 from kvgraft.hf import from_kv, layer_tensors, to_dynamic_cache
 from kvgraftd.model_adapter import ModelAdapter
 
@@ -24,9 +24,7 @@ def test_dynamic_cache_holds_the_stored_bytes_and_continues(start_daemon, tmp_pa
     with Client(daemon.address) as client:
         deposited = client.deposit(token_ids=prompt)
         artifact = client.get_artifact(deposited.artifact_id)
-        engine_next = final_result(
-            client.graft(deposited.artifact_id, token_ids=[7], max_new_tokens=1)
-        )
+        engine_next = client.graft(deposited.artifact_id, token_ids=[7], max_new_tokens=1)
     cache = to_dynamic_cache(artifact)
     layout = artifact.manifest.layout
     for layer, (keys, values) in enumerate(layer_tensors(artifact)):

@@ -177,9 +177,23 @@ def test_ask_recalls_a_token_exact_entry_and_matches_a_fresh_replay(
     assert list(fresh[0].receipt.generated_token_ids) == list(receipt.generated_token_ids)
 
 
-def test_ask_generates_when_nothing_matches_token_exactly(library: LibraryService) -> None:
+def test_ask_recalls_the_same_question_in_other_words(library: LibraryService) -> None:
+    """Regression: `what is 17+25?` for an entry `What is 17 + 25?` fell back to generation
+    without a word. Case, whitespace, spacing around operators and final punctuation do not
+    count; the recall is the entry's own, byte for byte."""
+    entry = _add(library, "What is 17 + 25?", answer="42").entry
+    exact = library.ask(pb.AskRequest(text="What is 17 + 25?", max_new_tokens=8))
+    assert exact.path == pb.ASK_PATH_RECALL and exact.entry_id == entry.artifact_id
+    for text in ("what is 17+25?", "WHAT  IS 17 +25", " What is 17 + 25 ? ", "what is 17 + 25."):
+        response = library.ask(pb.AskRequest(text=text, max_new_tokens=8))
+        assert response.path == pb.ASK_PATH_RECALL, text
+        assert response.entry_id == entry.artifact_id and response.verified_answer == "42"
+        assert response.receipt == exact.receipt, text  # the same graft: the same receipt
+
+
+def test_ask_generates_when_no_entry_matches_and_says_so(library: LibraryService) -> None:
     _add(library, "Capital of Zorvania?", answer="Quelth")
-    for text in ("Capital of Zorvania? ", "capital of Zorvania?", "Capital of Zorvania"):
+    for text in ("Capital of Zorvania city?", "Capitals of Zorvania?", "Zorvania capital?"):
         response = library.ask(pb.AskRequest(text=text, max_new_tokens=3))
         assert response.path == pb.ASK_PATH_GENERATE, text
         assert response.entry_id == "" and not response.matches_verified
@@ -190,6 +204,24 @@ def test_ask_generates_when_nothing_matches_token_exactly(library: LibraryServic
     assert no_recall.path == pb.ASK_PATH_GENERATE and no_recall.decode_tokens <= 2
     with pytest.raises(InvalidArgument, match="empty"):
         library.ask(pb.AskRequest(text="  "))
+
+
+@pytest.mark.parametrize(
+    ("asked", "stored"),
+    [
+        ("what is 17+25?", "What is 17 + 25?"),
+        ("  Capital   of\tZorvania ", "Capital of Zorvania?"),
+        ("3 * 4 = ?", "3*4="),
+        ("is 2<3!", "Is 2 < 3?"),
+    ],
+)
+def test_question_normalisation(asked: str, stored: str) -> None:
+    assert fmt.normalize_question(asked) == fmt.normalize_question(stored)
+
+
+def test_question_normalisation_keeps_words_and_numbers() -> None:
+    assert fmt.normalize_question("What is 17 + 25?") != fmt.normalize_question("What is 17+26?")
+    assert fmt.normalize_question("a b") != fmt.normalize_question("ab")
 
 
 def test_list_by_tag_and_remove(library: LibraryService, engine: Engine) -> None:

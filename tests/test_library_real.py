@@ -24,7 +24,6 @@ from daemon_process import DaemonProcess, wait_model_ready
 from flywheel_problems import heldout, recurring
 
 from kvgraft import Client
-from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.library_format import normalize_answer
 
 SEED = 2026
@@ -82,7 +81,7 @@ def test_recurring_problems_are_answered_from_the_library(daemon, problems, impo
         assert document["matches_verified"], (problem, document["answer"])
         assert normalize_answer(document["answer"]) == normalize_answer(problem.answer)
         assert document["verified_answer"] == problem.answer
-        assert document["entry_id"] in imported["entries"]
+        assert document["matched_entry"] in imported["entries"]
         assert document["reused_tokens"] > 0
         assert document["computed_tokens"] < document["reused_tokens"]
         assert len(document["input_sha256"]) == 64
@@ -119,12 +118,21 @@ def test_import_again_adds_nothing_and_ls_shows_the_entries(daemon, problems, im
     assert len(facts) == sum(p.kind == "facts" for p in problems)
 
 
-def test_a_near_miss_is_generated_not_recalled(daemon, problems, imported) -> None:
+def test_a_rephrasing_is_recalled_and_another_question_generated(
+    daemon, problems, imported
+) -> None:
     with Client(daemon.address, transfer_timeout_s=300) as client:
-        for text in (problems[0].problem + " ", problems[0].problem.lower()):
+        for text in (problems[0].problem + " ", problems[0].problem.lower().rstrip("?")):
             response = client.ask(text, max_new_tokens=4)
-            assert response.path == pb.ASK_PATH_GENERATE
-            assert response.entry_id == "" and response.decode_tokens <= 4
+            assert response.path == "recall", text
+            assert response.matched_entry in imported["entries"]
+        response = client.ask("Which island is " + problems[0].problem, max_new_tokens=4)
+        assert response.path == "generate"
+        assert response.matched_entry == "" and response.decode_tokens <= 4
+    document = kvgraft_json(
+        daemon.address, "ask", "--text", "An unknown question?", "--max-new-tokens", "4"
+    )
+    assert (document["path"], document["matched_entry"]) == ("generate", "none")
 
 
 def test_library_as_context_is_built_once(daemon, problems, imported) -> None:
@@ -134,7 +142,7 @@ def test_library_as_context_is_built_once(daemon, problems, imported) -> None:
         first = client.ask(question.problem, library_tag="facts", max_new_tokens=12)
         second = client.ask(question.problem, library_tag="facts", max_new_tokens=12)
         info = client.stat(first.library_artifact_id).info
-    assert first.path == second.path == pb.ASK_PATH_LIBRARY
+    assert first.path == second.path == "library"
     assert first.library_built and not second.library_built
     assert second.library_artifact_id == first.library_artifact_id
     assert second.receipt.reused_tokens == info.num_tokens
@@ -147,7 +155,7 @@ def test_library_as_context_is_built_once(daemon, problems, imported) -> None:
 def test_removed_entries_are_no_longer_recalled(daemon, problems, imported) -> None:
     last = problems[-1]
     with Client(daemon.address, transfer_timeout_s=300) as client:
-        entry_id = client.ask(last.problem).entry_id
+        entry_id = client.ask(last.problem).matched_entry
         removed = kvgraft_json(daemon.address, "library", "rm", entry_id[:12])
         assert list(removed["removed"]) == [entry_id]
-        assert client.ask(last.problem, max_new_tokens=2).path == pb.ASK_PATH_GENERATE
+        assert client.ask(last.problem, max_new_tokens=2).path == "generate"

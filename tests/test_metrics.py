@@ -17,7 +17,7 @@ from daemon_process import DaemonProcess, wait_model_ready
 from factory import random_artifact
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvgraft import Client, final_result
+from kvgraft import Client
 from kvgraft.artifact import page_sizes
 from kvgraft.errors import NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -114,7 +114,7 @@ def test_receipts_count_grafts_and_reused_tokens(start_daemon) -> None:
     prompt = [(7 * i) % 500 + 1 for i in range(130)]  # two whole pages of 64, and a tail
     with Client(daemon.address) as client:
         deposited = client.deposit(token_ids=prompt).receipt
-        grafted = final_result(client.generate(token_ids=[*prompt, 3, 4], max_new_tokens=2))
+        grafted = client.generate(token_ids=[*prompt, 3, 4], max_new_tokens=2)
         tiers = client.stats().tiers
     receipts = [deposited, grafted.receipt]
     assert grafted.receipt.reused_tokens == 128  # the whole pages the deposit stored

@@ -28,7 +28,7 @@ from daemon_process import DaemonProcess, wait_model_ready
 from seaweedfs import SeaweedS3, s3_env, weed_binary
 from tcp_proxy import FaultProxy
 
-from kvgraft import Client, final_result
+from kvgraft import Client
 from kvgraft.artifact import page_sizes
 from kvgraft.errors import DataLoss, NotFound
 
@@ -94,9 +94,9 @@ def test_an_artifact_deposited_on_one_daemon_is_grafted_on_the_other(fleet) -> N
     with Client(a.address) as ca, Client(b.address) as cb:
         deposited = ca.deposit(token_ids=prompt)
         layers = ca.stat(deposited.artifact_id, include_manifest=True).manifest.layout.num_layers
-        on_a = final_result(ca.generate(token_ids=asked, max_new_tokens=4))
-        on_b = final_result(cb.generate(token_ids=asked, max_new_tokens=4))
-        fresh = final_result(cb.generate(token_ids=asked, max_new_tokens=4, no_cache=True))
+        on_a = ca.generate(token_ids=asked, max_new_tokens=4)
+        on_b = cb.generate(token_ids=asked, max_new_tokens=4)
+        fresh = cb.generate(token_ids=asked, max_new_tokens=4, no_cache=True)
         assert on_b.receipt.reused_tokens == whole_pages(len(asked)) * PAGE_TOKENS == 48
         assert on_a.receipt.reused_tokens == 48 and fresh.receipt.reused_tokens == 0
         assert receipt_hashes(on_b) == receipt_hashes(on_a) == receipt_hashes(fresh)
@@ -107,10 +107,10 @@ def test_an_artifact_deposited_on_one_daemon_is_grafted_on_the_other(fleet) -> N
         assert cb.lookup(asked).matched_tokens == 48
 
         # Graft by id: B imports the whole artifact (tail page included) first.
-        graft_a = final_result(ca.graft(deposited.artifact_id, token_ids=[5, 6], max_new_tokens=4))
-        graft_b = final_result(cb.graft(deposited.artifact_id, token_ids=[5, 6], max_new_tokens=4))
-        fresh_graft = final_result(
-            ca.graft(deposited.artifact_id, token_ids=[5, 6], max_new_tokens=4, no_cache=True)
+        graft_a = ca.graft(deposited.artifact_id, token_ids=[5, 6], max_new_tokens=4)
+        graft_b = cb.graft(deposited.artifact_id, token_ids=[5, 6], max_new_tokens=4)
+        fresh_graft = ca.graft(
+            deposited.artifact_id, token_ids=[5, 6], max_new_tokens=4, no_cache=True
         )
         assert graft_b.receipt.reused_tokens == len(prompt)
         assert graft_b.receipt.grafted_artifact_id == deposited.artifact_id
@@ -136,14 +136,14 @@ def test_a_corrupted_object_is_detected_and_never_grafted(fleet) -> None:
         s3_client.put_object(Bucket=BUCKET, Key=key, Body=damaged)  # same key, other bytes
 
         before = cb.remote_status().corrupt_objects
-        on_b = final_result(cb.generate(token_ids=asked, max_new_tokens=4))
-        fresh = final_result(ca.generate(token_ids=asked, max_new_tokens=4, no_cache=True))
+        on_b = cb.generate(token_ids=asked, max_new_tokens=4)
+        fresh = ca.generate(token_ids=asked, max_new_tokens=4, no_cache=True)
         assert on_b.receipt.reused_tokens == PAGE_TOKENS  # page 0 only: page 1 was refused
         assert receipt_hashes(on_b) == receipt_hashes(fresh)
         assert cb.remote_status().corrupt_objects == before + 1
         assert cb.missing_pages([bad]) == [bad]  # never stored
         with pytest.raises(DataLoss, match="could not be read"):
-            list(cb.graft(artifact_id, token_ids=[5], max_new_tokens=1))
+            cb.graft(artifact_id, token_ids=[5], max_new_tokens=1)
         with pytest.raises(NotFound):
             cb.stat(artifact_id)
         assert cb.missing_pages([bad]) == [bad]
@@ -158,10 +158,8 @@ def test_a_corrupted_object_is_detected_and_never_grafted(fleet) -> None:
             CopySource={"Bucket": BUCKET, "Key": f"fleet/{fp}/manifests/{artifact_id}"},
         )
         before = cb.remote_status().corrupt_objects
-        other_b = final_result(cb.generate(token_ids=[*other, 3], max_new_tokens=2))
-        other_fresh = final_result(
-            ca.generate(token_ids=[*other, 3], max_new_tokens=2, no_cache=True)
-        )
+        other_b = cb.generate(token_ids=[*other, 3], max_new_tokens=2)
+        other_fresh = ca.generate(token_ids=[*other, 3], max_new_tokens=2, no_cache=True)
         assert other_b.receipt.reused_tokens == 0
         assert receipt_hashes(other_b) == receipt_hashes(other_fresh)
         assert cb.remote_status().corrupt_objects == before + 1
@@ -173,10 +171,10 @@ def test_with_the_server_gone_reads_are_misses_and_answers_unchanged(fleet) -> N
     asked = [*prompt, 21]
     with Client(a.address) as ca, Client(b.address) as cb:
         ca.deposit(token_ids=prompt)
-        on_a = final_result(ca.generate(token_ids=asked, max_new_tokens=3))
+        on_a = ca.generate(token_ids=asked, max_new_tokens=3)
         assert on_a.receipt.reused_tokens == 48
         proxy.close()  # B's server is gone (A's is not)
-        on_b = final_result(cb.generate(token_ids=asked, max_new_tokens=3))
+        on_b = cb.generate(token_ids=asked, max_new_tokens=3)
         assert on_b.receipt.reused_tokens == 0
         assert receipt_hashes(on_b) == receipt_hashes(on_a)
         status = cb.remote_status()
@@ -184,5 +182,5 @@ def test_with_the_server_gone_reads_are_misses_and_answers_unchanged(fleet) -> N
         assert re.match(r"GET fleet/[0-9a-f]{64}/(chains|pages)/", status.last_error)
         # Still down: an answer at once from what is local (the pages B fetched earlier
         # are staged, but without a reachable bucket no chain names them).
-        again = final_result(cb.generate(token_ids=asked, max_new_tokens=3))
+        again = cb.generate(token_ids=asked, max_new_tokens=3)
         assert receipt_hashes(again) == receipt_hashes(on_a)

@@ -17,6 +17,7 @@ import json
 import random
 import threading
 
+import pytest
 from daemon_process import wait_model_ready
 from factory import random_artifact
 from replica_audit import divergent_artifacts, export_digests, ids
@@ -28,7 +29,7 @@ from store_audit import (
     multi_mib_artifact,
 )
 
-from kvgraft import Artifact, Client, final_result
+from kvgraft import Artifact, Client
 from kvgraft.cli import main as cli_main
 
 
@@ -147,13 +148,31 @@ def test_cli_replicate_prints_a_summary(start_daemon, rng, capsys) -> None:
         assert ids(b) == {artifact.id for artifact in artifacts}
 
         a.delete(artifacts[0].id)
-        # --to defaults to --server
-        argv = ["--server", replica.address, "replicate", "--from", source.address]
+        argv = ["replicate", "--from", source.address, "--to", replica.address]
         assert cli_main(argv) == 0
         text = capsys.readouterr().out
         assert "0 added, 3 already there, 1 deleted" in text
         assert "applied up to sequence 5" in text
         assert ids(b) == ids(a)
+
+
+def test_cli_replicate_needs_a_target_other_than_its_source(start_daemon, rng, capsys) -> None:
+    """Regression: `kvgraft replicate --from A` with no --to copied A onto the default
+    daemon, which may be A itself, and reported success."""
+    source = start_daemon()
+    with Client(source.address) as a:
+        a.put_artifact(random_artifact(rng))
+    port = source.address.rsplit(":", 1)[1]
+    for argv, says in (
+        (["--server", source.address, "replicate", "--from", source.address], "give --to ADDR"),
+        (["replicate", "--from", source.address, "--to", f"localhost:{port}"], "same daemon"),
+        (["replicate", "--from", source.address, "--to", source.address, "--pull"], "same daemon"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            cli_main(argv)
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert "usage: kvgraft replicate" in err and says in err
 
 
 TINY = ["--model", "tiny:0", "--page-tokens", "16", "--block-tokens", "64"]
@@ -175,9 +194,9 @@ def test_replica_generates_with_replicated_pages(start_daemon, rng) -> None:
         assert summary.artifacts_added == 1
         assert b.lookup(prefix).matched_tokens == prefix_tokens // 16 * 16
 
-        on_source = final_result(a.generate(token_ids=prefix + suffix, **options)).receipt
-        on_replica = final_result(b.generate(token_ids=prefix + suffix, **options)).receipt
-        fresh = final_result(b.generate(token_ids=prefix + suffix, no_cache=True, **options))
+        on_source = a.generate(token_ids=prefix + suffix, **options).receipt
+        on_replica = b.generate(token_ids=prefix + suffix, **options).receipt
+        fresh = b.generate(token_ids=prefix + suffix, no_cache=True, **options)
         assert on_replica.reused_tokens == on_source.reused_tokens > 0
         assert on_replica.grafted_artifact_id in ("", deposited)
         for receipt in (on_replica, fresh.receipt):

@@ -22,14 +22,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kvgraft import __version__
-from kvgraft.client import Client, default_server
-from kvgraft.connection_cli import add_connection_arguments, connection_options
-from kvgraft.engine_cli import ENGINE_COMMANDS, add_engine_arguments
+from kvgraft.cli_options import add_global_options, connection_options
+from kvgraft.client import Client
+from kvgraft.engine_cli import ENGINE_COMMANDS, add_engine_arguments, receipt_lines
 from kvgraft.errors import InvalidArgument, KvgraftError
 from kvgraft.library_cli import LIBRARY_COMMANDS, add_library_arguments
 from kvgraft.remote_cli import add_remote_arguments, cmd_remote
-from kvgraft.render import accept_json_here, emit, human_bytes, message_to_json, table
+from kvgraft.render import emit, human_bytes, message_to_json, table
 from kvgraft.replication_cli import add_replicate_arguments, cmd_replicate
+from kvgraft.v1 import kvgraft_pb2 as pb
 
 
 def _progress(args: argparse.Namespace, total: int, description: str):
@@ -57,23 +58,47 @@ def cmd_info(client: Client, args: argparse.Namespace) -> None:
         f"kvgraftd {info.version} at {client.address} (store format {info.store_format_version})",
         f"model: {info.model_name or '-'} ({info.model_state})"
         + (f", fingerprint {info.model_fingerprint.hex()[:16]}" if info.model_fingerprint else ""),
-        f"artifacts: {stats.artifacts}   pages: {stats.pages} ({human_bytes(stats.page_bytes)})"
-        f"   staged: {stats.staged_pages}",
-        f"disk: {human_bytes(stats.segment_disk_bytes)} in segments, index map "
-        f"{human_bytes(stats.map_used_bytes)} used of {human_bytes(stats.map_size_bytes)}"
-        f"   free: {human_bytes(stats.disk_free_bytes)}   sequence: {stats.last_sequence}",
+        f"store: artifacts {stats.artifacts}, distinct pages {stats.pages} "
+        f"({human_bytes(stats.page_bytes)}), staged pages {stats.staged_pages} (of uploads "
+        "not finished)",
+        f"disk: {human_bytes(stats.segment_disk_bytes)} of page files, index "
+        f"{human_bytes(stats.map_used_bytes)} (map {human_bytes(stats.map_size_bytes)}); "
+        f"{human_bytes(stats.disk_free_bytes)} of disk free; change feed at sequence "
+        f"{stats.last_sequence}",
     ]
-    rows = [
-        (t.name, human_bytes(t.used_bytes), human_bytes(t.capacity_bytes), t.hits, t.misses)
-        for t in info.tiers
-    ]
-    lines.append(table(("tier", "used", "capacity", "hits", "misses"), rows))
+    caches = [t for t in info.tiers if t.name in TIER_MEANING]
+    if caches:
+        rows = [
+            (
+                t.name,
+                human_bytes(t.holding_bytes),
+                human_bytes(t.used_bytes),
+                human_bytes(t.capacity_bytes) if t.capacity_bytes else "unbounded",
+                t.hits,
+                t.misses,
+            )
+            for t in caches
+        ]
+        lines.append(table(("cache", "holding", "allocated", "budget", "hits", "misses"), rows))
+        lines += [f"{t.name}: {TIER_MEANING[t.name]}" for t in caches]
     emit(args.json, document, "\n".join(lines))
+
+
+# What each cache tier's row of `kvgraft info` counts.
+TIER_MEANING = {
+    "device": "attention-block slots, allocated whole at start; a hit is a block read found "
+    "in a slot, a miss one copied into a slot (each decode step reads every block)",
+    "host": "checked copies of stored pages in RAM; a hit is a page read served from RAM, a "
+    "miss one read from the store on disk",
+}
 
 
 def cmd_ls(client: Client, args: argparse.Namespace) -> None:
     selector = dict(item.split("=", 1) for item in args.label)
     infos = list(client.list_artifacts(selector))
+    if args.quiet and not args.json:
+        print("\n".join(i.artifact_id for i in infos))
+        return
     rows = [
         (
             i.artifact_id[:16],
@@ -110,7 +135,30 @@ def cmd_stat(client: Client, args: argparse.Namespace) -> None:
         f"created {_when(info.created_unix_ms)} UTC, sequence {info.sequence}"
         + (", pinned" if info.pinned else ""),
     ] + [f"label {k}={v}" for k, v in sorted(info.labels.items())]
+    if args.manifest:
+        lines += manifest_lines(response.manifest)
     emit(args.json, document, "\n".join(lines))
+
+
+def manifest_lines(manifest: pb.Manifest) -> list[str]:
+    """The rest of a manifest, for `stat --manifest`: what `stat` alone does not show."""
+    profile = manifest.profile
+    layers = manifest.layout.num_layers or 1
+    lines = [
+        f"format version {manifest.format_version}",
+        f"profile torch {profile.torch_version}, {profile.device_kind} {profile.device_name}, "
+        f"{profile.compute_dtype}, {profile.attention}, page_tokens {profile.page_tokens}",
+        "segment ends " + " ".join(map(str, manifest.segment_ends)),
+        "token ids " + " ".join(map(str, manifest.token_ids)),
+    ]
+    if manifest.HasField("receipt"):
+        lines += receipt_lines(manifest.receipt)
+    lines.append(f"pages ({len(manifest.page_sha256)}: page x layer, SHA-256)")
+    lines += [
+        f"  {index // layers:>5} {index % layers:>3}  {digest.hex()}"
+        for index, digest in enumerate(manifest.page_sha256)
+    ]
+    return lines
 
 
 def cmd_rm(client: Client, args: argparse.Namespace) -> None:
@@ -186,15 +234,8 @@ COMMANDS: dict[str, tuple[Callable[[Client, argparse.Namespace], None], str]] = 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvgraft", description="Byte-exact KV-cache artifacts.")
-    parser.add_argument(
-        "--server",
-        default=None,
-        help=f"daemon address (default $KVGRAFT_SERVER or {default_server()})",
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
     parser.add_argument("--version", action="version", version=f"kvgraft {__version__}")
-    add_connection_arguments(parser)
+    add_global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # prefix_chars="+": every argument after `serve`, --flags included, belongs to
     # kvgraftd; argparse would otherwise reject them (REMAINDER skips leading options).
@@ -207,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("daemon_args", nargs=argparse.REMAINDER)
     parsers = {name: sub.add_parser(name, help=text) for name, (_, text) in COMMANDS.items()}
     for command in parsers.values():
-        accept_json_here(command)
+        add_global_options(command, top=False)
+        command.set_defaults(usage_parser=command)  # whose usage an error shows
     parsers["ls"].add_argument(
         "--label",
         action="append",
@@ -215,9 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="only artifacts with this label (repeatable)",
     )
+    parsers["ls"].add_argument("-q", "--quiet", action="store_true", help="print the ids only")
     parsers["stat"].add_argument("id", help="artifact id or unique prefix (8+ hex characters)")
     parsers["stat"].add_argument(
-        "--manifest", action="store_true", help="include the full manifest"
+        "--manifest",
+        action="store_true",
+        help="show the whole manifest: segments, receipt, token ids, every page's SHA-256",
     )
     parsers["rm"].add_argument("ids", nargs="+", metavar="ID")
     parsers["pin"].add_argument("id")
@@ -235,13 +280,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # a mistyped flag: show the usage of the command it was given to
+        getattr(args, "usage_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "serve":
         # The daemon is its own program; exec it rather than import it.
         os.execv(sys.executable, [sys.executable, "-m", "kvgraftd", *args.daemon_args])
     if any("=" not in item for item in getattr(args, "label", [])):
-        print("kvgraft: error: --label takes KEY=VALUE", file=sys.stderr)
-        return 2
+        args.usage_parser.error("--label takes KEY=VALUE")
     handler, _ = COMMANDS[args.command]
     try:
         try:

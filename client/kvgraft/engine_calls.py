@@ -1,5 +1,9 @@
 """The engine's calls of `kvgraft.Client`: deposit, generate, graft, verify, library, remote.
 
+The engine's calls return the typed results of kvgraft.results (the protobuf
+response stays available as their `raw`); generate and graft wait for the end,
+generate_stream and graft_stream give the tokens as they come.
+
 A mixin of kvgraft.client.Client, which supplies the channel (`_stub`), the
 deadlines (`timeout_s`, `transfer_timeout_s`) and the one place where gRPC
 errors become kvgraft.errors (`_mapped`, `_unary`, `_stream`). Calls that
@@ -9,18 +13,37 @@ transfer deadline; the others the short one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 
-from kvgraft.errors import DataLoss, InvalidArgument
+from kvgraft.errors import InvalidArgument
+from kvgraft.results import (
+    AskResult,
+    DepositResult,
+    GenerateResult,
+    GenerationStream,
+    VerifyResult,
+)
 from kvgraft.v1 import kvgraft_pb2 as pb
+
+DEFAULT_MAX_NEW_TOKENS = 32  # the CLI's default too
 
 
 class EngineCalls:
     # ------------------------------------------------------------------
     # engine (kvgraftd.engine)
-    def lookup(self, token_ids: Iterable[int]) -> pb.LookupResponse:
-        """How much of `token_ids` the store holds as whole pages (a graft would reuse)."""
-        return self._unary(self._stub.Lookup, pb.LookupRequest(token_ids=list(token_ids)))
+    def lookup(
+        self,
+        token_ids: Iterable[int] | None = None,
+        *,
+        text: str | None = None,
+        chat: bool = False,
+    ) -> pb.LookupResponse:
+        """How much of a prompt the store holds as whole pages (what a generate would reuse)."""
+        if text is not None:
+            request = pb.LookupRequest(prompt=_prompt(text, token_ids, chat))
+        else:
+            request = pb.LookupRequest(token_ids=list(token_ids or ()))
+        return self._unary(self._stub.Lookup, request)
 
     def deposit(
         self,
@@ -30,12 +53,13 @@ class EngineCalls:
         chat: bool = False,
         labels: Mapping[str, str] | None = None,
         verified_by: str = "",
-    ) -> pb.DepositResponse:
+    ) -> DepositResult:
         """Have the daemon compute a context and store it; returns its id and receipt."""
         request = pb.DepositRequest(
             prompt=_prompt(text, token_ids, chat), labels=labels, verified_by=verified_by
         )
-        return self._unary(self._stub.Deposit, request, self.transfer_timeout_s)
+        response = self._unary(self._stub.Deposit, request, self.transfer_timeout_s)
+        return DepositResult.from_proto(response)
 
     def generate(
         self,
@@ -43,17 +67,35 @@ class EngineCalls:
         *,
         token_ids: Iterable[int] | None = None,
         chat: bool = False,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         **options,
-    ) -> Iterator[pb.GenerateResponse]:
-        """Stream generated tokens, then the result with its receipt.
+    ) -> GenerateResult:
+        """Generate from a prompt, grafting the longest stored prefix; waits for the end.
 
-        Options: max_new_tokens, greedy (default True), temperature, seed,
-        no_cache, deposit, labels (see GenerateOptions in the proto).
+        Options: max_new_tokens (default 32, as the CLI's), greedy (default True),
+        temperature, seed, no_cache, deposit, labels, return_logits (see
+        GenerateOptions in the proto). `generate_stream` gives the tokens as they come.
         """
+        return self.generate_stream(
+            text, token_ids=token_ids, chat=chat, max_new_tokens=max_new_tokens, **options
+        ).result()
+
+    def generate_stream(
+        self,
+        text: str | None = None,
+        *,
+        token_ids: Iterable[int] | None = None,
+        chat: bool = False,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        **options,
+    ) -> GenerationStream:
+        """generate, as a stream: iterate it for the tokens, then call its result()."""
         request = pb.GenerateRequest(
-            prompt=_prompt(text, token_ids, chat), options=pb.GenerateOptions(**options)
+            prompt=_prompt(text, token_ids, chat),
+            options=pb.GenerateOptions(max_new_tokens=max_new_tokens, **options),
         )
-        return self._stream(self._stub.Generate(request, timeout=self.transfer_timeout_s))
+        call = self._stub.Generate(request, timeout=self.transfer_timeout_s)
+        return GenerationStream(self._stream(call), call.cancel)
 
     def graft(
         self,
@@ -62,20 +104,43 @@ class EngineCalls:
         *,
         token_ids: Iterable[int] | None = None,
         chat: bool = False,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         **options,
-    ) -> Iterator[pb.GenerateResponse]:
-        """Graft a whole artifact, append the continuation, generate; streams like generate."""
+    ) -> GenerateResult:
+        """Graft a whole artifact, append the continuation, generate; waits for the end."""
+        return self.graft_stream(
+            artifact_id,
+            text,
+            token_ids=token_ids,
+            chat=chat,
+            max_new_tokens=max_new_tokens,
+            **options,
+        ).result()
+
+    def graft_stream(
+        self,
+        artifact_id: str,
+        text: str | None = None,
+        *,
+        token_ids: Iterable[int] | None = None,
+        chat: bool = False,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        **options,
+    ) -> GenerationStream:
+        """graft, as a stream: iterate it for the tokens, then call its result()."""
         request = pb.GraftRequest(
             artifact_id=artifact_id,
             continuation=_prompt(text, token_ids, chat),
-            options=pb.GenerateOptions(**options),
+            options=pb.GenerateOptions(max_new_tokens=max_new_tokens, **options),
         )
-        return self._stream(self._stub.Graft(request, timeout=self.transfer_timeout_s))
+        call = self._stub.Graft(request, timeout=self.transfer_timeout_s)
+        return GenerationStream(self._stream(call), call.cancel)
 
-    def verify(self, artifact_id: str) -> pb.VerifyResponse:
+    def verify(self, artifact_id: str) -> VerifyResult:
         """Recompute an artifact fresh on the daemon and compare every hash."""
         request = pb.VerifyRequest(artifact_id=artifact_id)
-        return self._unary(self._stub.Verify, request, self.transfer_timeout_s)
+        response = self._unary(self._stub.Verify, request, self.transfer_timeout_s)
+        return VerifyResult.from_proto(response)
 
     # ------------------------------------------------------------------
     # knowledge library (kvgraftd.library)
@@ -114,7 +179,7 @@ class EngineCalls:
         max_new_tokens: int = 0,
         library_tag: str = "",
         no_recall: bool = False,
-    ) -> pb.AskResponse:
+    ) -> AskResult:
         """Answer a problem: recall from the library, or generate (with a tag's library)."""
         request = pb.AskRequest(
             text=text,
@@ -122,7 +187,7 @@ class EngineCalls:
             library_tag=library_tag,
             no_recall=no_recall,
         )
-        return self._unary(self._stub.Ask, request, self.transfer_timeout_s)
+        return AskResult.from_proto(self._unary(self._stub.Ask, request, self.transfer_timeout_s))
 
     # ------------------------------------------------------------------
     # remote tier (kvgraftd.remote)
@@ -142,14 +207,3 @@ def _prompt(text: str | None, token_ids: Iterable[int] | None, chat: bool) -> pb
     if text is not None:
         return pb.Prompt(text=text, chat=chat)
     return pb.Prompt(tokens=pb.TokenIds(ids=list(token_ids)), chat=chat)
-
-
-def final_result(responses: Iterable[pb.GenerateResponse]) -> pb.GenerateResult:
-    """Consume a Generate/Graft stream and return its result (the receipt)."""
-    result = None
-    for response in responses:
-        if response.HasField("result"):
-            result = response.result
-    if result is None:
-        raise DataLoss("the generation stream ended without a result")
-    return result

@@ -1,34 +1,49 @@
 """The engine commands of the `kvgraft` command line: deposit, generate, graft, verify, lookup.
 
 Prompts are given as --text (tokenized by the daemon's model; --chat wraps
-it in the model's chat template) or --tokens 1,2,3. Generated text streams
-to stdout as it arrives; the receipt follows on stderr. With --json one
-document is printed: the receipt's fields at the top level (hashes in hex),
-plus `text` and `deposited_artifact_id`.
+it in the model's chat template), --file (text read from a file; with --text
+too, the file's text, a blank line, then --text) or --tokens 1,2,3.
+Generated text streams to stdout as it arrives, then a newline; the receipt
+follows on stderr, its first line the tokens reused and computed and the
+seconds the call took. With --json one document is printed: the receipt's
+fields at the top level (hashes in hex), plus `text`, `deposited_artifact_id`
+and `elapsed_s`.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 from kvgraft.client import Client
-from kvgraft.errors import InvalidArgument, KvgraftError
+from kvgraft.engine_calls import DEFAULT_MAX_NEW_TOKENS
+from kvgraft.errors import InvalidArgument
 from kvgraft.render import emit, message_to_json
+from kvgraft.results import GenerationStream
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 
 def _prompt_kwargs(args: argparse.Namespace) -> dict:
-    if (args.text is None) == (args.tokens is None):
-        raise InvalidArgument("give either --text or --tokens")
+    file_text = None
+    if args.file is not None:
+        if not args.file.is_file():
+            raise InvalidArgument(f"{args.file} does not exist or is not a file")
+        file_text = args.file.read_text(encoding="utf-8").strip()
     if args.tokens is not None:
+        if args.text is not None or file_text is not None:
+            raise InvalidArgument("give --tokens, or text (--text and/or --file), not both")
         try:
             ids = [int(t) for t in args.tokens.replace(",", " ").split()]
         except ValueError:
             raise InvalidArgument("--tokens takes integers separated by commas") from None
         return {"token_ids": ids, "chat": args.chat}
-    return {"text": args.text, "chat": args.chat}
+    parts = [part for part in (file_text, args.text) if part is not None]
+    if not parts:
+        raise InvalidArgument("give the prompt: --text, --file or --tokens")
+    return {"text": "\n\n".join(parts), "chat": args.chat}
 
 
 def _labels(args: argparse.Namespace) -> dict[str, str]:
@@ -49,62 +64,81 @@ def _options(args: argparse.Namespace) -> dict:
     return options
 
 
-def receipt_lines(receipt: pb.Receipt) -> list[str]:
+def receipt_lines(receipt: pb.Receipt, elapsed_s: float | None = None) -> list[str]:
+    took = f" in {elapsed_s:.2f} s" if elapsed_s is not None else ""
     return [
-        f"reused {receipt.reused_tokens} tokens, computed {receipt.computed_tokens}",
-        f"input_sha256            {receipt.input_sha256.hex()}",
-        f"prompt_logits_sha256    {receipt.prompt_logits_sha256.hex()}",
-        f"generated_logits_sha256 {receipt.generated_logits_sha256.hex()}",
-        f"model {receipt.model_fingerprint.hex()[:16]}, {receipt.profile.attention}, "
+        f"receipt: reused {receipt.reused_tokens} tokens, computed {receipt.computed_tokens}{took}",
+        f"  input_sha256            {receipt.input_sha256.hex()}",
+        f"  prompt_logits_sha256    {receipt.prompt_logits_sha256.hex()}",
+        f"  generated_logits_sha256 {receipt.generated_logits_sha256.hex()}",
+        f"  model {receipt.model_fingerprint.hex()[:16]}, {receipt.profile.attention}, "
         f"page_tokens {receipt.profile.page_tokens}",
     ]
 
 
-def _run_stream(args: argparse.Namespace, responses: Iterable[pb.GenerateResponse]) -> None:
-    result = None
-    for response in responses:
-        if response.HasField("token") and not args.json:
-            sys.stdout.write(response.token.text)
+def _run_stream(args: argparse.Namespace, stream: GenerationStream, started: float) -> None:
+    shown = False
+    for token in stream:
+        if not args.json and token.text:
+            sys.stdout.write(token.text)
             sys.stdout.flush()
-        elif response.HasField("result"):
-            result = response.result
-    if result is None:
-        raise KvgraftError("the stream ended without a result")
+            shown = True
+    result = stream.result()
+    elapsed_s = time.perf_counter() - started
     if args.json:
         document = {
-            **message_to_json(result.receipt),
+            **message_to_json(result.receipt.raw),
             "text": result.text,
             "deposited_artifact_id": result.deposited_artifact_id,
+            "elapsed_s": round(elapsed_s, 4),
         }
         emit(True, document, "")
         return
-    print()
-    lines = receipt_lines(result.receipt)
+    if shown:
+        print(flush=True)  # the text's own line, before the receipt on stderr
+    lines = receipt_lines(result.receipt.raw, elapsed_s)
     if result.deposited_artifact_id:
         lines.append(f"deposited {result.deposited_artifact_id}")
-    print("\n".join(lines), file=sys.stderr)
+    if not shown and result.token_ids and not args.chat and args.tokens is None:
+        lines.append(
+            "note: the model ended its answer at once; an instruct (chat) model such as the "
+            "default one expects --chat"
+        )
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def cmd_generate(client: Client, args: argparse.Namespace) -> None:
-    _run_stream(args, client.generate(**_prompt_kwargs(args), **_options(args)))
+    started = time.perf_counter()
+    _run_stream(args, client.generate_stream(**_prompt_kwargs(args), **_options(args)), started)
 
 
 def cmd_graft(client: Client, args: argparse.Namespace) -> None:
-    _run_stream(args, client.graft(args.id, **_prompt_kwargs(args), **_options(args)))
+    started = time.perf_counter()
+    stream = client.graft_stream(args.id, **_prompt_kwargs(args), **_options(args))
+    _run_stream(args, stream, started)
 
 
 def cmd_deposit(client: Client, args: argparse.Namespace) -> None:
+    started = time.perf_counter()
     response = client.deposit(
         **_prompt_kwargs(args), labels=_labels(args), verified_by=args.verified_by
     )
-    document = {"artifact_id": response.artifact_id, **message_to_json(response.receipt)}
-    text = "\n".join([f"deposited {response.artifact_id}", *receipt_lines(response.receipt)])
-    emit(args.json, document, text)
+    elapsed_s = time.perf_counter() - started
+    if args.quiet and not args.json:
+        print(response.artifact_id)
+        return
+    document = {
+        "artifact_id": response.artifact_id,
+        **message_to_json(response.receipt.raw),
+        "elapsed_s": round(elapsed_s, 4),
+    }
+    lines = [f"deposited {response.artifact_id}", *receipt_lines(response.receipt.raw, elapsed_s)]
+    emit(args.json, document, "\n".join(lines))
 
 
 def cmd_verify(client: Client, args: argparse.Namespace) -> None:
     response = client.verify(args.id)
-    document = message_to_json(response)
+    document = message_to_json(response.raw)
     if response.ok:
         text = f"verified {args.id}: every page and receipt hash matches a fresh run"
     else:
@@ -117,9 +151,13 @@ def cmd_verify(client: Client, args: argparse.Namespace) -> None:
 def cmd_lookup(client: Client, args: argparse.Namespace) -> None:
     kwargs = _prompt_kwargs(args)
     if "text" in kwargs:
-        raise InvalidArgument("lookup takes --tokens (text is tokenized by the daemon only)")
-    response = client.lookup(kwargs["token_ids"])
-    text = f"{response.matched_tokens} tokens in stored whole pages"
+        response = client.lookup(text=kwargs["text"], chat=kwargs["chat"])
+    else:
+        response = client.lookup(kwargs["token_ids"])
+    text = (
+        f"{response.matched_tokens} leading tokens are stored ({response.matched_pages} whole "
+        "pages): a generate of this prompt would reuse them"
+    )
     emit(args.json, message_to_json(response), text)
 
 
@@ -136,6 +174,12 @@ def add_engine_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
     for name in ("deposit", "generate", "graft", "lookup"):
         parser = parsers[name]
         parser.add_argument("--text", help="prompt text, tokenized by the daemon's model")
+        parser.add_argument(
+            "--file",
+            type=Path,
+            metavar="PATH",
+            help="prompt text from a file (with --text: the file, a blank line, then the text)",
+        )
         parser.add_argument("--tokens", help="prompt token ids, comma-separated")
         parser.add_argument("--chat", action="store_true", help="apply the model's chat template")
     for name in ("deposit", "generate", "graft"):
@@ -143,11 +187,19 @@ def add_engine_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
             "--label", action="append", default=[], metavar="KEY=VALUE", help="label the artifact"
         )
     parsers["deposit"].add_argument("--verified-by", default="", help="who verified the content")
+    parsers["deposit"].add_argument(
+        "-q", "--quiet", action="store_true", help="print the artifact id only"
+    )
     parsers["graft"].add_argument("id", help="artifact id or unique prefix")
     parsers["verify"].add_argument("id", help="artifact id or unique prefix")
     for name in ("generate", "graft"):
         parser = parsers[name]
-        parser.add_argument("--max-new-tokens", type=int, default=32, help="default 32")
+        parser.add_argument(
+            "--max-new-tokens",
+            type=int,
+            default=DEFAULT_MAX_NEW_TOKENS,
+            help=f"default {DEFAULT_MAX_NEW_TOKENS}",
+        )
         parser.add_argument("--no-cache", action="store_true", help="compute everything fresh")
         parser.add_argument("--deposit", action="store_true", help="store the finished context")
         parser.add_argument("--sample", action="store_true", help="sample instead of argmax")

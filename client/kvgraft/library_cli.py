@@ -13,11 +13,12 @@ string). Every line is checked before the first deposit, so a bad line
 stores nothing; re-running an import skips the entries already present. A
 progress bar goes to stderr when it is a terminal and --json is off.
 
-`ask` prints the answer on stdout and what ran on stderr (path, entry, decode
-tokens, reused/computed tokens, wall and CPU seconds, receipt hashes). With
---json one document: answer, path (recall, generate or library),
-decode_tokens, reused_tokens, computed_tokens, matches_verified,
-verified_answer, entry_id, wall_s, cpu_s, the receipt hashes and the receipt.
+`ask` prints the answer on stdout and what ran on stderr (path, the entry
+matched or `none`, decode tokens, reused/computed tokens, wall and CPU seconds,
+receipt hashes). With --json one document: answer, path (recall, generate or
+library), matched_entry (an entry id or "none"), decode_tokens, reused_tokens,
+computed_tokens, matches_verified, verified_answer, wall_s, cpu_s, the receipt
+hashes and the receipt.
 """
 
 from __future__ import annotations
@@ -28,16 +29,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from kvgraft.cli_options import add_global_options
 from kvgraft.client import Client
 from kvgraft.errors import InvalidArgument
-from kvgraft.render import accept_json_here, emit, human_bytes, message_to_json, table
+from kvgraft.render import emit, human_bytes, message_to_json, table
+from kvgraft.results import AskResult
 from kvgraft.v1 import kvgraft_pb2 as pb
-
-_PATHS = {
-    pb.ASK_PATH_RECALL: "recall",
-    pb.ASK_PATH_GENERATE: "generate",
-    pb.ASK_PATH_LIBRARY: "library",
-}
 
 
 def _entry_json(entry: pb.LibraryEntry) -> dict:
@@ -175,18 +172,18 @@ def cmd_library(client: Client, args: argparse.Namespace) -> None:
 
 
 # ----------------------------------------------------------------------
-def ask_document(response: pb.AskResponse) -> dict:
-    """The --json document of `ask` (also what bench/flywheel.py records)."""
+def ask_document(response: AskResult) -> dict:
+    """The --json document of `ask`."""
     receipt = response.receipt
     return {
         "answer": response.answer,
-        "path": _PATHS.get(response.path, "unspecified"),
+        "path": response.path,
+        "matched_entry": response.matched_entry or "none",
         "decode_tokens": response.decode_tokens,
-        "reused_tokens": receipt.reused_tokens,
-        "computed_tokens": receipt.computed_tokens,
+        "reused_tokens": response.reused_tokens,
+        "computed_tokens": response.computed_tokens,
         "matches_verified": response.matches_verified,
         "verified_answer": response.verified_answer,
-        "entry_id": response.entry_id,
         "library_artifact_id": response.library_artifact_id,
         "library_built": response.library_built,
         "wall_s": response.wall_s,
@@ -194,7 +191,7 @@ def ask_document(response: pb.AskResponse) -> dict:
         "input_sha256": receipt.input_sha256.hex(),
         "prompt_logits_sha256": receipt.prompt_logits_sha256.hex(),
         "generated_logits_sha256": receipt.generated_logits_sha256.hex(),
-        "receipt": message_to_json(receipt),
+        "receipt": message_to_json(receipt.raw),
     }
 
 
@@ -209,28 +206,23 @@ def cmd_ask(client: Client, args: argparse.Namespace) -> None:
     if args.json:
         emit(True, document, "")
         return
-    print(response.answer)
-    path = document["path"]
-    lines = [f"path {path}"]
-    if response.entry_id:
+    print(response.answer, flush=True)
+    lines = [f"path: {response.path}, matched_entry: {document['matched_entry']}"]
+    if response.matched_entry:
         verdict = "matches" if response.matches_verified else "DIFFERS FROM"
-        lines.append(
-            f"entry {response.entry_id[:16]}: {verdict} the verified answer "
-            f"{response.verified_answer!r}"
-        )
+        lines.append(f"the answer {verdict} the verified answer {response.verified_answer!r}")
     if response.library_artifact_id:
         built = " (built by this call)" if response.library_built else ""
         lines.append(f"library context {response.library_artifact_id[:16]}{built}")
-    receipt = response.receipt
     lines += [
-        f"decode tokens {response.decode_tokens}; reused {receipt.reused_tokens} tokens, "
-        f"computed {receipt.computed_tokens}",
+        f"decode tokens {response.decode_tokens}; reused {response.reused_tokens} tokens, "
+        f"computed {response.computed_tokens}",
         f"wall {response.wall_s:.3f} s, cpu {response.cpu_s:.3f} s (whole daemon process)",
         f"input_sha256            {document['input_sha256']}",
         f"prompt_logits_sha256    {document['prompt_logits_sha256']}",
         f"generated_logits_sha256 {document['generated_logits_sha256']}",
     ]
-    print("\n".join(lines), file=sys.stderr)
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def _clip(text: str, width: int) -> str:
@@ -248,7 +240,8 @@ def add_library_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
     sub = parsers["library"].add_subparsers(dest="library_command", required=True, metavar="ACTION")
     actions = {name: sub.add_parser(name, help=text) for name, (_, text) in LIBRARY_ACTIONS.items()}
     for action in actions.values():
-        accept_json_here(action)
+        add_global_options(action, top=False)
+        action.set_defaults(usage_parser=action)
     add = actions["add"]
     add.add_argument("--problem", required=True, help="the problem, as it will be asked")
     add.add_argument("--solution", required=True, help="the verified solution")

@@ -6,22 +6,11 @@ ids and hashes can be pasted between commands. Field names are the proto's.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
-
-
-def accept_json_here(parser: argparse.ArgumentParser) -> None:
-    """--json after a command too (`kvgraft info --json`), not only before it.
-
-    SUPPRESS: when absent here, the value given before the command stands.
-    """
-    parser.add_argument(
-        "--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document"
-    )
 
 
 def message_to_json(message: Message) -> dict:

@@ -1,7 +1,7 @@
 """Replication: make a target store hold what a source store holds, byte for byte, verified.
 
 Artifacts are immutable and content-addressed, so replication is set
-reconciliation plus verified transfer (DESIGN.md, Replication), all over the
+reconciliation plus verified transfer (docs/architecture.md, "Replication"), all over the
 daemons' ordinary gRPC API:
 
 * What to do. The source's change feed (Watch, from a sequence number to its

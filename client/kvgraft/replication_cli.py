@@ -1,8 +1,10 @@
 """`kvgraft replicate`: make one daemon hold another's artifacts, once or continuously.
 
-    kvgraft replicate --from A [--to B] [--pull | --follow] [--from-sequence N] [--workers N]
+    kvgraft replicate --from A --to B [--pull | --follow] [--from-sequence N] [--workers N]
 
---to defaults to --server; both connections use the same TLS and token flags.
+--to is required, except with --follow, where the target defaults to the
+--server daemon; a source that is the target is refused. Both connections use
+the same TLS and token flags.
 By default the bytes pass through this process (it reads A and writes B);
 with --pull, B copies straight from A (the Replicate RPC; A is then the
 address as B reaches it, and B uses its own TLS and token settings).
@@ -17,11 +19,12 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import sys
 import threading
 
+from kvgraft.cli_options import connection_options
 from kvgraft.client import Client
-from kvgraft.connection_cli import connection_options
 from kvgraft.render import emit, human_bytes
 from kvgraft.replication import ClientTarget, ReplicationSummary, Replicator
 
@@ -29,18 +32,25 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def cmd_replicate(client: Client, args: argparse.Namespace) -> None:
+    if args.pull and args.follow:
+        args.usage_parser.error(
+            "--pull copies once; for a target that keeps following its source, give it "
+            '`[replication] follow = ["ADDR"]` in its config'
+        )
+    if args.to is None and not args.follow:
+        args.usage_parser.error(
+            "give --to ADDR, the daemon to copy into (only --follow defaults it to the "
+            f"--server daemon, {client.address})"
+        )
+    if same_address(args.source, args.to or client.address):
+        args.usage_parser.error(
+            f"the source {args.source} and the target {args.to or client.address} are the "
+            "same daemon: replicate between two daemons"
+        )
     options = {"timeout_s": args.timeout, **connection_options(args)}
     if args.pull:
-        if args.follow:
-            raise SystemExit(
-                "kvgraft replicate: --pull copies once; for a target that keeps following its "
-                'source, give it `[replication] follow = ["ADDR"]` in its config'
-            )
-        if args.to is None:
-            _pull(client, args)
-        else:
-            with Client(args.to, **options) as target:
-                _pull(target, args)
+        with Client(args.to, **options) as target:
+            _pull(target, args)
         return
     with Client(args.source, **options) as source:
         if args.to is None:
@@ -48,6 +58,23 @@ def cmd_replicate(client: Client, args: argparse.Namespace) -> None:
         else:
             with Client(args.to, **options) as target:
                 _replicate(source, target, args)
+
+
+def same_address(a: str, b: str) -> bool:
+    """Whether two HOST:PORT addresses name the same socket (names resolved: localhost is
+    127.0.0.1); an address that does not resolve equals only itself."""
+    if a == b:
+        return True
+
+    def endpoints(address: str) -> set[tuple[str, int]]:
+        host, _, port = address.rpartition(":")
+        try:
+            infos = socket.getaddrinfo(host.strip("[]"), int(port), proto=socket.IPPROTO_TCP)
+        except (OSError, ValueError):
+            return set()
+        return {(info[4][0], info[4][1]) for info in infos}
+
+    return bool(endpoints(a) & endpoints(b))
 
 
 def _bar(args: argparse.Namespace, what: str):
@@ -125,7 +152,12 @@ def summary_text(s: ReplicationSummary) -> str:
 
 def add_replicate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="source", required=True, metavar="ADDR", help="source")
-    parser.add_argument("--to", default=None, metavar="ADDR", help="target (default: --server)")
+    parser.add_argument(
+        "--to",
+        default=None,
+        metavar="ADDR",
+        help="target daemon (required, except with --follow: then the --server daemon)",
+    )
     parser.add_argument(
         "--follow", action="store_true", help="keep applying the source's changes until Ctrl-C"
     )

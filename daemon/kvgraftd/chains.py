@@ -1,7 +1,7 @@
 """Chain keys: finding stored pages by the tokens that produced them.
 
 A full page computed in one forward pass has exactly the bytes a fresh
-canonical run computes, given the same earlier pages (DESIGN.md, contract 2).
+canonical run computes, given the same earlier pages (docs/architecture.md, contract 2).
 Its chain key names it by what produced it:
 
     root     = SHA-256("kvgraft-chain-root/1" | fingerprint | profile | layout)

@@ -227,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
             "--" + name.replace("_", "-"),
             dest=name,
             default=None,
-            help=f"{spec.metadata['help']} (default: {spec.default})",
+            # argparse %-formats help strings: a literal % must be doubled.
+            help=f"{spec.metadata['help']} (default: {spec.default})".replace("%", "%%"),
             **({"action": argparse.BooleanOptionalAction} if spec.type == "bool" else {}),
         )
     return parser

@@ -19,7 +19,7 @@ Contract:
   CorruptBlock names it and nothing computed from the batch may be used.
 * `merge` folds partials in the order given; callers merge in block order
   (`OrderedPartials`), so the logits never depend on which thread computed
-  which block or how blocks were batched (DESIGN.md, contract 5).
+  which block or how blocks were batched (docs/architecture.md, contract 5).
 * `kernel_for(heads, kv_heads, dim)` names the kernel that decodes a model of
   that geometry, for the compute profile: "native-avx512", "native-generic",
   or "torch" where the library is not built or does not take the geometry

@@ -20,7 +20,7 @@ in `before_wait` first), so a pool of two slots always makes progress.
 
 Fill functions copy bytes; they never convert them. What a slot holds is
 what its source holds, so the tier a block came from cannot change the
-result of attention (DESIGN.md, contract 5).
+result of attention (docs/architecture.md, contract 5).
 """
 
 from __future__ import annotations
@@ -95,7 +95,13 @@ class DevicePool:
 
     @property
     def used_bytes(self) -> int:
+        """Bytes allocated: the whole budget of a bounded pool, from the start."""
         return self._allocated * self.slot_bytes
+
+    @property
+    def holding_bytes(self) -> int:
+        """Bytes of the slots that hold a block or are pinned now (the rest are free)."""
+        return (self._allocated - len(self._free)) * self.slot_bytes
 
     # ------------------------------------------------------------------
     def acquire(

@@ -1,6 +1,6 @@
 """The graft engine: one canonical compute path, grafts at own positions, receipts.
 
-Every context is computed the same way (DESIGN.md, contract 1): each append
+Every context is computed the same way (docs/architecture.md, contract 1): each append
 of tokens runs as forward passes split at absolute positions that are
 multiples of page_tokens; each generated token is its own forward pass. A
 fresh run and a grafted run therefore execute the same operations on the same
@@ -238,7 +238,7 @@ class Engine:
         for _ in range(options.max_new_tokens):
             token = compute_thread.run(choose_token, logits, options, generator)
             receipt.generated_token_ids.append(token)
-            yield TokenEvent(token, self.adapter.decode([token]))
+            yield TokenEvent(token, self.adapter.decode([token], skip_special=True))
             logits = self._append(context, [token])
             step = logits_bytes(logits)
             generated_digest.update(step)
@@ -251,7 +251,7 @@ class Engine:
         artifact_id = self._deposit(context, receipt, options.labels) if options.deposit else ""
         receipt.reused_tokens, receipt.computed_tokens = reused, computed
         receipt.grafted_artifact_id = grafted_id
-        text = self.adapter.decode(list(receipt.generated_token_ids))
+        text = self.adapter.decode(list(receipt.generated_token_ids), skip_special=True)
         yield ResultEvent(receipt, text, artifact_id, prompt_logits, tuple(generated_logits))
 
     def _deposit(self, context: KvContext, receipt: pb.Receipt, labels: Mapping[str, str]) -> str:

@@ -104,6 +104,7 @@ class EngineService:
                     name=name,
                     capacity_bytes=capacity,
                     used_bytes=tier.used_bytes,
+                    holding_bytes=tier.holding_bytes,
                     hits=c.hits,
                     misses=c.misses,
                     evictions=c.evictions,
@@ -179,7 +180,12 @@ class EngineService:
     # ------------------------------------------------------------------
     def lookup(self, request: pb.LookupRequest) -> pb.LookupResponse:
         engine = self.engine()
-        pages = engine.lookup(list(request.token_ids))
+        tokens = list(request.token_ids)
+        if request.HasField("prompt"):
+            if tokens:
+                raise InvalidArgument("give token_ids or prompt, not both")
+            tokens = self._tokens(request.prompt, "prompt")
+        pages = engine.lookup(tokens)
         return pb.LookupResponse(
             matched_tokens=pages * engine.page_tokens,
             matched_pages=pages,

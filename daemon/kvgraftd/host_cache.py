@@ -40,6 +40,11 @@ class HostCache:
     def used_bytes(self) -> int:
         return self._bytes
 
+    @property
+    def holding_bytes(self) -> int:
+        """The same as used_bytes: the cache allocates a copy only for a page it holds."""
+        return self._bytes
+
     def read_into(self, digests: list[bytes], dests: list[np.ndarray], admit: bool) -> None:
         """Copy pages into `dests` (uint8), from RAM where cached, else from the store."""
         missing: list[int] = []

@@ -1,7 +1,7 @@
 """Intake of pages from an untrusted stream (a client, a peer).
 
 Chunks are assembled into whole pages, and every whole page's SHA-256 is
-recomputed before it is accepted: this is a trust boundary (DESIGN.md). The
+recomputed before it is accepted: this is a trust boundary (docs/architecture.md). The
 pages a message completes are hashed side by side, on two threads
 (kvgraft.page_checks) and 16 to a call (kvgraftd.sha256_lanes). An
 accepted page is held as a store record (its xxh3-128 and a view of the

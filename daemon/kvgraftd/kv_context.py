@@ -14,7 +14,7 @@ block of `block_tokens` keys at a time, in block order, each block read from
 a device-pool slot, merging partial results with an online softmax (running
 max, sum and output) in that same order. A block's slot holds exactly the
 bytes of its source, so the logits do not depend on where a block came from
-or on the device budget (DESIGN.md, contract 5); device memory is the pool's
+or on the device budget (docs/architecture.md, contract 5); device memory is the pool's
 budget whatever the context length. While one block is attended, the next
 immutable one is brought into the pool on a background thread. On CPU, a
 scan of stored blocks that are one page each skips the pool: each is read

@@ -9,7 +9,10 @@ exactness contract and comes with a receipt:
 
 * LibraryAdd = Engine.generate(entry tokens, deposit=True, labels).
 * Ask, recall path: the question's chat prompt tokens hash to an entry's
-  recall key and equal its leading tokens (token-exact) ->
+  recall key, or failing that the question equals an entry's problem once both
+  are normalized (library_format.normalize_question: case, whitespace, spacing
+  around operators, final punctuation), and the entry's problem tokens equal
+  its leading tokens ->
   Engine.graft(entry, answer cue), greedy, ending at EOS, at a token holding
   a newline, or after RECALL_MAX_NEW_TOKENS; the answer is compared with the
   entry's verified answer (normalized: case, spacing, framing punctuation).
@@ -145,6 +148,10 @@ class LibraryService:
         entry = None
         if not request.no_recall:
             entry = index.match(engine.fingerprint, fmt.problem_key(question))
+            if entry is None:  # the same question in other words: case, spacing, "?"
+                entry = index.match_question(engine.fingerprint, request.text)
+                if entry is not None:  # recalled as its own problem
+                    question = fmt.problem_tokens(model, entry.labels.get("problem", ""))
         if entry is not None:
             run = self._recall(engine, entry, question, budget)
         elif request.library_tag:
@@ -180,7 +187,7 @@ class LibraryService:
         stored = engine.store.get_record(entry.artifact_id).manifest()
         if list(stored.token_ids[: len(question)]) != question:
             raise FailedPrecondition(  # a recall-key collision or a forged label
-                f"library entry {entry.artifact_id[:16]} has this problem's recall key but not "
+                f"library entry {entry.artifact_id[:16]} matches this problem but does not hold "
                 "its tokens; remove it (kvgraft library rm) and deposit the problem again"
             )
         options = DecodeOptions(

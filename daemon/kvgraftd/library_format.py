@@ -148,6 +148,15 @@ def normalize_answer(text: str) -> str:
     return " ".join(words).replace(",", "") if _numeric(words) else " ".join(words)
 
 
+def normalize_question(text: str) -> str:
+    """A question as a person would call it the same: case, runs of whitespace, spacing
+    around operators and final punctuation do not count ("what is 17+25" is "What is
+    17 + 25?")."""
+    text = " ".join(text.casefold().split())
+    text = re.sub(r" ?([-+*/=^%<>×÷]) ?", r"\1", text)
+    return text.rstrip(" ?.!;:")
+
+
 def _numeric(words: list[str]) -> bool:
     return len(words) == 1 and bool(re.fullmatch(r"-?[\d,]+(\.\d+)?", words[0]))
 

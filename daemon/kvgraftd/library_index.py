@@ -9,7 +9,8 @@ Delete, `kvgraft rm`. No sub-database is added to the store and nothing is
 written: a restart rebuilds the index by one replay (one manifest read per
 artifact ever added).
 
-Entries are kept per (model fingerprint, recall key); library contexts per
+Entries are kept per (model fingerprint, recall key), and per (fingerprint,
+normalized problem text) for questions asked in other words; library contexts per
 (fingerprint, tag, library key). When two entries share a recall key (two
 deposits of one problem with different solutions, e.g. replicated from
 elsewhere), the earliest added wins, deterministically.
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from kvgraft.errors import NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.library_format import KIND_CONTEXT, KIND_ENTRY, tags_of
+from kvgraftd.library_format import KIND_CONTEXT, KIND_ENTRY, normalize_question, tags_of
 from kvgraftd.store import Store
 
 
@@ -40,6 +41,11 @@ class IndexedEntry:
     @property
     def tags(self) -> list[str]:
         return tags_of(self.labels)
+
+    @property
+    def question(self) -> str:
+        """The problem as normalize_question leaves it."""
+        return normalize_question(self.labels.get("problem", ""))
 
     def to_proto(self) -> pb.LibraryEntry:
         return pb.LibraryEntry(
@@ -71,6 +77,8 @@ class LibraryIndex:
         self._next_sequence = 1
         self._entries: dict[str, IndexedEntry] = {}  # by artifact id
         self._by_key: dict[tuple[bytes, str], set[str]] = {}  # (fingerprint, key) -> ids
+        # (fingerprint, normalize_question(problem)) -> ids: recall of a rephrased question
+        self._by_question: dict[tuple[bytes, str], set[str]] = {}
         self._contexts: dict[str, IndexedContext] = {}  # by artifact id
 
     def refresh(self) -> None:
@@ -87,6 +95,7 @@ class LibraryIndex:
             gone = self._entries.pop(aid, None)
             if gone is not None:
                 self._by_key[(gone.fingerprint, gone.key)].discard(aid)
+                self._by_question[(gone.fingerprint, gone.question)].discard(aid)
             self._contexts.pop(aid, None)
             return
         try:
@@ -108,6 +117,7 @@ class LibraryIndex:
                 labels=labels,
             )
             self._by_key.setdefault((entry.fingerprint, entry.key), set()).add(aid)
+            self._by_question.setdefault((entry.fingerprint, entry.question), set()).add(aid)
         elif kind == KIND_CONTEXT:
             self._contexts[aid] = IndexedContext(
                 artifact_id=aid,
@@ -134,8 +144,17 @@ class LibraryIndex:
 
     def match(self, fingerprint: bytes, key: str) -> IndexedEntry | None:
         """The earliest-added entry of this model with this recall key."""
+        return self._earliest(self._by_key, (fingerprint, key))
+
+    def match_question(self, fingerprint: bytes, text: str) -> IndexedEntry | None:
+        """The earliest-added entry of this model whose problem normalizes as `text` does."""
+        return self._earliest(self._by_question, (fingerprint, normalize_question(text)))
+
+    def _earliest(
+        self, table: dict[tuple[bytes, str], set[str]], key: tuple[bytes, str]
+    ) -> IndexedEntry | None:
         with self._lock:
-            found = [self._entries[aid] for aid in self._by_key.get((fingerprint, key), ())]
+            found = [self._entries[aid] for aid in table.get(key, ())]
         return min(found, key=lambda entry: entry.sequence, default=None)
 
     def contexts(self, fingerprint: bytes, tag: str) -> list[IndexedContext]:

@@ -209,10 +209,11 @@ class ModelAdapter:
             messages, tokenize=False, add_generation_prompt=add_generation_prompt
         )
 
-    def decode(self, token_ids: list[int]) -> str:
+    def decode(self, token_ids: list[int], skip_special: bool = False) -> str:
+        """Text of the tokens; with skip_special, control tokens (end of turn, ...) show as ""."""
         if self.tokenizer is None:  # test models: show the ids
             return "".join(f" {token}" for token in token_ids)
-        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special)
 
     def rope_description(self) -> dict[str, Any]:
         config = self.model.config

@@ -6,7 +6,7 @@ running max, sum and output. Decoding on CPU (one query token) takes
 kvgraftd.decode_attention's native kernel instead (`softmax_for` chooses);
 which one ran is part of the compute profile, since their last bits differ.
 Either way the result depends only on the blocks' values and their order
-(DESIGN.md, contract 5), never on where a block was read from.
+(docs/architecture.md, contract 5), never on where a block was read from.
 """
 
 from __future__ import annotations

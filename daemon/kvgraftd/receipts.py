@@ -29,7 +29,7 @@ ATTENTION = "kvgraft-blockwise-online-softmax/1"
 
 
 def pin_determinism() -> None:
-    """The settings every exact run needs (DESIGN.md); asserted, not assumed."""
+    """The settings every exact run needs (docs/architecture.md); asserted, not assumed."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
     torch.use_deterministic_algorithms(True)
     if torch.cuda.is_available():

@@ -63,6 +63,7 @@ class StoreService:
             name="lmdb",
             capacity_bytes=stats.segment_disk_bytes + stats.map_used_bytes + stats.disk_free_bytes,
             used_bytes=stats.page_bytes,
+            holding_bytes=stats.page_bytes,
             peak_bytes=stats.segment_disk_bytes + stats.map_used_bytes,
         )
 

@@ -1,6 +1,6 @@
 """The artifact store: an LMDB index and segment files of content-addressed pages.
 
-Sub-databases (DESIGN.md, store layout; format 2: README, "The store on disk"):
+Sub-databases (docs/architecture.md, "The store"):
   page_locations  sha256 -> xxh3-128 || segment, offset, length   the bytes: segments/
   refs       sha256 -> u64 reference count                   pages referenced by artifacts
   staged     sha256 -> u64 unix ms                           pages received, not yet referenced

@@ -181,10 +181,12 @@ class MissingPagesResponse(_message.Message):
     def __init__(self, missing: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("token_ids",)
+    __slots__ = ("token_ids", "prompt")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    prompt: Prompt
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., prompt: _Optional[_Union[Prompt, _Mapping]] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("matched_tokens", "matched_pages", "model_fingerprint")
@@ -457,7 +459,7 @@ class InfoResponse(_message.Message):
     def __init__(self, version: _Optional[str] = ..., store_format_version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., model_name: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., model_state: _Optional[str] = ...) -> None: ...
 
 class TierInfo(_message.Message):
-    __slots__ = ("name", "capacity_bytes", "used_bytes", "hits", "misses", "evictions", "bytes_streamed", "peak_bytes", "backlog_artifacts")
+    __slots__ = ("name", "capacity_bytes", "used_bytes", "hits", "misses", "evictions", "bytes_streamed", "peak_bytes", "backlog_artifacts", "holding_bytes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -467,6 +469,7 @@ class TierInfo(_message.Message):
     BYTES_STREAMED_FIELD_NUMBER: _ClassVar[int]
     PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
     BACKLOG_ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    HOLDING_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     capacity_bytes: int
     used_bytes: int
@@ -476,7 +479,8 @@ class TierInfo(_message.Message):
     bytes_streamed: int
     peak_bytes: int
     backlog_artifacts: int
-    def __init__(self, name: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., bytes_streamed: _Optional[int] = ..., peak_bytes: _Optional[int] = ..., backlog_artifacts: _Optional[int] = ...) -> None: ...
+    holding_bytes: int
+    def __init__(self, name: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., bytes_streamed: _Optional[int] = ..., peak_bytes: _Optional[int] = ..., backlog_artifacts: _Optional[int] = ..., holding_bytes: _Optional[int] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()

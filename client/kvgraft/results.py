@@ -1,0 +1,220 @@
+"""Typed results of the engine calls: what `Client.generate`, `graft`, `deposit`, `ask` and
+`verify` return.
+
+Small frozen dataclasses with the fields a caller reads (`text`,
+`reused_tokens`, `receipt.prompt_logits_sha256`, ...), built from the daemon's
+protobuf responses in one place. Each keeps that response as `raw`, for anyone
+who wants every field of the wire message. Digests are `bytes`; `Receipt.hashes`
+gives the three receipt hashes in hex, the thing to compare between two runs.
+`GenerationStream` is a Generate or Graft call in progress: iterate it for the
+tokens as they arrive, then ask it for the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from kvgraft.errors import DataLoss
+from kvgraft.v1 import kvgraft_pb2 as pb
+
+ASK_PATHS = {
+    pb.ASK_PATH_RECALL: "recall",
+    pb.ASK_PATH_GENERATE: "generate",
+    pb.ASK_PATH_LIBRARY: "library",
+}
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """Proof of a computation: anyone with the same model and profile can re-run and compare."""
+
+    input_sha256: bytes
+    prompt_logits_sha256: bytes
+    generated_logits_sha256: bytes
+    generated_token_ids: tuple[int, ...]
+    reused_tokens: int
+    computed_tokens: int
+    model_fingerprint: bytes
+    profile: pb.ComputeProfile
+    grafted_artifact_id: str
+    raw: pb.Receipt = field(repr=False, compare=False)
+
+    @classmethod
+    def from_proto(cls, receipt: pb.Receipt) -> Receipt:
+        return cls(
+            input_sha256=receipt.input_sha256,
+            prompt_logits_sha256=receipt.prompt_logits_sha256,
+            generated_logits_sha256=receipt.generated_logits_sha256,
+            generated_token_ids=tuple(receipt.generated_token_ids),
+            reused_tokens=receipt.reused_tokens,
+            computed_tokens=receipt.computed_tokens,
+            model_fingerprint=receipt.model_fingerprint,
+            profile=receipt.profile,
+            grafted_artifact_id=receipt.grafted_artifact_id,
+            raw=receipt,
+        )
+
+    @property
+    def hashes(self) -> tuple[str, str, str]:
+        """(input, prompt logits, generated logits) SHA-256 in hex: equal runs, equal hashes."""
+        return (
+            self.input_sha256.hex(),
+            self.prompt_logits_sha256.hex(),
+            self.generated_logits_sha256.hex(),
+        )
+
+
+@dataclass(frozen=True)
+class Token:
+    """A token as it is generated (`text`: the token decoded on its own)."""
+
+    token_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """The end of a generate or graft call."""
+
+    text: str  # every generated token decoded together (special tokens left out)
+    token_ids: tuple[int, ...]  # the generated token ids
+    reused_tokens: int  # tokens whose KV was grafted from the store
+    computed_tokens: int  # tokens whose KV was computed
+    receipt: Receipt
+    deposited_artifact_id: str  # with deposit=True: the stored context's id
+    prompt_logits: bytes  # with return_logits=True: float32 little-endian
+    generated_logits: tuple[bytes, ...]  # with return_logits=True: one vector per step
+    raw: pb.GenerateResult = field(repr=False, compare=False)
+
+    @classmethod
+    def from_proto(cls, result: pb.GenerateResult) -> GenerateResult:
+        receipt = Receipt.from_proto(result.receipt)
+        return cls(
+            text=result.text,
+            token_ids=receipt.generated_token_ids,
+            reused_tokens=receipt.reused_tokens,
+            computed_tokens=receipt.computed_tokens,
+            receipt=receipt,
+            deposited_artifact_id=result.deposited_artifact_id,
+            prompt_logits=result.prompt_logits,
+            generated_logits=tuple(result.generated_logits),
+            raw=result,
+        )
+
+
+@dataclass(frozen=True)
+class DepositResult:
+    """A context computed and stored by the daemon."""
+
+    artifact_id: str
+    reused_tokens: int
+    computed_tokens: int
+    receipt: Receipt
+    raw: pb.DepositResponse = field(repr=False, compare=False)
+
+    @classmethod
+    def from_proto(cls, response: pb.DepositResponse) -> DepositResult:
+        receipt = Receipt.from_proto(response.receipt)
+        return cls(
+            artifact_id=response.artifact_id,
+            reused_tokens=receipt.reused_tokens,
+            computed_tokens=receipt.computed_tokens,
+            receipt=receipt,
+            raw=response,
+        )
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """A stored artifact recomputed fresh: `ok` when every hash matched."""
+
+    ok: bool
+    mismatches: tuple[str, ...]  # names of the fields that differ
+    stored: Receipt
+    recomputed: Receipt
+    raw: pb.VerifyResponse = field(repr=False, compare=False)
+
+    @classmethod
+    def from_proto(cls, response: pb.VerifyResponse) -> VerifyResult:
+        return cls(
+            ok=response.ok,
+            mismatches=tuple(response.mismatches),
+            stored=Receipt.from_proto(response.stored),
+            recomputed=Receipt.from_proto(response.recomputed),
+            raw=response,
+        )
+
+
+@dataclass(frozen=True)
+class AskResult:
+    """An answer: recalled from a library entry, generated, or generated with a library."""
+
+    answer: str
+    path: str  # "recall", "generate" or "library"
+    matched_entry: str  # the library entry recalled; "" when none matched
+    verified_answer: str  # recall: the entry's stored answer
+    matches_verified: bool  # recall: the answer equals the stored one (normalized)
+    decode_tokens: int
+    reused_tokens: int
+    computed_tokens: int
+    receipt: Receipt
+    wall_s: float
+    cpu_s: float
+    library_artifact_id: str  # library path: the library context grafted
+    library_built: bool  # library path: this call computed that context first
+    raw: pb.AskResponse = field(repr=False, compare=False)
+
+    @classmethod
+    def from_proto(cls, response: pb.AskResponse) -> AskResult:
+        receipt = Receipt.from_proto(response.receipt)
+        return cls(
+            answer=response.answer,
+            path=ASK_PATHS.get(response.path, "unspecified"),
+            matched_entry=response.entry_id,
+            verified_answer=response.verified_answer,
+            matches_verified=response.matches_verified,
+            decode_tokens=response.decode_tokens,
+            reused_tokens=receipt.reused_tokens,
+            computed_tokens=receipt.computed_tokens,
+            receipt=receipt,
+            wall_s=response.wall_s,
+            cpu_s=response.cpu_s,
+            library_artifact_id=response.library_artifact_id,
+            library_built=response.library_built,
+            raw=response,
+        )
+
+
+class GenerationStream:
+    """A generate or graft call in progress.
+
+        stream = client.generate_stream(text="...", max_new_tokens=32)
+        for token in stream:            # Token(token_id, text), as generated
+            print(token.text, end="", flush=True)
+        result = stream.result()        # GenerateResult, the receipt included
+
+    `result()` reads whatever has not been read yet; `cancel()` ends the call.
+    """
+
+    def __init__(self, responses: Iterator[pb.GenerateResponse], cancel) -> None:
+        self._responses = responses
+        self._cancel = cancel
+        self._result: GenerateResult | None = None
+
+    def __iter__(self) -> Iterator[Token]:
+        for response in self._responses:
+            if response.HasField("token"):
+                yield Token(response.token.token_id, response.token.text)
+            elif response.HasField("result"):
+                self._result = GenerateResult.from_proto(response.result)
+
+    def result(self) -> GenerateResult:
+        for _ in self:
+            pass
+        if self._result is None:
+            raise DataLoss("the generation stream ended without a result")
+        return self._result
+
+    def cancel(self) -> None:
+        self._cancel()
