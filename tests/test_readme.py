@@ -173,3 +173,15 @@ def test_the_quick_start_shows_a_graft_equal_to_a_fresh_run(session: Session) ->
     for name in ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256"):
         assert grafted[name] == fresh[name], name
     assert "Orrun" in result.stdout  # the answer comes from the grafted guide
+
+
+def test_every_file_the_readme_names_exists() -> None:
+    """Regression: the README pointed to a DESIGN.md and a solved.jsonl that did not ship,
+    and to an artifact id (3995aaf4) no store could hold."""
+    text = README.read_text()
+    named = set(re.findall(r"\b((?:examples|docs|bench|tests|daemon|client|proto)/[\w./-]+)", text))
+    named |= set(re.findall(r"\]\(([^)#:]+)\)", text))  # relative Markdown links
+    missing = sorted(path for path in named if not (ROOT / path.rstrip(".")).exists())
+    assert not missing, f"README.md names files that do not exist: {missing}"
+    assert "DESIGN.md" not in text and "3995aaf4" not in text
+    assert len(text.split()) < 3500  # a guide: the lab notes live in bench/README.md

@@ -1,13 +1,15 @@
 """The `kvgraft` command line.
 
-    kvgraft [--server ADDR] [--json] [--timeout S] COMMAND ...
+    kvgraft [GLOBAL OPTIONS] COMMAND ... [GLOBAL OPTIONS]
 
 Commands: serve, info, ls, stat, rm, pin, export, import, replicate, remote, and the
 engine's deposit, generate, graft, verify, lookup, and the knowledge library's
 library add|ls|rm|import and ask (`kvgraft COMMAND --help`).
-The server defaults to $KVGRAFT_SERVER, then 127.0.0.1:50551. With --json
-(before or after the command) every command prints one JSON document on
-stdout (errors too: {"error": {"code", "message"}}); otherwise plain text.
+The global options (--server, --json, --timeout, TLS and token: kvgraft.cli_options)
+go before or after the command. The server defaults to $KVGRAFT_SERVER, then
+127.0.0.1:50551. With --json every command prints one JSON document on stdout
+(errors too: {"error": {"code", "message"}}); otherwise plain text. A usage error
+shows the usage of the command it was made in.
 Exit status: 0 success, 1 an error from kvgraft, 2 bad usage.
 """
 
