@@ -29,7 +29,8 @@ from kvgraft import (
     VerifyResult,
 )
 from kvgraft.cli import build_parser
-from kvgraft.engine_calls import DEFAULT_MAX_NEW_TOKENS
+from kvgraft.engine_calls import DEFAULT_MAX_NEW_TOKENS, _generate_options
+from kvgraft.engine_cli import _options
 
 GUIDE = Path(__file__).resolve().parent.parent / "examples" / "veltria.md"
 QUESTION = "What is the capital of Veltria?"
@@ -71,22 +72,24 @@ def test_generated_text_and_receipt_are_apart(daemon: DaemonProcess) -> None:
 
 
 def test_an_instruct_model_without_chat_gets_a_hint(daemon: DaemonProcess) -> None:
+    """Regression: without --chat the default model answers with its end-of-turn token
+    only; the CLI printed `<|im_end|>` and nothing said why."""
     result = kvgraft(daemon, "generate", "--text", "What is the capital of France?")
     assert result.returncode == 0, result.stderr
-    document = json.loads(
-        kvgraft(daemon, "generate", "--json", "--text", "What is the capital of France?").stdout
-    )
-    if document["text"]:  # the model answered after all: no hint is due
-        assert "expects --chat" not in result.stderr
-    else:
-        assert result.stdout == ""
-        assert "an instruct (chat) model such as the default one expects --chat" in result.stderr
+    assert result.stdout == ""  # greedy: the model ends its turn at once, every time
+    assert "an instruct (chat) model such as the default one expects --chat" in result.stderr
+    answered = kvgraft(daemon, "generate", "--chat", "--text", "What is the capital of France?")
+    assert answered.stdout.strip() and "expects --chat" not in answered.stderr
 
 
 def test_python_and_cli_share_the_default_token_budget(daemon: DaemonProcess) -> None:
     """Regression: `client.graft(id, text=...)` generated 0 tokens (the CLI 32)."""
     parsed = build_parser().parse_args(["graft", "abcdef12", "--text", "x"])
     assert parsed.max_new_tokens == DEFAULT_MAX_NEW_TOKENS == 32
+    assert _options(build_parser().parse_args(["generate", "--text", "x"]))["max_new_tokens"] == 32
+    sent = _generate_options(None, {})
+    assert sent.max_new_tokens == 32  # what Client.generate and Client.graft send by default
+    assert _generate_options(None, {"return_logits": True}).max_new_tokens == 16
     with Client(daemon.address, transfer_timeout_s=300) as client:
         artifact_id = client.deposit("Once upon a time, in a quiet village,").artifact_id
         result = client.graft(artifact_id, " there lived")
@@ -94,6 +97,9 @@ def test_python_and_cli_share_the_default_token_budget(daemon: DaemonProcess) ->
     assert cli.returncode == 0, cli.stderr
     assert list(result.token_ids) == json.loads(cli.stdout)["generated_token_ids"]
     assert 0 < len(result.token_ids) <= 32
+    with Client(daemon.address, transfer_timeout_s=300) as client:
+        with_logits = client.generate("Once upon a time", return_logits=True)
+    assert len(with_logits.generated_logits) == len(with_logits.token_ids) > 0
 
 
 def test_results_are_typed_with_their_protobuf_at_hand(daemon: DaemonProcess) -> None:
@@ -101,6 +107,8 @@ def test_results_are_typed_with_their_protobuf_at_hand(daemon: DaemonProcess) ->
     with Client(daemon.address, transfer_timeout_s=300) as client:
         stored = client.deposit(guide, chat=True)
         assert isinstance(stored, DepositResult) and isinstance(stored.receipt, Receipt)
+        again = Receipt.from_proto(stored.raw.receipt)  # results are values: equal, hashable
+        assert again == stored.receipt and hash(again) == hash(stored.receipt)
         assert stored.computed_tokens == stored.raw.receipt.computed_tokens > 256
         asked = f"{guide}\n\n{QUESTION}"
         stream = client.generate_stream(asked, chat=True, max_new_tokens=12)

@@ -212,7 +212,8 @@ def test_ask_generates_when_no_entry_matches_and_says_so(library: LibraryService
         ("what is 17+25?", "What is 17 + 25?"),
         ("  Capital   of\tZorvania ", "Capital of Zorvania?"),
         ("3 * 4 = ?", "3*4="),
-        ("is 2<3!", "Is 2 < 3?"),
+        ("is 2<3.", "Is 2 < 3?"),
+        ("Capital of Zorvania!", "capital of zorvania?"),
     ],
 )
 def test_question_normalisation(asked: str, stored: str) -> None:
@@ -222,6 +223,7 @@ def test_question_normalisation(asked: str, stored: str) -> None:
 def test_question_normalisation_keeps_words_and_numbers() -> None:
     assert fmt.normalize_question("What is 17 + 25?") != fmt.normalize_question("What is 17+26?")
     assert fmt.normalize_question("a b") != fmt.normalize_question("ab")
+    assert fmt.normalize_question("What is 5!") != fmt.normalize_question("What is 5?")
 
 
 def test_list_by_tag_and_remove(library: LibraryService, engine: Engine) -> None:

@@ -16,8 +16,9 @@ port-0 address, and `127.0.0.1:50552` to a second, store-only daemon that
 allows pulls from the first (the README's replication section starts one like
 it). Blocks share the daemons, in README order, as a reader's shell would.
 
-The quick start is held to its promise too: the graft reuses at least 256
-tokens and its receipt hashes equal the `--no-cache` run's.
+The quick start is held to its promise too, on an empty store: the graft reuses
+at least 256 tokens and its receipt hashes equal the `--no-cache` run's (its
+speed is measured and reported, not asserted: no timing thresholds in tests).
 """
 
 from __future__ import annotations
@@ -135,19 +136,6 @@ def session(tmp_path_factory, real_model_args):
         replica.stop()
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=lambda block: block.name)
-def test_readme_block_runs(session: Session, block: Block) -> None:
-    if block.skip:
-        pytest.skip(block.skip)
-    result = session.run(block)
-    assert result.returncode == 0, (
-        f"{block.name} failed ({result.returncode}):\n{block.code}\n"
-        f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
-    )
-    if "Traceback" in result.stderr:
-        pytest.fail(f"{block.name} printed a traceback:\n{result.stderr}")
-
-
 def _receipts(stderr: str) -> list[dict[str, str]]:
     """The receipts `kvgraft generate` printed: their reuse line and hashes."""
     found: list[dict[str, str]] = []
@@ -162,6 +150,12 @@ def _receipts(stderr: str) -> list[dict[str, str]]:
 
 
 def test_the_quick_start_shows_a_graft_equal_to_a_fresh_run(session: Session) -> None:
+    """First of the daemon's tests (pytest keeps this file's order): the quick start
+    deposits into an empty store, so what it grafts is what it deposited."""
+    run_ls = subprocess.run(
+        ["kvgraft", "ls", "-q"], env=session.env, capture_output=True, text=True, timeout=60
+    )
+    assert run_ls.returncode == 0 and run_ls.stdout == "", "the store is not empty"
     quick = next(b for b in BLOCKS if not b.skip and "--no-cache" in b.code)
     lines = [line for line in quick.code.splitlines() if line.strip()]
     assert len(lines) <= 4  # with `make serve`: at most five commands
@@ -173,6 +167,19 @@ def test_the_quick_start_shows_a_graft_equal_to_a_fresh_run(session: Session) ->
     for name in ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256"):
         assert grafted[name] == fresh[name], name
     assert "Orrun" in result.stdout  # the answer comes from the grafted guide
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=lambda block: block.name)
+def test_readme_block_runs(session: Session, block: Block) -> None:
+    if block.skip:
+        pytest.skip(block.skip)
+    result = session.run(block)
+    assert result.returncode == 0, (
+        f"{block.name} failed ({result.returncode}):\n{block.code}\n"
+        f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+    )
+    if "Traceback" in result.stderr:
+        pytest.fail(f"{block.name} printed a traceback:\n{result.stderr}")
 
 
 def test_every_file_the_readme_names_exists() -> None:

@@ -31,6 +31,7 @@ from store_audit import (
 
 from kvgraft import Artifact, Client
 from kvgraft.cli import main as cli_main
+from kvgraft.errors import FailedPrecondition
 
 
 def corpus(rng: random.Random, count: int) -> list[Artifact]:
@@ -159,20 +160,30 @@ def test_cli_replicate_prints_a_summary(start_daemon, rng, capsys) -> None:
 def test_cli_replicate_needs_a_target_other_than_its_source(start_daemon, rng, capsys) -> None:
     """Regression: `kvgraft replicate --from A` with no --to copied A onto the default
     daemon, which may be A itself, and reported success."""
-    source = start_daemon()
+    source = start_daemon(extra_args=["--replication-pull-from", "*"])
     with Client(source.address) as a:
         a.put_artifact(random_artifact(rng))
     port = source.address.rsplit(":", 1)[1]
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["--server", source.address, "replicate", "--from", source.address])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: kvgraft replicate" in err and "give --to ADDR" in err
+    # another name for the same daemon: refused by its instance id, through the caller or
+    # by the daemon asked to pull (which pulls from what it reaches as 127.0.0.1)
     for argv, says in (
-        (["--server", source.address, "replicate", "--from", source.address], "give --to ADDR"),
         (["replicate", "--from", source.address, "--to", f"localhost:{port}"], "same daemon"),
-        (["replicate", "--from", source.address, "--to", source.address, "--pull"], "same daemon"),
+        (
+            ["replicate", "--from", f"localhost:{port}", "--to", source.address, "--pull"],
+            "is this daemon itself",
+        ),
     ):
-        with pytest.raises(SystemExit) as exited:
-            cli_main(argv)
-        assert exited.value.code == 2
-        err = capsys.readouterr().err
-        assert "usage: kvgraft replicate" in err and says in err
+        assert cli_main(argv) == 1
+        assert says in capsys.readouterr().err
+    with Client(source.address) as a, pytest.raises(FailedPrecondition, match="same daemon"):
+        a.replicate_to(f"localhost:{port}")
+    with Client(source.address) as a:
+        assert len(list(a.list_artifacts())) == 1  # nothing was touched
 
 
 TINY = ["--model", "tiny:0", "--page-tokens", "16", "--block-tokens", "64"]

@@ -8,8 +8,8 @@ library add|ls|rm|import and ask (`kvgraft COMMAND --help`).
 The global options (--server, --json, --timeout, TLS and token: kvgraft.cli_options)
 go before or after the command. The server defaults to $KVGRAFT_SERVER, then
 127.0.0.1:50551. With --json every command prints one JSON document on stdout
-(errors too: {"error": {"code", "message"}}); otherwise plain text. A usage error
-shows the usage of the command it was made in.
+(an error from the daemon too: {"error": {"code", "message"}}); otherwise plain
+text. A usage error shows the usage of the command it was made in (plain text).
 Exit status: 0 success, 1 an error from kvgraft, 2 bad usage.
 """
 
@@ -99,7 +99,8 @@ def cmd_ls(client: Client, args: argparse.Namespace) -> None:
     selector = dict(item.split("=", 1) for item in args.label)
     infos = list(client.list_artifacts(selector))
     if args.quiet and not args.json:
-        print("\n".join(i.artifact_id for i in infos))
+        for i in infos:
+            print(i.artifact_id)
         return
     rows = [
         (

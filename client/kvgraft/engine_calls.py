@@ -26,6 +26,7 @@ from kvgraft.results import (
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 DEFAULT_MAX_NEW_TOKENS = 32  # the CLI's default too
+LOGITS_MAX_NEW_TOKENS = 16  # the daemon returns the logits of at most 16 steps (one message)
 
 
 class EngineCalls:
@@ -41,8 +42,10 @@ class EngineCalls:
         """How much of a prompt the store holds as whole pages (what a generate would reuse)."""
         if text is not None:
             request = pb.LookupRequest(prompt=_prompt(text, token_ids, chat))
+        elif token_ids is not None:
+            request = pb.LookupRequest(token_ids=list(token_ids))
         else:
-            request = pb.LookupRequest(token_ids=list(token_ids or ()))
+            raise InvalidArgument("give either text or token_ids")
         return self._unary(self._stub.Lookup, request)
 
     def deposit(
@@ -67,14 +70,15 @@ class EngineCalls:
         *,
         token_ids: Iterable[int] | None = None,
         chat: bool = False,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        max_new_tokens: int | None = None,
         **options,
     ) -> GenerateResult:
         """Generate from a prompt, grafting the longest stored prefix; waits for the end.
 
-        Options: max_new_tokens (default 32, as the CLI's), greedy (default True),
-        temperature, seed, no_cache, deposit, labels, return_logits (see
-        GenerateOptions in the proto). `generate_stream` gives the tokens as they come.
+        Options: max_new_tokens (default 32, as the CLI's; 16 with return_logits, the
+        most steps whose logits the daemon returns), greedy (default True), temperature,
+        seed, no_cache, deposit, labels, return_logits (see GenerateOptions in the
+        proto). `generate_stream` gives the tokens as they come.
         """
         return self.generate_stream(
             text, token_ids=token_ids, chat=chat, max_new_tokens=max_new_tokens, **options
@@ -86,13 +90,13 @@ class EngineCalls:
         *,
         token_ids: Iterable[int] | None = None,
         chat: bool = False,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        max_new_tokens: int | None = None,
         **options,
     ) -> GenerationStream:
         """generate, as a stream: iterate it for the tokens, then call its result()."""
         request = pb.GenerateRequest(
             prompt=_prompt(text, token_ids, chat),
-            options=pb.GenerateOptions(max_new_tokens=max_new_tokens, **options),
+            options=_generate_options(max_new_tokens, options),
         )
         call = self._stub.Generate(request, timeout=self.transfer_timeout_s)
         return GenerationStream(self._stream(call), call.cancel)
@@ -104,7 +108,7 @@ class EngineCalls:
         *,
         token_ids: Iterable[int] | None = None,
         chat: bool = False,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        max_new_tokens: int | None = None,
         **options,
     ) -> GenerateResult:
         """Graft a whole artifact, append the continuation, generate; waits for the end."""
@@ -124,14 +128,14 @@ class EngineCalls:
         *,
         token_ids: Iterable[int] | None = None,
         chat: bool = False,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        max_new_tokens: int | None = None,
         **options,
     ) -> GenerationStream:
         """graft, as a stream: iterate it for the tokens, then call its result()."""
         request = pb.GraftRequest(
             artifact_id=artifact_id,
             continuation=_prompt(text, token_ids, chat),
-            options=pb.GenerateOptions(max_new_tokens=max_new_tokens, **options),
+            options=_generate_options(max_new_tokens, options),
         )
         call = self._stub.Graft(request, timeout=self.transfer_timeout_s)
         return GenerationStream(self._stream(call), call.cancel)
@@ -199,6 +203,13 @@ class EngineCalls:
         """Push local artifacts the bucket lacks and/or pull the bucket's missing ones."""
         request = pb.RemoteSyncRequest(push=push, pull=pull)
         return self._unary(self._stub.RemoteSync, request, self.transfer_timeout_s)
+
+
+def _generate_options(max_new_tokens: int | None, options: dict) -> pb.GenerateOptions:
+    if max_new_tokens is None:
+        logits = options.get("return_logits", False)
+        max_new_tokens = LOGITS_MAX_NEW_TOKENS if logits else DEFAULT_MAX_NEW_TOKENS
+    return pb.GenerateOptions(max_new_tokens=max_new_tokens, **options)
 
 
 def _prompt(text: str | None, token_ids: Iterable[int] | None, chat: bool) -> pb.Prompt:

@@ -179,6 +179,7 @@ def ask_document(response: AskResult) -> dict:
         "answer": response.answer,
         "path": response.path,
         "matched_entry": response.matched_entry or "none",
+        "entry_id": response.matched_entry,  # the same, "" when none (its name before 0.2)
         "decode_tokens": response.decode_tokens,
         "reused_tokens": response.reused_tokens,
         "computed_tokens": response.computed_tokens,

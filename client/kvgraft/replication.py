@@ -461,6 +461,16 @@ def _check_record(record: pb.ChangeRecord, sequence: int) -> None:
         raise DataLoss(f"change record {record.sequence} is not the expected {sequence}")
 
 
+def refuse_same_daemon(source: Client, target: Client) -> None:
+    """FailedPrecondition when both clients reach one daemon (the same instance_id)."""
+    instance = source.info().instance_id
+    if instance and instance == target.info().instance_id:
+        raise FailedPrecondition(
+            f"the source {source.address} and the target {target.address} are the same "
+            "daemon: replicate between two daemons"
+        )
+
+
 def replicate(
     source: Client | str,
     target: Client | str,
@@ -490,6 +500,7 @@ def replicate(
 
     try:
         source_client, target_client = client_for(source), client_for(target)
+        refuse_same_daemon(source_client, target_client)
         replicator = Replicator(source_client, ClientTarget(target_client), **replicator_options)
         replicator.summary.target = target_client.address
         if follow:

@@ -3,7 +3,8 @@
     kvgraft replicate --from A --to B [--pull | --follow] [--from-sequence N] [--workers N]
 
 --to is required, except with --follow, where the target defaults to the
---server daemon; a source that is the target is refused. Both connections use
+--server daemon; a source that is the target (the same daemon's instance_id in
+Info, whatever the addresses) is refused. Both connections use
 the same TLS and token flags.
 By default the bytes pass through this process (it reads A and writes B);
 with --pull, B copies straight from A (the Replicate RPC; A is then the
@@ -19,14 +20,18 @@ from __future__ import annotations
 
 import argparse
 import signal
-import socket
 import sys
 import threading
 
 from kvgraft.cli_options import connection_options
 from kvgraft.client import Client
 from kvgraft.render import emit, human_bytes
-from kvgraft.replication import ClientTarget, ReplicationSummary, Replicator
+from kvgraft.replication import (
+    ClientTarget,
+    ReplicationSummary,
+    Replicator,
+    refuse_same_daemon,
+)
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -42,11 +47,6 @@ def cmd_replicate(client: Client, args: argparse.Namespace) -> None:
             "give --to ADDR, the daemon to copy into (only --follow defaults it to the "
             f"--server daemon, {client.address})"
         )
-    if same_address(args.source, args.to or client.address):
-        args.usage_parser.error(
-            f"the source {args.source} and the target {args.to or client.address} are the "
-            "same daemon: replicate between two daemons"
-        )
     options = {"timeout_s": args.timeout, **connection_options(args)}
     if args.pull:
         with Client(args.to, **options) as target:
@@ -60,23 +60,6 @@ def cmd_replicate(client: Client, args: argparse.Namespace) -> None:
                 _replicate(source, target, args)
 
 
-def same_address(a: str, b: str) -> bool:
-    """Whether two HOST:PORT addresses name the same socket (names resolved: localhost is
-    127.0.0.1); an address that does not resolve equals only itself."""
-    if a == b:
-        return True
-
-    def endpoints(address: str) -> set[tuple[str, int]]:
-        host, _, port = address.rpartition(":")
-        try:
-            infos = socket.getaddrinfo(host.strip("[]"), int(port), proto=socket.IPPROTO_TCP)
-        except (OSError, ValueError):
-            return set()
-        return {(info[4][0], info[4][1]) for info in infos}
-
-    return bool(endpoints(a) & endpoints(b))
-
-
 def _bar(args: argparse.Namespace, what: str):
     """A progress bar on stderr when interactive (and not --json), else None."""
     if args.json or not sys.stderr.isatty():
@@ -87,6 +70,7 @@ def _bar(args: argparse.Namespace, what: str):
 
 
 def _replicate(source: Client, target: Client, args: argparse.Namespace) -> None:
+    refuse_same_daemon(source, target)
     bar = _bar(args, "replicate")
 
     def changed(outcome: str, artifact_id: str) -> None:

@@ -36,7 +36,7 @@ class Receipt:
     reused_tokens: int
     computed_tokens: int
     model_fingerprint: bytes
-    profile: pb.ComputeProfile
+    profile: pb.ComputeProfile = field(hash=False)  # compared, but a message does not hash
     grafted_artifact_id: str
     raw: pb.Receipt = field(repr=False, compare=False)
 

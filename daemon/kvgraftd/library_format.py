@@ -154,7 +154,9 @@ def normalize_question(text: str) -> str:
     17 + 25?")."""
     text = " ".join(text.casefold().split())
     text = re.sub(r" ?([-+*/=^%<>×÷]) ?", r"\1", text)
-    return text.rstrip(" ?.!;:")
+    text = text.rstrip(" ?.;:")
+    # a final "!" is punctuation, except after a digit, where it is a factorial (5!)
+    return re.sub(r"(?<!\d)!+$", "", text).rstrip(" ?.;:")
 
 
 def _numeric(words: list[str]) -> bool:

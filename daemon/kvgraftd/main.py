@@ -235,7 +235,8 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
     notifier = Notifier.from_environment()
     settings = server_settings(config, notifier)
     allowed = (*config.replication_pull_from, *config.replication_follow)
-    pulls = Pulls(LocalTarget(service, store), allowed)  # Replicate: copies from a named daemon
+    # Replicate: copies from a named daemon
+    pulls = Pulls(LocalTarget(service, store), allowed, service.instance_id)
     server, port, health_servicer = create_server(
         service, engine, config.listen, workers=config.workers, settings=settings, remote=remote,
         pulls=pulls,

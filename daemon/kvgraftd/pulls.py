@@ -59,10 +59,12 @@ class Pulls:
         self,
         target: LocalTarget,
         allowed: Iterable[str],
+        instance_id: str,
         client_factory: Callable[[str], Client] = Client,
     ) -> None:
         self._target = target
         self._allowed = frozenset(allowed)
+        self._instance_id = instance_id
         self._client_factory = client_factory
         self._lock = threading.Lock()
         self._stopping = False
@@ -98,6 +100,14 @@ class Pulls:
             self._client_factory(source) as client,
             ThreadPoolExecutor(1, thread_name_prefix="pull") as pool,
         ):
+            try:
+                source_instance = client.info().instance_id
+            except Unavailable as exc:
+                raise _unreachable(source, exc) from None
+            if source_instance == self._instance_id:
+                raise FailedPrecondition(
+                    f"the source {source} is this daemon itself: pull from another daemon"
+                )
             replicator = Replicator(client, self._target, progress=progress)
 
             def end() -> None:
@@ -129,13 +139,17 @@ class Pulls:
                 "stays, run it again once the daemon is back"
             )
         if isinstance(error, Unavailable) and f"at {source}" in str(error):
-            raise Unavailable(
-                f"this daemon could not reach the source {source} ({error}); give the source "
-                "as this daemon reaches it, or replicate through the caller (without --pull)"
-            ) from None
+            raise _unreachable(source, error) from None
         result = copying.result()  # raises any other error of the pass
         log.info("pulled from %s: %d artifacts added", source, result.artifacts_added)
         yield _progress(progress, result, done=True)
+
+
+def _unreachable(source: str, error: Exception) -> Unavailable:
+    return Unavailable(
+        f"this daemon could not reach the source {source} ({error}); give the source "
+        "as this daemon reaches it, or replicate through the caller (without --pull)"
+    )
 
 
 def _progress(progress: ByteProgress, summary: ReplicationSummary, done: bool):

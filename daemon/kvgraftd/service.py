@@ -8,6 +8,7 @@ request is validated here before it touches the store.
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing
@@ -43,6 +44,8 @@ class StoreService:
         self._store = store
         self._limits = limits
         self._stopping = threading.Event()
+        # Drawn per daemon start: replication tells a source that is its own target by it.
+        self.instance_id = secrets.token_hex(16)
 
     def stop_watches(self) -> None:
         """End follow Watch streams (shutdown): they never finish by themselves, so a
@@ -54,6 +57,7 @@ class StoreService:
         return pb.InfoResponse(
             version=__version__,
             store_format_version=STORE_FORMAT_VERSION,
+            instance_id=self.instance_id,
             tiers=[self._lmdb_tier(self._store.stats())],
         )
 

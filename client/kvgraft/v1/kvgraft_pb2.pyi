@@ -439,7 +439,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("version", "store_format_version", "page_tokens", "model_fingerprint", "profile", "model_name", "tiers", "model_state")
+    __slots__ = ("version", "store_format_version", "page_tokens", "model_fingerprint", "profile", "model_name", "tiers", "model_state", "instance_id")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -448,6 +448,7 @@ class InfoResponse(_message.Message):
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     MODEL_STATE_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     version: str
     store_format_version: int
     page_tokens: int
@@ -456,7 +457,8 @@ class InfoResponse(_message.Message):
     model_name: str
     tiers: _containers.RepeatedCompositeFieldContainer[TierInfo]
     model_state: str
-    def __init__(self, version: _Optional[str] = ..., store_format_version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., model_name: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., model_state: _Optional[str] = ...) -> None: ...
+    instance_id: str
+    def __init__(self, version: _Optional[str] = ..., store_format_version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., model_name: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., model_state: _Optional[str] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class TierInfo(_message.Message):
     __slots__ = ("name", "capacity_bytes", "used_bytes", "hits", "misses", "evictions", "bytes_streamed", "peak_bytes", "backlog_artifacts", "holding_bytes")
