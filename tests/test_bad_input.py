@@ -535,7 +535,8 @@ def _chunk_cases() -> list[tuple[str, Callable[[bytes, bytes], list[wire.Chunk]]
             lambda d, b: [wire.Chunk(d, 0, len(b), b[:8]), wire.Chunk(d, 8, len(b) + 1, b[8:])],
             "one page_bytes",
         ),
-        ("page_bytes 0", lambda d, b: [wire.Chunk(d, 0, 0, b"")], "outside 1.."),
+        ("page_bytes 0", lambda d, b: [wire.Chunk(d, 0, 0, b"x")], "outside 1.."),
+        ("no bytes", lambda d, b: [wire.Chunk(d, 0, len(b), b"")], "carries no bytes"),
         (
             "page_bytes over 64 MiB",
             lambda d, b: [wire.Chunk(d, 0, (64 << 20) + 1, b)],

@@ -266,6 +266,8 @@ def _decode_chunk(buf: memoryview) -> Chunk:
             xxh3 = bytes(value)
         elif field == 5 and wire_type == _WIRE_LEN:
             data = value
+    if not len(data):  # a chunk carries bytes: an empty one only costs the receiver
+        raise InvalidArgument("malformed message: a page chunk carries no bytes")
     return Chunk(sha, offset, page_bytes, data, xxh3)
 
 
@@ -286,20 +288,22 @@ def decode_envelope(
     None). A message carrying both or neither is refused.
     """
     buf = memoryview(raw)
-    chunks: list[Chunk] | None = None
+    chunks: list[Chunk] = []
+    blocks = 0
     other: bytes | None = None
     for field, wire_type, value in _fields(buf, 0, len(buf)):
         if wire_type != _WIRE_LEN:
             continue
-        if field == block_field:
-            chunks = (chunks or []) + decode_page_block(value)
+        if field == block_field:  # repeated blocks merge: extend, never concatenate (O(n^2))
+            chunks.extend(decode_page_block(value))
+            blocks += 1
         elif field == other_field:
             other = bytes(value)
-    if (chunks is None) == (other is None):
+    if (blocks == 0) == (other is None):
         raise InvalidArgument(
             "malformed message: each message must carry either pages or a manifest"
         )
-    return chunks or [], other
+    return chunks, other
 
 
 def decode_put(raw: bytes) -> PutPart:

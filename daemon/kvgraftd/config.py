@@ -52,6 +52,11 @@ class DaemonConfig:
     min_free_bytes: int = _opt(256 << 20, "disk space kept free: writes beyond it are refused")
     spill_bytes: int = _opt(256 << 20, "page bytes one upload holds in memory before staging")
     staged_ttl_s: float = _opt(86400.0, "seconds unclaimed staged pages are kept for a resume")
+    staged_max_bytes: int = _opt(
+        16 << 30,
+        "disk the staged pages of unfinished uploads may take, all uploads together (whole "
+        "4 KiB blocks: a 4-byte page counts 4 KiB); raise it for one upload larger than this",
+    )
     malloc_top_pad_bytes: int = _opt(
         64 << 20,
         "freed memory glibc's allocator keeps at the top of each heap (M_TOP_PAD) instead of "

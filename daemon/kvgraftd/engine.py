@@ -285,6 +285,7 @@ class Engine:
         manifest = self.store.get_record(full_id).manifest()
         self._check_compatible(manifest, full_id)
         self._check_tokens(manifest.token_ids)
+        self._check_length(len(manifest.token_ids))  # a recompute costs what a generate would
         layers = self.layout.num_layers
         with self._context() as context:
             after_segment = self._replay(context, manifest)

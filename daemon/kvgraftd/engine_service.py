@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 MAX_NEW_TOKENS = 4096
 MAX_LOGITS_STEPS = 16
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
 
 
 class EngineService:
@@ -147,8 +148,12 @@ class EngineService:
             )
         greedy = options.greedy if options.HasField("greedy") else True
         temperature = options.temperature or 1.0
-        if not greedy and not temperature > 0:
-            raise InvalidArgument("temperature must be positive when sampling")
+        if not greedy and not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+            # logits / 1e-38 overflow to inf and sampling fails: refuse, saying the bounds
+            raise InvalidArgument(
+                f"temperature {temperature:g} is outside {MIN_TEMPERATURE:g}..{MAX_TEMPERATURE:g} "
+                "when sampling; for a temperature near 0, decode greedily (leave greedy set)"
+            )
         return DecodeOptions(
             max_new_tokens=options.max_new_tokens,
             greedy=greedy,

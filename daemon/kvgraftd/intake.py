@@ -8,6 +8,9 @@ accepted page is held as a store record (its xxh3-128 and a view of the
 received bytes, kvgraftd.page_records) ready to commit.
 When the held bytes pass `spill_bytes`, they are staged in the store so that
 memory stays bounded and a cut transfer can resume without resending them.
+Pages still arriving in pieces cannot be staged: their bytes are bounded by
+max(spill_bytes, MAX_PAGE_BYTES), beyond which the upload is refused
+(ResourceExhausted), so no stream can grow the daemon without bound.
 
 Errors: malformed chunks are InvalidArgument; a page whose bytes do not hash
 to its name is DataLoss (the sender should resend it).
@@ -19,7 +22,7 @@ import hashlib
 from collections.abc import Sequence
 
 from kvgraft.artifact import DIGEST_BYTES, MAX_PAGE_BYTES, page_sizes
-from kvgraft.errors import DataLoss, InvalidArgument
+from kvgraft.errors import DataLoss, InvalidArgument, ResourceExhausted
 from kvgraft.page_buffers import page_slots
 from kvgraft.page_checks import split_pages
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -35,14 +38,17 @@ SHA256_PARALLEL_MIN_BYTES = 1 << 20
 class PageIntake:
     """Accumulates verified pages of one PutArtifact stream."""
 
-    def __init__(self, store: Store, spill_bytes: int) -> None:
+    def __init__(self, store: Store, spill_bytes: int, staged_max_bytes: int = 0) -> None:
         self._store = store
         self._spill_bytes = spill_bytes
+        self._staged_max_bytes = staged_max_bytes
         self._partial: dict[bytes, bytearray] = {}  # bytes received of pages still arriving
         self._page_bytes: dict[bytes, int] = {}  # the size each partial page announced
         self.records: dict[bytes, PageRecord] = {}  # verified, not yet staged
         self.staged: set[bytes] = set()  # verified and staged in the store
         self._held_bytes = 0
+        self._partial_bytes = 0  # in self._partial: bounded, as it cannot be staged
+        self._partial_limit = max(spill_bytes, MAX_PAGE_BYTES)
 
     def add(self, chunks: Sequence[Chunk]) -> None:
         """The chunks of one message; the pages they complete are verified side by side."""
@@ -115,16 +121,24 @@ class PageIntake:
                 f"page {digest.hex()[:16]}: chunks must arrive in order, with one page_bytes, "
                 "and cover the page exactly"
             )
+        self._partial_bytes += len(data)
+        if self._partial_bytes > self._partial_limit:
+            raise ResourceExhausted(
+                f"this upload holds {self._partial_bytes} bytes of pages it has not finished, "
+                f"more than the daemon allows ({self._partial_limit}, from spill_bytes); send "
+                "each page's chunks one after the other"
+            )
         buffer += data
         if len(buffer) < size:
             return None
         del self._partial[digest], self._page_bytes[digest]
+        self._partial_bytes -= size
         return buffer
 
     def stage(self) -> None:
         """Persist the verified pages held in memory (as unreferenced pages)."""
         if self.records:
-            self._store.stage_pages(self.records)
+            self._store.stage_pages(self.records, self._staged_max_bytes)
             self.staged.update(self.records)
             self.records.clear()
             self._held_bytes = 0

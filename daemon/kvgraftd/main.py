@@ -226,7 +226,8 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
     # The remote tier ([remote]): bad credentials stop the daemon here, before it serves.
     remote = RemoteService.open(config, store)
     service = StoreService(
-        remote.view(store, read_through=False), ServiceLimits(spill_bytes=config.spill_bytes)
+        remote.view(store, read_through=False),
+        ServiceLimits(spill_bytes=config.spill_bytes, staged_max_bytes=config.staged_max_bytes),
     )
     engine_store = remote.view(store, read_through=True)
     engine = EngineService(

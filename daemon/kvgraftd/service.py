@@ -34,6 +34,7 @@ READ_AHEAD_MESSAGES = 2  # PutArtifact messages taken ahead of the one being sto
 @dataclass(frozen=True)
 class ServiceLimits:
     spill_bytes: int = 256 << 20  # held page bytes per PutArtifact before staging them
+    staged_max_bytes: int = 16 << 30  # disk of all staged pages together (0: no limit)
     block_payload_bytes: int = wire.BLOCK_PAYLOAD_BYTES
 
 
@@ -99,7 +100,7 @@ class StoreService:
         so are those of a manifest that does not hash to the sender's
         expected_artifact_id (altered on the way: DATA_LOSS).
         """
-        intake = PageIntake(self._store, self._limits.spill_bytes)
+        intake = PageIntake(self._store, self._limits.spill_bytes, self._limits.staged_max_bytes)
         try:
             # Taken off the connection while the previous message is hashed and
             # stored; what was taken survives a cut call (kvgraftd.read_ahead).

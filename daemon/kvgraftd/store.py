@@ -3,7 +3,7 @@
 Sub-databases (docs/architecture.md, "The store"):
   page_locations  sha256 -> xxh3-128 || segment, offset, length   the bytes: segments/
   refs       sha256 -> u64 reference count                   pages referenced by artifacts
-  staged     sha256 -> u64 unix ms                           pages received, not yet referenced
+  staged     sha256 -> u64 unix ms, u64 disk bytes           pages received, not yet referenced
   artifacts  artifact id (32 bytes) -> record header || canonical manifest
   log        u64 sequence (big-endian) -> ChangeRecord        the replication feed
   chains     chain key -> chain entry                        prefix lookup (engine)
@@ -49,10 +49,7 @@ import lmdb
 import numpy as np
 
 from kvgraft.artifact import canonical_bytes, page_sizes
-from kvgraft.errors import (
-    FailedPrecondition,
-    NotFound,
-)
+from kvgraft.errors import FailedPrecondition, NotFound, ResourceExhausted
 from kvgraft.page_buffers import block_aligned
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd import catalog, chains, page_records, store_migration
@@ -72,6 +69,7 @@ from kvgraftd.segments import DEFAULT_SEGMENT_BYTES, Location
 log = logging.getLogger(__name__)
 
 _U64 = struct.Struct("<Q")
+_STAGED = struct.Struct("<QQ")  # when a page was staged (unix ms), the disk it takes
 INDEX_BYTES_PER_PAGE = 256  # what a page's records cost LMDB, with room to spare
 
 
@@ -169,15 +167,28 @@ class Store:
         sha256, xxh3, size)` gives the bytes before page `index` (the wire, one copy)."""
         return self._pages.read_framed(digests, frame)
 
-    def stage_pages(self, records: Mapping[bytes, PageRecord]) -> int:
-        """Persist received pages ahead of their manifest; returns pages written."""
+    def stage_pages(self, records: Mapping[bytes, PageRecord], limit_bytes: int = 0) -> int:
+        """Persist received pages ahead of their manifest; returns pages written.
+
+        The disk all staged pages take (whole blocks: a 4-byte page takes 4 KiB) stays
+        within `limit_bytes` (0: no limit); beyond it nothing is written.
+        """
 
         def body(txn: lmdb.Transaction) -> int:
             new = {d: r for d, r in records.items() if not self._pages.is_stored(txn, d)}
+            disk = {d: block_aligned(len(r.data)) for d, r in new.items()}
+            staged = self._counter(txn, b"staged_bytes")
+            if limit_bytes and staged + sum(disk.values()) > limit_bytes:
+                raise ResourceExhausted(
+                    f"pages of unfinished uploads take {staged} bytes of disk; these "
+                    f"{sum(disk.values())} would pass the daemon's limit (staged_max_bytes = "
+                    f"{limit_bytes}): finish or abandon uploads, or wait for staged_ttl_s"
+                )
             self._pages.append(txn, new)
-            now = _U64.pack(now_ms())
+            now = now_ms()
             for digest in new:
-                txn.put(digest, now, db=self._db["staged"])
+                txn.put(digest, _STAGED.pack(now, disk[digest]), db=self._db["staged"])
+            self._add_counter(txn, b"staged_bytes", sum(disk.values()))
             self._add_page_bytes(txn, sum(len(record.data) for record in new.values()))
             return len(new)
 
@@ -189,10 +200,10 @@ class Store:
 
         def body(txn: lmdb.Transaction) -> tuple[int, list[Location]]:
             cursor = txn.cursor(db=self._db["staged"])
-            doomed = [bytes(k) for k, v in cursor if _U64.unpack(v)[0] <= limit]
+            doomed = [bytes(k) for k, v in cursor if _U64.unpack(v[:8])[0] <= limit]
             freed: list[Location] = []
             for digest in doomed:
-                txn.delete(digest, db=self._db["staged"])
+                self._unstage(txn, digest)
                 if txn.get(digest, db=self._db["refs"]) is not None:
                     continue  # claimed by an artifact since: keep it
                 freed += self._drop_page(txn, digest)
@@ -257,7 +268,7 @@ class Store:
         refs = self._db["refs"]
         count = txn.get(digest, db=refs)
         if count is None:
-            txn.delete(digest, db=self._db["staged"])
+            self._unstage(txn, digest)
         txn.put(digest, _U64.pack(1 if count is None else _U64.unpack(count)[0] + 1), db=refs)
 
     def _drop_page(self, txn, digest: bytes) -> list[Location]:
@@ -282,11 +293,22 @@ class Store:
                 txn, self._db["chains"], fingerprint, profile, layout, token_ids, max_pages
             )
 
+    def _unstage(self, txn, digest: bytes) -> None:
+        """A page is staged no more (claimed or collected): its disk leaves the count."""
+        found = txn.pop(digest, db=self._db["staged"])
+        if found is not None and len(found) == _STAGED.size:  # format 2 before: no size
+            self._add_counter(txn, b"staged_bytes", -_STAGED.unpack(found)[1])
+
     def _add_page_bytes(self, txn, delta: int) -> None:
-        meta = self._db["meta"]
-        current = txn.get(b"page_bytes", db=meta)
-        total = (_U64.unpack(current)[0] if current is not None else 0) + delta
-        txn.put(b"page_bytes", _U64.pack(total), db=meta)
+        self._add_counter(txn, b"page_bytes", delta)
+
+    def _counter(self, txn, name: bytes) -> int:
+        current = txn.get(name, db=self._db["meta"])
+        return _U64.unpack(current)[0] if current is not None else 0
+
+    def _add_counter(self, txn, name: bytes, delta: int) -> None:
+        total = max(0, self._counter(txn, name) + delta)
+        txn.put(name, _U64.pack(total), db=self._db["meta"])
 
     def delete_artifact(self, artifact_id: str) -> tuple[int, int]:
         """Remove an artifact; returns (pages freed, bytes freed)."""

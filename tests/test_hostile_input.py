@@ -1,0 +1,132 @@
+"""Denials of service found by an adversarial probe of a running daemon, one test each.
+
+Every case was reproduced against the daemon before its fix: a message that took
+minutes of CPU to decode, uploads that grew memory or disk without bound, a
+recompute that ignored the daemon's context limit, a sampling temperature that
+made the daemon answer INTERNAL. Each test sends the hostile input to a real
+daemon in its own process (or the engine, where the limit lives there) and checks
+the clear refusal, that the daemon keeps answering, and that nothing else changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from daemon_process import wait_model_ready
+from factory import random_artifact
+
+from kvgraft import Client, wire
+from kvgraft.errors import InvalidArgument
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.decoding import DecodeOptions
+from kvgraftd.engine import Engine
+from kvgraftd.model_adapter import ModelAdapter
+from kvgraftd.store import Store
+
+PUT_METHOD = "/kvgraft.v1.Kvgraft/PutArtifact"
+CODE = grpc.StatusCode
+
+
+def raw_put(address: str, messages: Iterable[bytes], timeout_s: float = 60) -> grpc.RpcError:
+    """Send hand-made PutArtifact messages; the error the daemon answered."""
+    with grpc.insecure_channel(address) as channel:
+        put = channel.stream_unary(
+            PUT_METHOD,
+            request_serializer=None,
+            response_deserializer=pb.PutArtifactResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            put(iter(messages), timeout=timeout_s)
+    return caught.value
+
+
+def partial_pages(count: int, announced: int, sent: int) -> Iterator[bytes]:
+    """Messages each starting a page of `announced` bytes with `sent` bytes, never finished."""
+    for index in range(count):
+        digest = hashlib.sha256(b"never finished %d" % index).digest()
+        chunk = wire.Chunk(digest, 0, announced, bytes(sent))
+        yield wire.encode_page_block(wire.PUT_PAGES, [chunk])
+
+
+def test_a_message_of_empty_chunks_is_refused_at_once(start_daemon) -> None:
+    """Was: one 1.28 MB message of empty page chunks kept a core busy ~4.5 minutes (the
+    blocks were concatenated, O(n^2)); now decoding is linear and an empty chunk is refused."""
+    daemon = start_daemon()
+    hostile = b"\x0a\x02\x0a\x00" * 320_000
+    started = time.monotonic()
+    error = raw_put(daemon.address, [hostile], timeout_s=120)
+    assert error.code() == CODE.INVALID_ARGUMENT, error.details()
+    assert "carries no bytes" in error.details()
+    assert time.monotonic() - started < 60  # a functional bound: it was minutes
+    with Client(daemon.address, timeout_s=5) as client:
+        assert client.info().version  # and it answers
+
+
+def test_pages_never_finished_cannot_grow_the_daemon(start_daemon) -> None:
+    """Was: a stream announcing 64 MiB pages and never finishing them grew the daemon by
+    1.1 GiB; now the bytes of unfinished pages are bounded by max(spill_bytes, 64 MiB)."""
+    daemon = start_daemon(extra_args=["--spill-bytes", "1MiB"])
+    error = raw_put(daemon.address, partial_pages(100, 64 << 20, 1 << 20))
+    assert error.code() == CODE.RESOURCE_EXHAUSTED, error.details()
+    assert "has not finished" in error.details() and "one after the other" in error.details()
+    with Client(daemon.address, timeout_s=5) as client:
+        stats = client.stats()
+    assert stats.staged_pages == 0 and stats.page_bytes == 0  # nothing of it was kept
+
+
+def test_tiny_staged_pages_cannot_fill_the_disk(start_daemon) -> None:
+    """Was: 20,000 four-byte staged pages (0.9 MB sent) took 82 MB of segments for 24 h;
+    now staged pages count whole blocks against staged_max_bytes."""
+    daemon = start_daemon(extra_args=["--spill-bytes", "1MiB", "--staged-max-bytes", "4MiB"])
+
+    def tiny_pages() -> Iterator[bytes]:
+        for start in range(0, 20_000, 1000):
+            chunks = [
+                wire.Chunk(hashlib.sha256(page).digest(), 0, 4, page)
+                for page in (index.to_bytes(4, "little") for index in range(start, start + 1000))
+            ]
+            yield wire.encode_page_block(wire.PUT_PAGES, chunks)
+
+    error = raw_put(daemon.address, tiny_pages())
+    assert error.code() == CODE.RESOURCE_EXHAUSTED, error.details()
+    assert "staged_max_bytes" in error.details()
+    with Client(daemon.address, timeout_s=5) as client:
+        stats = client.stats()
+        assert stats.staged_pages * 4096 <= 4 << 20  # within the bound, in whole blocks
+        assert stats.segment_disk_bytes <= (4 << 20) + (1 << 20)
+        artifact = random_artifact(random.Random(0))
+        assert client.put_artifact(artifact).artifact_id == artifact.id  # still serves
+
+
+def test_verify_keeps_the_context_limit(tmp_path: Path) -> None:
+    """Was: Verify recomputed an artifact of any length, whatever max_context_tokens."""
+    adapter = ModelAdapter.load("tiny:0", Path("/nonexistent"))
+    store = Store(tmp_path / "store")
+    try:
+        roomy = Engine(adapter, store, page_tokens=8, block_tokens=32, max_context_tokens=512)
+        *_, result = roomy.generate(list(range(3, 203)), DecodeOptions(deposit=True))
+        strict = Engine(adapter, store, page_tokens=8, block_tokens=32, max_context_tokens=128)
+        with pytest.raises(InvalidArgument, match="exceeds max_context_tokens=128"):
+            strict.verify(result.artifact_id)
+        assert roomy.verify(result.artifact_id).ok
+    finally:
+        store.close()
+
+
+def test_extreme_temperatures_are_refused_not_internal(start_daemon) -> None:
+    """Was: greedy=false, temperature=1e-38 answered INTERNAL (multinomial over inf/nan)."""
+    daemon = start_daemon(extra_args=["--model", "tiny:0"])
+    wait_model_ready(daemon.address)
+    with Client(daemon.address, timeout_s=30) as client:
+        for temperature in (1e-38, 1e-30, float("inf"), float("nan"), 1e30):
+            with pytest.raises(InvalidArgument, match=r"temperature .* is outside"):
+                client.generate(token_ids=[1, 2, 3], greedy=False, temperature=temperature)
+        sampled = client.generate(token_ids=[1, 2, 3], greedy=False, temperature=0.7, seed=3)
+        assert len(sampled.token_ids) == 32
+        assert not [k for k in client.stats().rpc_calls if k.endswith(":INTERNAL")]
