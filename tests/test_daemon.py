@@ -301,9 +301,22 @@ def test_print_config_round_trips(tmp_path: Path) -> None:
         ('min_free_bytes = "lots"\n', "min_free_bytes = 'lots': use a byte count"),
         ('log_level = "loud"\n', "log_level 'loud': use debug, info, warning or error"),
         ("log_level = \n", "is not valid TOML"),
-        ("malloc_top_pad_bytes = -1\n", "malloc_top_pad_bytes must be 0 or more"),
+        ("malloc_top_pad_bytes = -1\n", "malloc_top_pad_bytes = -1: use a value in 0..1073741824"),
+        # each of these was a traceback, a failure later, or silently another value
+        ("map_initial_bytes = 4611686018427387904\n", "map_initial_bytes = 461168"),
+        ("staged_ttl_s = nan\n", "staged_ttl_s = nan: use a value in 0..31536000"),
+        ("keepalive_s = 1e12\n", "keepalive_s = 1000000000000.0: use a value in"),
+        ("max_request_bytes = 1099511627776\n", "max_request_bytes = 1099511627776: use"),
+        ("drain_s = inf\n", "drain_s = inf: use a value in 0..86400"),
+        ("host_budget_bytes = -5\n", "host_budget_bytes = -5: use a value in 0 or more"),
+        ("block_tokens = 0\n", "block_tokens = 0: use a value in 1.."),
+        ("min_free_bytes = -1\n", "min_free_bytes = -1: use a value in 0 or more"),
+        ("max_context_tokens = 0\n", "max_context_tokens = 0: use a value in 1.."),
+        ("workers = 1.9\n", "workers = 1.9: expected a whole number"),
+        ("workers = true\n", "workers = True: expected a whole number"),
+        ('listen = "127.0.0.1:99999"\n', "a port in 0..65535"),
+        ('metrics_listen = "127.0.0.1:x"\n', "a port in 0..65535"),
     ],
-    ids=["unknown-key", "bad-bytes", "bad-level", "bad-toml", "negative-heap-pad"],
 )
 def test_bad_config_file_exits_2_naming_the_problem(tmp_path, text: str, expected: str) -> None:
     config = tmp_path / "bad.toml"
@@ -314,6 +327,15 @@ def test_bad_config_file_exits_2_naming_the_problem(tmp_path, text: str, expecte
     if "known keys" in expected:  # the list names the real keys
         assert all(f"{key}, " in result.stderr for key in ("data", "listen", "log_level"))
     assert not (tmp_path / "data").exists()  # nothing was started
+
+
+def test_a_directory_or_binary_config_file_is_refused_clearly(tmp_path) -> None:
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(bytes(range(256)))
+    for path, expected in ((tmp_path, "is a directory"), (binary, "is not text")):
+        result = _kvgraftd("--config", str(path), "--data", str(tmp_path / "data"))
+        assert result.returncode == 2, result.stderr
+        assert expected in result.stderr and "Traceback" not in result.stderr
 
 
 def test_missing_config_file_exits_2(tmp_path) -> None:

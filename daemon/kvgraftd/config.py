@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -125,21 +126,14 @@ class DaemonConfig:
     remote_connections: int = _opt(8, "S3 requests in flight at once")
 
     def __post_init__(self) -> None:
+        _check_bounds(self)
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"log_level {self.log_level!r}: use debug, info, warning or error")
-        if ":" not in self.listen:
-            raise ConfigError(f"listen {self.listen!r}: use host:port, e.g. {DEFAULT_LISTEN}")
-        if self.malloc_top_pad_bytes < 0:
-            raise ConfigError("malloc_top_pad_bytes must be 0 or more")
-        if self.workers < 1:
-            raise ConfigError("workers must be at least 1")
+        _check_address("listen", self.listen)
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device {self.device!r}: use cpu, cuda or auto")
-        if self.page_tokens < 1 or self.block_tokens % self.page_tokens:
-            raise ConfigError("page_tokens must be >= 1 and block_tokens a multiple of it")
-        for name in ("map_initial_bytes", "spill_bytes"):
-            if getattr(self, name) < 1 << 20:
-                raise ConfigError(f"{name} must be at least 1MiB")
+        if self.block_tokens % self.page_tokens:
+            raise ConfigError("block_tokens must be a multiple of page_tokens")
         _check_exposure_fields(self)
         for source in self.replication_pull_from:
             if source != "*" and ":" not in source:
@@ -149,10 +143,8 @@ class DaemonConfig:
                 raise ConfigError(f"replication_follow {peer!r}: use host:port")
         if self.remote_write not in ("through", "back"):
             raise ConfigError(f"remote_write {self.remote_write!r}: use through or back")
-        if not self.remote_prefix.strip("/") or not self.remote_timeout_s > 0:
-            raise ConfigError("remote_prefix must not be empty and remote_timeout_s positive")
-        if self.remote_connections < 1:
-            raise ConfigError("remote_connections must be at least 1")
+        if not self.remote_prefix.strip("/"):
+            raise ConfigError("remote_prefix must not be empty")
 
 
 def _check_exposure_fields(config: DaemonConfig) -> None:
@@ -166,16 +158,58 @@ def _check_exposure_fields(config: DaemonConfig) -> None:
             f"max_concurrent_rpcs ({config.max_concurrent_rpcs}) must be at least workers "
             f"({config.workers})"
         )
-    if config.max_streams_per_connection < 1:
-        raise ConfigError("max_streams_per_connection must be at least 1")
-    if config.max_request_bytes < 4 << 20:
-        raise ConfigError("max_request_bytes must be at least 4MiB (PutArtifact's message size)")
-    for name in ("max_call_s", "keepalive_s", "keepalive_timeout_s"):
-        if not getattr(config, name) > 0:
-            raise ConfigError(f"{name} must be positive")
-    if config.metrics_listen and ":" not in config.metrics_listen:
+    if config.metrics_listen:
+        _check_address("metrics_listen", config.metrics_listen)
+
+
+# The range of every numeric setting, both ends included (None: no upper end). The
+# upper ends keep values inside what the libraries take: gRPC's options are 32-bit
+# integers (milliseconds, bytes), an LMDB map must fit the address space.
+_DAY_S = 86400.0
+BOUNDS: dict[str, tuple[float, float | None]] = {
+    "workers": (1, 4096),
+    "drain_s": (0, _DAY_S),
+    "map_initial_bytes": (1 << 20, 1 << 40),
+    "min_free_bytes": (0, None),
+    "spill_bytes": (1 << 20, 1 << 40),
+    "staged_ttl_s": (0, 365 * _DAY_S),
+    "staged_max_bytes": (0, None),
+    "malloc_top_pad_bytes": (0, 1 << 30),
+    "page_tokens": (1, 1 << 16),
+    "block_tokens": (1, 1 << 24),
+    "max_context_tokens": (1, 1 << 30),
+    "device_budget_bytes": (0, None),
+    "host_budget_bytes": (0, None),
+    "max_concurrent_rpcs": (1, 1 << 16),
+    "max_streams_per_connection": (1, 1 << 16),
+    "max_request_bytes": (4 << 20, 1 << 30),  # at least PutArtifact's 4 MiB messages
+    "max_call_s": (0.001, 365 * _DAY_S),
+    "keepalive_s": (0.001, 7 * _DAY_S),
+    "keepalive_timeout_s": (0.001, _DAY_S),
+    "remote_timeout_s": (0.001, _DAY_S),
+    "remote_connections": (1, 1024),
+}
+
+
+def _check_bounds(config: DaemonConfig) -> None:
+    for name, (least, most) in BOUNDS.items():
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{name} = {value!r}: expected a number")
+        if not math.isfinite(value) or value < least or (most is not None and value > most):
+            upper = f"..{_number(most)}" if most is not None else " or more"
+            raise ConfigError(f"{name} = {value!r}: use a value in {_number(least)}{upper}")
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _check_address(name: str, address: str) -> None:
+    _, colon, port = address.rpartition(":")  # an empty host: every interface
+    if not colon or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(
-            f"metrics_listen {config.metrics_listen!r}: use host:port, e.g. 127.0.0.1:9551"
+            f"{name} {address!r}: use host:port with a port in 0..65535, e.g. {DEFAULT_LISTEN}"
         )
 
 
@@ -183,6 +217,8 @@ _FIELDS = {f.name: f for f in dataclasses.fields(DaemonConfig)}
 
 
 def parse_bytes(value: int | str, key: str = "value") -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{key} = {value!r}: use a byte count such as 1073741824 or 64MiB")
     if isinstance(value, int):
         return value
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
@@ -208,8 +244,12 @@ def _coerce(name: str, value: Any) -> Any:
                 raise ConfigError(f"{name} = {value!r}: expected a list of strings")
             return tuple(items)
         if kind == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ConfigError(f"{name} = {value!r}: expected a whole number")
             return int(value)
         if kind == "float":
+            if isinstance(value, bool):
+                raise ConfigError(f"{name} = {value!r}: expected a number")
             return float(value)
         return str(value)
     except (TypeError, ValueError) as exc:
@@ -253,9 +293,15 @@ def load_config(args: argparse.Namespace) -> DaemonConfig:
 
 def read_toml(path: Path) -> dict[str, Any]:
     try:
-        raw = tomllib.loads(Path(path).read_text())
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory: give the TOML file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not text: give a TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     values: dict[str, Any] = {}
