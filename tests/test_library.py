@@ -148,6 +148,26 @@ def test_add_validates_its_input(library: LibraryService) -> None:
     assert library.list(pb.LibraryListRequest()).entries == []
 
 
+def test_oversized_entries_are_refused_before_anything_is_computed(
+    library: LibraryService, engine: Engine
+) -> None:
+    """Regression: a 4,100-character problem, a 5,000-character verifier or 60 tags were
+    computed first, then refused with a message about labels the user never set."""
+    computed = []
+    generate = engine.generate
+    engine.generate = lambda *a, **k: computed.append(a) or generate(*a, **k)  # type: ignore
+    for kwargs, match in (
+        ({"problem": "p" * 4100}, "the problem has 4100 characters, more than an entry holds"),
+        ({"problem": "p", "solution": "s" * 5000}, "the solution has 5000 characters"),
+        ({"problem": "p", "verified_by": "v" * 5000}, "verified_by has 5000 characters"),
+        ({"problem": "p", "tags": [f"t{i}" for i in range(60)]}, "at most 56 tags, not 60"),
+    ):
+        with pytest.raises(InvalidArgument, match=match):
+            _add(library, **kwargs)
+    assert computed == [] and library.list(pb.LibraryListRequest()).entries == []
+    assert _add(library, "p" * 4096, tags=[f"t{i}" for i in range(56)]).entry.num_tokens > 0
+
+
 def test_ask_recalls_a_token_exact_entry_and_matches_a_fresh_replay(
     library: LibraryService, engine: Engine
 ) -> None:

@@ -80,7 +80,9 @@ class LibraryService:
     # ------------------------------------------------------------------
     def add(self, request: pb.LibraryAddRequest) -> pb.LibraryAddResponse:
         engine, index = self._ready()
-        tags = fmt.check_entry(request.problem, request.solution, request.answer, request.tags)
+        tags = fmt.check_entry(
+            request.problem, request.solution, request.answer, request.tags, request.verified_by
+        )
         model = engine.adapter
         problem_ids = fmt.problem_tokens(model, request.problem)
         context = fmt.entry_tokens(model, request.problem, request.solution, request.answer)

@@ -52,6 +52,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
+from kvgraft.artifact import MAX_LABEL_VALUE_CHARS, MAX_LABELS
 from kvgraft.errors import FailedPrecondition, InvalidArgument
 
 FORMAT_VERSION = "1"
@@ -63,7 +64,11 @@ ANSWER_LINE = ANSWER_CUE + " {answer}\n"
 RECALL_REPEATS = 8
 LIBRARY_TURN = "{solution}\n" + ANSWER_CUE + " {answer}"  # library context: reasoning first
 RECALL_MAX_NEW_TOKENS = 16
-MAX_TEXT_CHARS = 16_384
+# An entry's texts, verifier and tags are labels of its artifact: the label limits apply,
+# and are checked before anything is computed.
+MAX_TEXT_CHARS = MAX_LABEL_VALUE_CHARS
+ENTRY_LABELS = 8  # kind, library-format, problem, solution, answer, problem-*, verified-by
+MAX_TAGS = MAX_LABELS - ENTRY_LABELS
 _TAG = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _FRAME = " \t\"'`*_.,;:!?()[]{}"
 
@@ -79,16 +84,29 @@ class ChatModel(Protocol):
 # validation and labels
 
 
-def check_entry(problem: str, solution: str, answer: str, tags: Iterable[str]) -> list[str]:
-    """Validate a deposit; returns its tags, sorted and unique."""
+def check_entry(
+    problem: str, solution: str, answer: str, tags: Iterable[str], verified_by: str = ""
+) -> list[str]:
+    """Validate a deposit before anything is computed; returns its tags, sorted and unique."""
     for name, text in (("problem", problem), ("solution", solution), ("answer", answer)):
         if not text.strip():
             raise InvalidArgument(f"the {name} is empty: a library entry needs all three texts")
         if len(text) > MAX_TEXT_CHARS:
-            raise InvalidArgument(f"the {name} exceeds {MAX_TEXT_CHARS} characters; shorten it")
+            raise InvalidArgument(
+                f"the {name} has {len(text)} characters, more than an entry holds "
+                f"({MAX_TEXT_CHARS}); shorten it"
+            )
+    if len(verified_by) > MAX_TEXT_CHARS:
+        raise InvalidArgument(
+            f"verified_by has {len(verified_by)} characters, more than {MAX_TEXT_CHARS}; "
+            "name who verified it in fewer"
+        )
     if "\n" in answer.strip():
         raise InvalidArgument("the answer must be one line (it is read back in a few tokens)")
-    return check_tags(tags)
+    unique = check_tags(tags)
+    if len(unique) > MAX_TAGS:
+        raise InvalidArgument(f"an entry takes at most {MAX_TAGS} tags, not {len(unique)}")
+    return unique
 
 
 def check_tags(tags: Iterable[str]) -> list[str]:
