@@ -11,7 +11,10 @@ the clear refusal, that the daemon keeps answering, and that nothing else change
 from __future__ import annotations
 
 import hashlib
+import json
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -22,6 +25,7 @@ from daemon_process import wait_model_ready
 from factory import random_artifact
 
 from kvgraft import Client, wire
+from kvgraft.bundle import write_bundle
 from kvgraft.errors import InvalidArgument
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.decoding import DecodeOptions
@@ -130,3 +134,69 @@ def test_extreme_temperatures_are_refused_not_internal(start_daemon) -> None:
         sampled = client.generate(token_ids=[1, 2, 3], greedy=False, temperature=0.7, seed=3)
         assert len(sampled.token_ids) == 32
         assert not [k for k in client.stats().rpc_calls if k.endswith(":INTERNAL")]
+
+
+def _rewritten(bundle: bytes, edit) -> bytes:
+    """The bundle with its JSON header replaced by edit(header text) (the body kept)."""
+    size = int.from_bytes(bundle[:8], "little")
+    header = edit(bundle[8 : 8 + size].decode().rstrip(" ")).encode()
+    header += b" " * (-(8 + len(header)) % 8)
+    return len(header).to_bytes(8, "little") + header + bundle[8 + size :]
+
+
+def _edit_page(change):
+    """An edit of the first page's header entry: change(entry) in place."""
+
+    def edit(text: str) -> str:
+        header = json.loads(text)
+        first = next(key for key in header if key.startswith("kv."))
+        change(header, first)
+        return json.dumps(header)
+
+    return edit
+
+
+BAD_BUNDLES = {
+    "offsets-short": _edit_page(lambda h, k: h[k].update(data_offsets=[0])),
+    "offsets-text": _edit_page(lambda h, k: h[k].update(data_offsets="0,10")),
+    "offsets-three": _edit_page(lambda h, k: h[k].update(data_offsets=[0, 1, 2])),
+    "offsets-bool": _edit_page(lambda h, k: h[k].update(data_offsets=[False, True])),
+    "offsets-negative": _edit_page(lambda h, k: h[k].update(data_offsets=[-8, 8])),
+    "offsets-past-end": _edit_page(lambda h, k: h[k].update(data_offsets=[0, 1 << 40])),
+    "wrong-dtype": _edit_page(lambda h, k: h[k].update(dtype="I64")),
+    "wrong-shape": _edit_page(lambda h, k: h[k].update(shape=[1, 2, 3])),
+    "extra-tensor": _edit_page(lambda h, k: h.update({"kv.extra": dict(h[k])})),
+    "not-an-object": _edit_page(lambda h, k: h.update({k: [1, 2]})),
+    "duplicate-name": lambda text: _repeat_first_page(text),
+}
+
+
+def _repeat_first_page(text: str) -> str:
+    """The header with its first page's entry given twice (json would keep the last)."""
+    first = next(key for key in json.loads(text) if key.startswith("kv."))
+    return text[:-1] + f", {json.dumps(first)}: {json.dumps(json.loads(text)[first])}}}"
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BUNDLES))
+def test_a_crafted_bundle_is_refused_with_a_json_error(start_daemon, tmp_path, case) -> None:
+    """Was: crafted data_offsets gave a traceback; a wrong dtype or shape, extra tensors and
+    duplicate names were imported without a word."""
+    daemon = start_daemon()
+    artifact = random_artifact(random.Random(case))
+    good = tmp_path / "good.safetensors"
+    write_bundle(artifact, good)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(_rewritten(good.read_bytes(), BAD_BUNDLES[case]))
+    result = subprocess.run(
+        [sys.executable, "-m", "kvgraft", "--server", daemon.address, "--json", "import", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    error = json.loads(result.stdout)["error"]
+    assert error["code"] in ("INVALID_ARGUMENT", "DATA_LOSS"), error
+    with Client(daemon.address) as client:
+        assert client.stats().artifacts == 0
+        assert client.import_bundle(good).artifact_id == artifact.id  # the real one imports

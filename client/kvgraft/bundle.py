@@ -10,8 +10,9 @@ Writing is a pure function of the artifact, so importing a bundle and
 exporting it again gives the identical file. Files are written to a
 temporary name, fsynced, then renamed: a reader never sees half a bundle.
 
-Reading checks everything: the format tag, the manifest, that every page is
-present at its size, and every page's SHA-256 (DataLoss on a mismatch).
+Reading checks everything: the format tag, the manifest, that the header names
+each of the artifact's pages exactly once with its dtype, shape and offsets and
+nothing else, and every page's SHA-256 (DataLoss on a mismatch).
 """
 
 from __future__ import annotations
@@ -90,6 +91,15 @@ def write_bundle(artifact: Artifact, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object whose keys are unique (json keeps the last of a repeated key silently)."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        repeated = next(key for key, _ in pairs if sum(k == key for k, _ in pairs) > 1)
+        raise ValueError(f"the name {repeated!r} appears twice")
+    return found
+
+
 def read_bundle(path: Path) -> Artifact:
     """Read and fully verify a bundle. Page bytes are views of a read-only map."""
     try:
@@ -104,7 +114,7 @@ def read_bundle(path: Path) -> Artifact:
     if header_bytes > min(_MAX_HEADER_BYTES, size - 8):
         raise InvalidArgument(f"{path} is not a safetensors file (bad header length)")
     try:
-        header = json.loads(bytes(data[8 : 8 + header_bytes]))
+        header = json.loads(bytes(data[8 : 8 + header_bytes]), object_pairs_hook=_unique_keys)
         metadata = header.pop("__metadata__")
         if metadata.get("format") != BUNDLE_FORMAT:
             raise ValueError(f"format {metadata.get('format')!r}")
@@ -117,16 +127,36 @@ def read_bundle(path: Path) -> Artifact:
     if metadata.get("artifact_id") != artifact.id:
         raise DataLoss(f"{path}: the artifact id in its metadata does not match its manifest")
     body = data[8 + header_bytes :]
+    shapes = _page_shapes(manifest)
+    extra = sorted(set(header) - {_tensor_name(digest) for digest in shapes})
+    if extra:
+        raise InvalidArgument(
+            f"{path} holds tensors its manifest does not name ({', '.join(extra[:3])}): "
+            "a bundle holds exactly its artifact's pages"
+        )
+    dtype = _SAFETENSORS_DTYPES[manifest.layout.kv_dtype]
     for digest, expected in page_sizes(manifest).items():
+        name = digest.hex()[:16]
         entry = header.get(_tensor_name(digest))
         if not isinstance(entry, dict):
-            raise DataLoss(f"{path} lacks page {digest.hex()[:16]}")
-        start, end = entry.get("data_offsets", (0, -1))
-        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= len(body)):
-            raise InvalidArgument(f"{path}: page {digest.hex()[:16]} has bad data_offsets")
+            raise DataLoss(f"{path} lacks page {name}")
+        if entry.get("dtype") != dtype or entry.get("shape") != shapes[digest]:
+            raise InvalidArgument(
+                f"{path}: page {name} is {entry.get('dtype')} {entry.get('shape')}; the "
+                f"manifest's layout needs {dtype} {shapes[digest]}"
+            )
+        offsets = entry.get("data_offsets")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(offset) is int for offset in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= len(body)
+        ):
+            raise InvalidArgument(f"{path}: page {name} has bad data_offsets {offsets!r}")
+        start, end = offsets
         if end - start != expected:
             raise DataLoss(
-                f"{path}: page {digest.hex()[:16]} has {end - start} bytes, not {expected}"
+                f"{path}: page {name} has {end - start} bytes, not {expected}"
             )
         artifact.pages[digest] = body[start:end]
     artifact.verify()
