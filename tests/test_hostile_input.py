@@ -26,7 +26,7 @@ from factory import random_artifact
 
 from kvgraft import Client, wire
 from kvgraft.bundle import write_bundle
-from kvgraft.errors import InvalidArgument
+from kvgraft.errors import InvalidArgument, ResourceExhausted
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.decoding import DecodeOptions
 from kvgraftd.engine import Engine
@@ -200,3 +200,28 @@ def test_a_crafted_bundle_is_refused_with_a_json_error(start_daemon, tmp_path, c
     with Client(daemon.address) as client:
         assert client.stats().artifacts == 0
         assert client.import_bundle(good).artifact_id == artifact.id  # the real one imports
+
+
+def test_idle_followers_do_not_lock_out_other_calls(start_daemon) -> None:
+    """Was: 16 idle follow-Watch streams (the default `workers`) made Info, Stats and List
+    miss their deadlines while health said SERVING; 64 made every call RESOURCE_EXHAUSTED.
+    Long-lived streams now take no worker and have a limit of their own."""
+    daemon = start_daemon(extra_args=["--max-follow-streams", "20"])
+    artifact = random_artifact(random.Random(1))
+    with Client(daemon.address, timeout_s=5) as client:
+        client.put_artifact(artifact)
+        streams = [client.watch(follow=True) for _ in range(20)]
+        try:
+            for stream in streams:  # each one established: it delivered the feed so far
+                assert next(stream).artifact_id == artifact.id
+            for _ in range(3):
+                assert client.info().version and client.stats().artifacts == 1
+                assert [i.artifact_id for i in client.list_artifacts()] == [artifact.id]
+            with pytest.raises(ResourceExhausted, match="max_follow_streams"):
+                next(client.watch(follow=True))
+            again = random_artifact(random.Random(2))
+            assert client.put_artifact(again).artifact_id == again.id
+            assert next(streams[0]).artifact_id == again.id  # and they still follow
+        finally:
+            for stream in streams:
+                stream.cancel()

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 import signal
 import statistics
@@ -31,7 +32,7 @@ from factory import random_artifact
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from kvgraft import Client
+from kvgraft import Client, wire
 from kvgraft.errors import DeadlineExceeded
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraft.v1 import kvgraft_pb2_grpc as pb_grpc
@@ -111,13 +112,29 @@ def test_a_flood_beyond_the_limit_is_refused_and_health_stays_fast(start_daemon,
     with Client(daemon.address) as client:
         client.put_artifact(random_artifact(rng))
     with grpc.insecure_channel(daemon.address) as holders:
-        # Four follow Watch streams fill the limit: two run, then two wait for a worker.
-        watch = pb_grpc.KvgraftStub(holders).Watch
-        feeds = [watch(pb.WatchRequest(follow=True), timeout=120) for _ in range(2)]
-        assert [next(feed).sequence for feed in feeds] == [1, 1]
-        feeds += [watch(pb.WatchRequest(follow=True), timeout=120) for _ in range(2)]
+        # Four uploads held open fill the limit: two run (each waits for its next message
+        # on a worker), then two wait for a worker. (Follow Watch streams would not: they
+        # have a limit of their own and take no worker.)
+        put = holders.stream_unary(
+            f"/{SERVICE}/PutArtifact",
+            request_serializer=None,
+            response_deserializer=pb.PutArtifactResponse.FromString,
+        )
+        release = threading.Event()
+        page = random.Random(0).randbytes(64)
+        first = wire.encode_page_block(
+            wire.PUT_PAGES, [wire.Chunk(hashlib.sha256(page).digest(), 0, len(page), page)]
+        )
+
+        def held():
+            yield first
+            release.wait(120)
+
+        uploads = [put.future(held(), timeout=120) for _ in range(2)]
+        _wait_in_progress(daemon, 2)
+        uploads += [put.future(held(), timeout=120) for _ in range(2)]
         # Both admitted before any probe: a probe admitted first would take the slot
-        # one of them needs (seen once in `make check`: the fourth Watch was refused).
+        # one of them needs.
         _wait_in_progress(daemon, 4)
         with grpc.insecure_channel(daemon.address) as probe_channel:
             refused_before = _wait_for_code(probe_channel, EXHAUSTED)
@@ -151,11 +168,11 @@ def test_a_flood_beyond_the_limit_is_refused_and_health_stays_fast(start_daemon,
         assert statistics.median(latencies) < 0.1, latencies
 
         # The waiting calls run once workers free; the slots come back when the holders go.
-        feeds[0].cancel()
-        feeds[1].cancel()
-        assert [next(feed).sequence for feed in feeds[2:]] == [1, 1]
-        for feed in feeds:
-            feed.cancel()
+        uploads[0].cancel()
+        uploads[1].cancel()
+        release.set()  # the two that waited run, and end without a manifest: they ran
+        for upload in uploads[2:]:
+            assert upload.exception(60).code() == grpc.StatusCode.INVALID_ARGUMENT
     with Client(daemon.address) as client:
         deadline = time.monotonic() + 30
         while (calls := client.stats().rpc_calls)["Stats:OK"] < 1:
@@ -216,11 +233,19 @@ def test_requests_beyond_max_request_bytes_are_refused(start_daemon) -> None:
 
 
 _VANISHING_CLIENT = """
-import sys, time, grpc
-from kvgraft.v1 import kvgraft_pb2 as pb, kvgraft_pb2_grpc as pb_grpc
+import hashlib, sys, time, grpc
+from kvgraft import wire
+from kvgraft.v1 import kvgraft_pb2 as pb
 channel = grpc.insecure_channel(sys.argv[1])
-feed = pb_grpc.KvgraftStub(channel).Watch(pb.WatchRequest(follow=True), timeout=600)
-print("holding", next(feed).sequence, flush=True)
+put = channel.stream_unary("/kvgraft.v1.Kvgraft/PutArtifact", request_serializer=None,
+                           response_deserializer=pb.PutArtifactResponse.FromString)
+page = b"held" * 16
+def held():  # an upload that never ends: it holds a worker while it waits
+    yield wire.encode_page_block(wire.PUT_PAGES,
+                                 [wire.Chunk(hashlib.sha256(page).digest(), 0, 64, page)])
+    print("holding", 1, flush=True)
+    time.sleep(600)
+future = put.future(held(), timeout=600)
 time.sleep(600)
 """
 
@@ -242,7 +267,7 @@ def test_keepalive_frees_the_call_of_a_vanished_client(start_daemon, rng) -> Non
     try:
         assert holder.stdout.readline().split() == ["holding", "1"]
         with grpc.insecure_channel(daemon.address) as channel:
-            assert _stats_code(channel)[0] == EXHAUSTED  # the one slot is held
+            _wait_for_code(channel, EXHAUSTED)  # the one slot is held
             # Frozen, the client still holds its TCP connection but answers no ping.
             holder.send_signal(signal.SIGSTOP)
             _wait_for_code(channel, grpc.StatusCode.OK)

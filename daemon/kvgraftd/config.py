@@ -95,6 +95,11 @@ class DaemonConfig:
         "calls in progress at once, running or waiting for a worker; more are refused at "
         "once with RESOURCE_EXHAUSTED",
     )
+    max_follow_streams: int = _opt(
+        64,
+        "Watch and Replicate streams open at once (long-lived: they take no worker and do "
+        "not count in max_concurrent_rpcs); more are refused with RESOURCE_EXHAUSTED",
+    )
     max_streams_per_connection: int = _opt(
         100, "calls one client connection may carry at once (HTTP/2 streams)"
     )
@@ -181,6 +186,7 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "device_budget_bytes": (0, None),
     "host_budget_bytes": (0, None),
     "max_concurrent_rpcs": (1, 1 << 16),
+    "max_follow_streams": (1, 1 << 12),
     "max_streams_per_connection": (1, 1 << 16),
     "max_request_bytes": (4 << 20, 1 << 30),  # at least PutArtifact's 4 MiB messages
     "max_call_s": (0.001, 365 * _DAY_S),

@@ -5,6 +5,10 @@
   RESOURCE_EXHAUSTED instead of queueing without bound.
 * **Workers**: at most `workers` of them run at once; the others wait, each
   on an idle thread of its own, and give up when their client goes away.
+* **Long-lived streams** (Watch, Replicate: a follower watches for days, idle
+  most of the time) neither hold a worker nor count against
+  `max_concurrent_rpcs`: at most `max_follow_streams` are open at once, one more
+  is refused at once, so idle followers never lock out the calls others make.
 * **Deadlines**: a stream that has run `max_call_s` ends with
   DEADLINE_EXCEEDED at its next message (follow Watch streams are exempt:
   a replica follows for days; keepalive notices when it vanishes; so are
@@ -49,17 +53,30 @@ HEALTH_CHECK = f"/{health.SERVICE_NAME}/Check"
 class CallLimiter:
     """Admission, workers and stream deadlines of the kvgraft calls."""
 
-    def __init__(self, max_concurrent_rpcs: int, workers: int, max_call_s: float) -> None:
+    def __init__(
+        self,
+        max_concurrent_rpcs: int,
+        workers: int,
+        max_call_s: float,
+        max_follow_streams: int = 64,
+    ) -> None:
         self.max_concurrent_rpcs = max_concurrent_rpcs
         self.workers = workers
         self.max_call_s = max_call_s
+        self.max_follow_streams = max_follow_streams
         self._lock = threading.Lock()
         self._in_progress = 0
+        self._following = 0
         self._running = threading.BoundedSemaphore(workers)
 
     @classmethod
     def from_config(cls, config: DaemonConfig) -> CallLimiter:
-        return cls(config.max_concurrent_rpcs, config.workers, config.max_call_s)
+        return cls(
+            config.max_concurrent_rpcs,
+            config.workers,
+            config.max_call_s,
+            config.max_follow_streams,
+        )
 
     @property
     def in_progress(self) -> int:
@@ -67,11 +84,34 @@ class CallLimiter:
             return self._in_progress
 
     def pool_threads(self) -> int:
-        """Threads the server's pool needs: one per admitted call, plus the reserve."""
-        return self.max_concurrent_rpcs + RESERVE_THREADS
+        """Threads the server's pool needs: one per admitted call or long-lived stream,
+        plus the reserve."""
+        return self.max_concurrent_rpcs + self.max_follow_streams + RESERVE_THREADS
+
+    def admitted(self, method: str, is_active: Callable[[], bool]):
+        """A context holding what the call needs while its body runs; refuses when full."""
+        if method in UNBOUNDED_METHODS:
+            return self._following_stream(method)
+        return self._worker(method, is_active)
 
     @contextmanager
-    def admitted(self, method: str, is_active: Callable[[], bool]) -> Iterator[None]:
+    def _following_stream(self, method: str) -> Iterator[None]:
+        with self._lock:
+            if self._following >= self.max_follow_streams:
+                raise ResourceExhausted(
+                    f"kvgraftd has {self._following} Watch and Replicate streams open, its "
+                    f"limit (max_follow_streams); {method} was not started: close idle "
+                    "followers or raise the limit"
+                )
+            self._following += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._following -= 1
+
+    @contextmanager
+    def _worker(self, method: str, is_active: Callable[[], bool]) -> Iterator[None]:
         """Hold an admission slot and a worker for the body; refuse when full."""
         with self._lock:
             if self._in_progress >= self.max_concurrent_rpcs:
