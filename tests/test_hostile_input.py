@@ -13,8 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -23,10 +25,11 @@ import grpc
 import pytest
 from daemon_process import wait_model_ready
 from factory import random_artifact
+from seaweedfs import s3_env
 
 from kvgraft import Client, wire
 from kvgraft.bundle import write_bundle
-from kvgraft.errors import InvalidArgument, ResourceExhausted
+from kvgraft.errors import InvalidArgument, ResourceExhausted, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.decoding import DecodeOptions
 from kvgraftd.engine import Engine
@@ -225,3 +228,61 @@ def test_idle_followers_do_not_lock_out_other_calls(start_daemon) -> None:
         finally:
             for stream in streams:
                 stream.cancel()
+
+
+class HungServer:
+    """A TCP server on loopback that accepts connections and never answers (a hung S3)."""
+
+    def __init__(self) -> None:
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self.port = self._socket.getsockname()[1]
+        self._held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:
+                return
+            self._held.append(connection)
+
+    def close(self) -> None:
+        self._socket.close()
+        for connection in self._held:
+            connection.close()
+
+
+@pytest.fixture
+def hung_s3():
+    server = HungServer()
+    yield server
+    server.close()
+
+
+def test_a_hung_s3_endpoint_never_stalls_local_serving(start_daemon, hung_s3) -> None:
+    """Was: the daemon exited at start with an AttributeError (`exc.response` is None), and
+    at run time Deposit, Generate, Lookup and RemoteSync answered INTERNAL after ~12 s."""
+    daemon = start_daemon(
+        extra_args=[
+            *("--model", "tiny:0", "--page-tokens", "16", "--block-tokens", "64"),
+            *("--remote-endpoint", f"http://127.0.0.1:{hung_s3.port}"),
+            *("--remote-bucket", "kvgraft", "--remote-timeout-s", "1"),
+        ],
+        env=s3_env(),
+    )
+    wait_model_ready(daemon.address)
+    with Client(daemon.address, timeout_s=60, transfer_timeout_s=120) as client:
+        prompt = list(range(5, 45))
+        with pytest.raises(Unavailable, match="stored locally"):
+            client.deposit(token_ids=prompt)
+        assert client.stats().artifacts == 1  # it was: the caller is told so
+        grafted = client.generate(token_ids=[*prompt, 7], max_new_tokens=2)
+        assert grafted.reused_tokens == 32  # the local pages, whatever the bucket does
+        assert client.lookup(prompt).matched_tokens == 32
+        with pytest.raises(Unavailable):
+            client.remote_sync()
+        assert client.remote_status().last_error
+        assert not [k for k in client.stats().rpc_calls if k.endswith(":INTERNAL")]
+    assert "Traceback" not in daemon.log()

@@ -74,8 +74,12 @@ def make_client(settings: RemoteSettings):
 
 
 def error_code(exc) -> str:
-    """The S3 error code of a botocore ClientError ("" for anything else)."""
-    return str(exc.response.get("Error", {}).get("Code", "")) if hasattr(exc, "response") else ""
+    """The S3 error code of a botocore ClientError ("" for anything else: a timeout's
+    exception has a `response` too, and it is None)."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return ""
+    return str(response.get("Error", {}).get("Code", ""))
 
 
 def describe(exc: BaseException) -> str:
