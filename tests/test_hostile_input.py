@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -286,3 +287,27 @@ def test_a_hung_s3_endpoint_never_stalls_local_serving(start_daemon, hung_s3) ->
         assert client.remote_status().last_error
         assert not [k for k in client.stats().rpc_calls if k.endswith(":INTERNAL")]
     assert "Traceback" not in daemon.log()
+
+
+def _threads(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("Threads:")).split()[1])
+
+
+def test_idle_metrics_connections_are_bounded(start_daemon) -> None:
+    """Was: the metrics port kept a thread for every idle connection, without bound."""
+    daemon = start_daemon(extra_args=["--metrics-listen", "127.0.0.1:0"])
+    url = daemon.metrics_url
+    port = int(url.rsplit(":", 1)[1].split("/", 1)[0])
+    assert b"kvgraft_store_artifacts" in urllib.request.urlopen(url, timeout=10).read()
+    before = _threads(daemon.proc.pid)
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(64)]
+    try:
+        time.sleep(1)
+        assert _threads(daemon.proc.pid) <= before + 16
+        time.sleep(11)  # past the idle timeout: their threads are gone, the port serves
+        assert b"kvgraft_store_artifacts" in urllib.request.urlopen(url, timeout=10).read()
+        assert _threads(daemon.proc.pid) <= before + 1
+    finally:
+        for connection in idle:
+            connection.close()

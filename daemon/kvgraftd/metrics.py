@@ -23,6 +23,7 @@ lock of the store across a scrape: Stats() uses one short read transaction.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from wsgiref.simple_server import WSGIServer
 
@@ -146,6 +147,34 @@ class KvgraftCollector(Collector):
         )
 
 
+# A scraper needs one connection; each open one costs a thread. Beyond the limit a
+# connection is closed at once, and one idle past the timeout is closed too.
+METRICS_CONNECTIONS = 16
+METRICS_IDLE_S = 10.0
+
+
+def _bound_connections(httpd: WSGIServer, limit: int, idle_s: float) -> None:
+    """Serve at most `limit` connections at once, each on its own thread, closed when idle."""
+    slots = threading.BoundedSemaphore(limit)
+    serve_one = httpd.process_request_thread  # handles one connection, then closes it
+
+    def process_request(request, client_address) -> None:
+        if not slots.acquire(blocking=False):
+            httpd.shutdown_request(request)
+            return
+        request.settimeout(idle_s)
+
+        def run() -> None:
+            try:
+                serve_one(request, client_address)
+            finally:
+                slots.release()
+
+        threading.Thread(target=run, name="metrics", daemon=True).start()
+
+    httpd.process_request = process_request  # type: ignore[method-assign]
+
+
 class MetricsServer:
     """The /metrics endpoint: started by the composition root, stopped before the store closes."""
 
@@ -171,6 +200,7 @@ class MetricsServer:
             httpd, _ = start_http_server(int(port), host.strip("[]"), registry, **tls)
         except OSError as exc:
             raise OSError(f"cannot serve metrics on {config.metrics_listen}: {exc}") from None
+        _bound_connections(httpd, METRICS_CONNECTIONS, METRICS_IDLE_S)
         scheme = "https" if tls else "http"
         log.info("metrics on %s://%s:%d/metrics", scheme, host, httpd.server_port)
         return cls(httpd)
