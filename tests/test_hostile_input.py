@@ -30,7 +30,7 @@ from seaweedfs import s3_env
 
 from kvgraft import Client, wire
 from kvgraft.bundle import write_bundle
-from kvgraft.errors import InvalidArgument, ResourceExhausted, Unavailable
+from kvgraft.errors import Cancelled, InvalidArgument, ResourceExhausted, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.decoding import DecodeOptions
 from kvgraftd.engine import Engine
@@ -311,3 +311,16 @@ def test_idle_metrics_connections_are_bounded(start_daemon) -> None:
     finally:
         for connection in idle:
             connection.close()
+
+
+def test_a_call_on_a_closed_client_is_a_kvgraft_error(daemon) -> None:
+    """Was: a pull whose caller left closed its client under the pass's threads, whose next
+    call raised ValueError ("Cannot invoke RPC on closed channel"), a traceback in the log;
+    now it is Cancelled, an error of the taxonomy every replication path handles."""
+    client = Client(daemon.address)
+    assert client.info().version
+    client.close()
+    with pytest.raises(Cancelled, match="closed under the call"):
+        client.info()
+    with pytest.raises(Cancelled):
+        list(client.watch())

@@ -100,6 +100,9 @@ def test_a_pull_ends_when_its_caller_goes_away(start_daemon, rng) -> None:
         time.sleep(1.0)
         assert b.stats().artifacts == held < len(artifacts)  # it stopped copying
         _whole_then_completed(b, source, {artifact.id: artifact for artifact in artifacts})
+    # Regression: the pass's threads, whose client was closed under them, logged a
+    # "Cannot invoke RPC on closed channel" traceback.
+    assert "Traceback" not in replica.log() and "closed channel" not in replica.log()
 
 
 def test_a_target_stopped_during_a_pull_exits_cleanly(start_daemon, rng) -> None:

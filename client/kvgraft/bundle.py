@@ -155,9 +155,7 @@ def read_bundle(path: Path) -> Artifact:
             raise InvalidArgument(f"{path}: page {name} has bad data_offsets {offsets!r}")
         start, end = offsets
         if end - start != expected:
-            raise DataLoss(
-                f"{path}: page {name} has {end - start} bytes, not {expected}"
-            )
+            raise DataLoss(f"{path}: page {name} has {end - start} bytes, not {expected}")
         artifact.pages[digest] = body[start:end]
     artifact.verify()
     return artifact

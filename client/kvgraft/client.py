@@ -29,7 +29,14 @@ from kvgraft.artifact import Artifact, page_sizes, parse_manifest
 from kvgraft.bundle import read_bundle, write_bundle
 from kvgraft.channel import Security
 from kvgraft.engine_calls import EngineCalls
-from kvgraft.errors import ERRORS_BY_CODE, DataLoss, InvalidArgument, KvgraftError, Unavailable
+from kvgraft.errors import (
+    ERRORS_BY_CODE,
+    Cancelled,
+    DataLoss,
+    InvalidArgument,
+    KvgraftError,
+    Unavailable,
+)
 from kvgraft.page_buffers import page_slots
 from kvgraft.replication_calls import ReplicationCalls
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -147,6 +154,12 @@ class Client(EngineCalls, ReplicationCalls):
         connection = self._connection
         try:
             yield
+        except ValueError as exc:
+            text = str(exc).lower()  # "...on closed channel!", "...: Channel closed!"
+            if "cannot invoke rpc" not in text or "closed" not in text:
+                raise
+            # close() from another thread (a pull whose caller left) under a call
+            raise Cancelled(f"the connection to {self.address} was closed under the call") from None
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
             details = (exc.details() if hasattr(exc, "details") else "") or str(exc)
