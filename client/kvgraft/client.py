@@ -191,6 +191,11 @@ class Client(EngineCalls, ReplicationCalls):
         with self._mapped():
             return call(request, timeout=timeout_s or self.timeout_s)
 
+    def _open(self, call: Callable[..., T], request, timeout_s: float | None) -> T:
+        """Start a server-streaming call; an error at once is mapped like any other."""
+        with self._mapped():
+            return call(request, timeout=timeout_s)
+
     def _stream(self, responses: Iterable[T]) -> Iterator[T]:
         with self._mapped():
             yield from responses
@@ -270,7 +275,7 @@ class Client(EngineCalls, ReplicationCalls):
         """
         wanted = list(only_pages)
         request = pb.GetArtifactRequest(artifact_id=artifact_id, only_pages=wanted)
-        responses = self._stream(self._get(request, timeout=self.transfer_timeout_s))
+        responses = self._stream(self._open(self._get, request, self.transfer_timeout_s))
         first = next(responses, None)
         if first is None:
             raise DataLoss(f"GetArtifact {artifact_id} returned no manifest")

@@ -98,7 +98,7 @@ class EngineCalls:
             prompt=_prompt(text, token_ids, chat),
             options=_generate_options(max_new_tokens, options),
         )
-        call = self._stub.Generate(request, timeout=self.transfer_timeout_s)
+        call = self._open(self._stub.Generate, request, self.transfer_timeout_s)
         return GenerationStream(self._stream(call), call.cancel)
 
     def graft(
@@ -137,7 +137,7 @@ class EngineCalls:
             continuation=_prompt(text, token_ids, chat),
             options=_generate_options(max_new_tokens, options),
         )
-        call = self._stub.Graft(request, timeout=self.transfer_timeout_s)
+        call = self._open(self._stub.Graft, request, self.transfer_timeout_s)
         return GenerationStream(self._stream(call), call.cancel)
 
     def verify(self, artifact_id: str) -> VerifyResult:

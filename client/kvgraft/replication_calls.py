@@ -29,7 +29,7 @@ class ReplicationCalls:
         until `cancel()` is called on the returned iterator."""
         request = pb.WatchRequest(from_sequence=from_sequence, follow=follow)
         timeout = None if follow else self.timeout_s
-        call = self._stub.Watch(request, timeout=timeout)
+        call = self._open(self._stub.Watch, request, timeout)
         return Stream(self._stream(call), call.cancel)
 
     def get_artifact_messages(
@@ -43,7 +43,7 @@ class ReplicationCalls:
         request = pb.GetArtifactRequest(
             artifact_id=artifact_id, manifest_only=manifest_only, only_pages=list(only_pages)
         )
-        call = self._get(request, timeout=self.transfer_timeout_s)
+        call = self._open(self._get, request, self.transfer_timeout_s)
         return Stream(self._stream(call), call.cancel)
 
     def put_artifact_messages(self, messages: Iterable[bytes]) -> pb.PutArtifactResponse:
@@ -72,7 +72,7 @@ class ReplicationCalls:
         Returns the ReplicationSummary."""
         request = pb.ReplicateRequest(source=source, from_sequence=from_sequence)
         last, done = None, 0
-        for last in self._stream(self._stub.Replicate(request)):
+        for last in self._stream(self._open(self._stub.Replicate, request, None)):
             if progress is not None:
                 progress.total = last.bytes_planned
                 progress.update(last.bytes_done - done)
