@@ -301,7 +301,8 @@ class Replicator:
         try:
             run()
         except KvgraftError as exc:
-            log.warning("artifact %s was not replicated: %s", artifact_id[:16], exc)
+            if not self._stop.is_set():  # stopped: the calls were ended on purpose
+                log.warning("artifact %s was not replicated: %s", artifact_id[:16], exc)
             self._ledger.failed(artifact_id, exc)
             return False
         return True

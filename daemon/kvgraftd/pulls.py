@@ -133,7 +133,7 @@ class Pulls:
                 with self._lock:
                     del self._running[copying]
         error = copying.exception()
-        if error is not None and self._stopping:
+        if self._stopping:  # the pass was ended under it, whatever it returned
             raise Unavailable(
                 f"this daemon is shutting down: the pull from {source} stopped; what it copied "
                 "stays, run it again once the daemon is back"
