@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterable, Iterator
+from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -30,8 +31,15 @@ from seaweedfs import s3_env
 
 from kvgraft import Client, wire
 from kvgraft.bundle import write_bundle
-from kvgraft.errors import Cancelled, InvalidArgument, ResourceExhausted, Unavailable
+from kvgraft.errors import (
+    Cancelled,
+    DataLoss,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+)
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraft.v1 import kvgraft_pb2_grpc as pb_grpc
 from kvgraftd.decoding import DecodeOptions
 from kvgraftd.engine import Engine
 from kvgraftd.model_adapter import ModelAdapter
@@ -324,3 +332,48 @@ def test_a_call_on_a_closed_client_is_a_kvgraft_error(daemon) -> None:
         client.info()
     with pytest.raises(Cancelled):
         list(client.watch())
+
+
+class LoopingSource(pb_grpc.KvgraftServicer):
+    """A hostile replication source (a fake: the real daemon cannot misbehave so): its
+    listing sends the same page with a next-page token for ever."""
+
+    def __init__(self) -> None:
+        ids = sorted(hashlib.sha256(b"%d" % i).hexdigest() for i in range(1000))
+        self.page = pb.ListResponse(
+            artifacts=[pb.ArtifactInfo(artifact_id=aid, page_bytes=1) for aid in ids],
+            next_page_token="00" * 32,
+        )
+        self.pages_sent = 0
+
+    def Info(self, request, context):
+        return pb.InfoResponse(version="hostile", instance_id="not-the-target")
+
+    def Stats(self, request, context):
+        return pb.StatsResponse(last_sequence=0)
+
+    def Watch(self, request, context):
+        return iter(())
+
+    def List(self, request, context):
+        self.pages_sent += 1
+        return self.page
+
+
+def test_a_listing_that_never_ends_is_refused(start_daemon) -> None:
+    """Was: a source paging List for ever grew a pulling daemon from 123 MiB to 2.1 GiB in
+    60 s; now a listing must advance in id order, else the pull fails with DATA_LOSS."""
+    source = LoopingSource()
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    pb_grpc.add_KvgraftServicer_to_server(source, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        target = start_daemon(extra_args=["--replication-pull-from", "*"])
+        with Client(target.address, timeout_s=30) as client:
+            with pytest.raises(DataLoss, match="does not advance"):
+                client.pull_from(f"127.0.0.1:{port}")
+            assert source.pages_sent <= 2 * 8  # each attempt stops at the second page
+            assert client.stats().artifacts == 0 and client.info().version
+    finally:
+        server.stop(0)

@@ -307,16 +307,29 @@ class Client(EngineCalls, ReplicationCalls):
     def list_artifacts(
         self, label_selector: Mapping[str, str] | None = None
     ) -> Iterator[pb.ArtifactInfo]:
-        token = ""
+        """The daemon's artifacts in id order, page by page. A listing that does not
+        advance (an id not above the one before: a page sent again, a page token that
+        loops) is DataLoss, so a faulty or hostile daemon cannot keep a reader listing
+        for ever."""
+        token, last = "", ""
         while True:
             request = pb.ListRequest(
                 page_size=1000, page_token=token, label_selector=label_selector
             )
             response = self._unary(self._stub.List, request)
-            yield from response.artifacts
+            for info in response.artifacts:
+                if info.artifact_id <= last:
+                    raise DataLoss(
+                        f"the listing of {self.address} does not advance (artifact "
+                        f"{info.artifact_id[:16]} after {last[:16]}): it is not in id order"
+                    )
+                last = info.artifact_id
+                yield info
             token = response.next_page_token
             if not token:
                 return
+            if not response.artifacts:
+                raise DataLoss(f"the listing of {self.address} sent an empty page before its end")
 
     def stat(self, artifact_id: str, *, include_manifest: bool = False) -> pb.StatResponse:
         request = pb.StatRequest(artifact_id=artifact_id, include_manifest=include_manifest)

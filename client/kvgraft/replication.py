@@ -63,6 +63,8 @@ from kvgraft.stream_guard import StreamGuard
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 log = logging.getLogger(__name__)
+# A pass holds the source's listing in memory (~200 bytes an artifact): a bound on it.
+MAX_LISTED_ARTIFACTS = 4_000_000
 
 ADDED, DELETED = pb.ChangeRecord.KIND_ADDED, pb.ChangeRecord.KIND_DELETED
 # Errors a retry cannot fix; anything else (a cut, a corrupt byte) is retried.
@@ -225,7 +227,14 @@ class Replicator:
                 from_sequence,
             )
             from_sequence = 1
-        listed = {info.artifact_id: info.page_bytes for info in self.source.list_artifacts()}
+        listed: dict[str, int] = {}
+        for info in self.source.list_artifacts():  # in strict id order, or DataLoss
+            listed[info.artifact_id] = info.page_bytes
+            if len(listed) > MAX_LISTED_ARTIFACTS:
+                raise DataLoss(
+                    f"{self.source.address} lists more than {MAX_LISTED_ARTIFACTS} artifacts, "
+                    "more than one replication pass takes"
+                )
         if not all(map(_is_artifact_id, listed)):
             raise DataLoss(f"the listing of {self.source.address} arrived altered")
         records = self._read_feed(from_sequence)
