@@ -32,6 +32,7 @@ from store_audit import (
 from kvgraft import Artifact, Client
 from kvgraft.cli import main as cli_main
 from kvgraft.errors import FailedPrecondition
+from kvgraft.v1 import kvgraft_pb2 as pb
 
 
 def corpus(rng: random.Random, count: int) -> list[Artifact]:
@@ -190,8 +191,13 @@ TINY = ["--model", "tiny:0", "--page-tokens", "16", "--block-tokens", "64"]
 
 
 def test_replica_generates_with_replicated_pages(start_daemon, rng) -> None:
+    """A replica that trusts the source's key grafts what it replicates at once, with the
+    source's receipt hashes; the receipt names the artifact and the key that vouched."""
     prefix_tokens = 100  # 6 whole pages of 16 tokens, and a partial one
-    source, replica = start_daemon(extra_args=TINY), start_daemon(extra_args=TINY)
+    source = start_daemon(extra_args=TINY)
+    with Client(source.address) as a:
+        key = a.info().signing_key
+    replica = start_daemon(extra_args=[*TINY, "--trust-keys", key.hex()])
     wait_model_ready(source.address)
     wait_model_ready(replica.address)
     prefix = [rng.randrange(512) for _ in range(prefix_tokens)]
@@ -204,14 +210,47 @@ def test_replica_generates_with_replicated_pages(start_daemon, rng) -> None:
         summary = a.replicate_to(b)
         assert summary.artifacts_added == 1
         assert b.lookup(prefix).matched_tokens == prefix_tokens // 16 * 16
+        provenance = b.stat(deposited).info.provenance
+        assert provenance.trust == pb.Provenance.TRUST_SIGNED and provenance.vouched_by == key
 
         on_source = a.generate(token_ids=prefix + suffix, **options).receipt
         on_replica = b.generate(token_ids=prefix + suffix, **options).receipt
         fresh = b.generate(token_ids=prefix + suffix, no_cache=True, **options)
         assert on_replica.reused_tokens == on_source.reused_tokens > 0
-        assert on_replica.grafted_artifact_id in ("", deposited)
+        [grafted] = on_replica.raw.grafted
+        assert (grafted.artifact_id, grafted.tokens) == (deposited, on_replica.reused_tokens)
+        assert (grafted.trust, grafted.vouched_by) == (pb.Provenance.TRUST_SIGNED, key)
         for receipt in (on_replica, fresh.receipt):
             assert receipt.input_sha256 == on_source.input_sha256
             assert receipt.prompt_logits_sha256 == on_source.prompt_logits_sha256
             assert receipt.generated_logits_sha256 == on_source.generated_logits_sha256
             assert receipt.generated_token_ids == on_source.generated_token_ids
+
+
+def test_a_replica_that_does_not_trust_grafts_only_after_verify(start_daemon, rng) -> None:
+    source, replica = start_daemon(extra_args=TINY), start_daemon(extra_args=TINY)
+    wait_model_ready(source.address)
+    wait_model_ready(replica.address)
+    prefix = [rng.randrange(512) for _ in range(64)]
+    prompt = [*prefix, 9, 9]
+    with Client(source.address) as a, Client(replica.address) as b:
+        deposited = a.deposit(token_ids=prefix).artifact_id
+        a.replicate_to(b)
+        assert b.stat(deposited).info.provenance.trust == pb.Provenance.TRUST_UNTRUSTED
+        fresh = b.generate(token_ids=prompt, max_new_tokens=3, no_cache=True)
+        unverified = b.generate(token_ids=prompt, max_new_tokens=3)
+        assert unverified.reused_tokens == 0 and unverified.receipt.raw.grafted == []
+        assert unverified.receipt.hashes == fresh.receipt.hashes
+        with pytest.raises(FailedPrecondition, match="untrusted"):
+            b.graft(deposited, token_ids=[5], max_new_tokens=1)
+        anyway = b.graft(deposited, token_ids=[5], max_new_tokens=1, allow_untrusted=True)
+        assert anyway.receipt.raw.grafted[0].trust == pb.Provenance.TRUST_UNTRUSTED
+
+        assert b.verify(deposited).ok  # recomputed here: now this replica vouches for it
+        provenance = b.stat(deposited).info.provenance
+        assert provenance.trust == pb.Provenance.TRUST_VERIFIED
+        assert provenance.vouched_by == b.info().signing_key
+        assert len(provenance.signatures) == 2  # the source's and its own
+        verified = b.generate(token_ids=prompt, max_new_tokens=3)
+        assert verified.reused_tokens == 64 and verified.receipt.hashes == fresh.receipt.hashes
+        assert verified.receipt.raw.grafted[0].artifact_id == deposited

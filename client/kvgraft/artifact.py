@@ -178,6 +178,9 @@ class Artifact:
 
     manifest: pb.Manifest
     pages: dict[bytes, bytes | memoryview] = field(default_factory=dict)
+    # Who computed or verified it (Ed25519 over its id): they travel with it, and a
+    # daemon that trusts one of the keys grafts it at once (docs/architecture.md, "Trust").
+    signatures: list[pb.ArtifactSignature] = field(default_factory=list)
 
     @property
     def id(self) -> str:

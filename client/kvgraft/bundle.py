@@ -59,6 +59,15 @@ def _header(artifact: Artifact) -> bytes:
             "format": BUNDLE_FORMAT,
             "artifact_id": artifact.id,
             "manifest": base64.b64encode(canonical_bytes(manifest)).decode("ascii"),
+            # who computed or verified it: a daemon trusting one of these grafts it at once
+            # (a JSON string: safetensors metadata values are strings)
+            "signatures": json.dumps(
+                [
+                    {"public_key": s.public_key.hex(), "signature": s.signature.hex()}
+                    for s in artifact.signatures
+                ],
+                separators=(",", ":"),
+            ),
         }
     }
     offset = 0
@@ -89,6 +98,21 @@ def write_bundle(artifact: Artifact, path: Path) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _signatures(path: Path, found: object) -> list[pb.ArtifactSignature]:
+    """The metadata's signatures (checked by the daemon that imports them, not here)."""
+    try:
+        items = json.loads(found)  # type: ignore[arg-type]
+        return [
+            pb.ArtifactSignature(
+                public_key=bytes.fromhex(item["public_key"]),
+                signature=bytes.fromhex(item["signature"]),
+            )
+            for item in items
+        ]
+    except (TypeError, KeyError, ValueError):
+        raise InvalidArgument(f"{path}: its metadata's signatures are malformed") from None
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
@@ -123,7 +147,7 @@ def read_bundle(path: Path) -> Artifact:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InvalidArgument(f"{path} is not a {BUNDLE_FORMAT} bundle ({exc})") from None
-    artifact = Artifact(manifest)
+    artifact = Artifact(manifest, signatures=_signatures(path, metadata.get("signatures", "[]")))
     if metadata.get("artifact_id") != artifact.id:
         raise DataLoss(f"{path}: the artifact id in its metadata does not match its manifest")
     body = data[8 + header_bytes :]

@@ -252,7 +252,9 @@ class Client(EngineCalls, ReplicationCalls):
                     progress(sum(len(c.data) for c in chunks))
             canonical = manifest.SerializeToString(deterministic=True)
             # The expected id: the daemon refuses a manifest altered on the way.
-            yield wire.encode_put_manifest(canonical, hashlib.sha256(canonical).hexdigest())
+            yield wire.encode_put_manifest(
+                canonical, hashlib.sha256(canonical).hexdigest(), artifact.signatures
+            )
 
         with self._mapped():
             return self._put(requests(), timeout=self.transfer_timeout_s)
@@ -283,6 +285,7 @@ class Client(EngineCalls, ReplicationCalls):
         if manifest_bytes is None:
             raise DataLoss(f"GetArtifact {artifact_id} did not start with the manifest")
         artifact = Artifact(parse_manifest(manifest_bytes))
+        artifact.signatures = wire.decode_signatures(first, wire.GET_SIGNATURES)
         sizes = page_sizes(artifact.manifest)
         slots = page_slots({d: sizes[d] for d in wanted if d in sizes} if wanted else sizes)
         filled: dict[bytes, int] = {}  # bytes received of pages still arriving

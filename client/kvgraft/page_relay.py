@@ -25,6 +25,7 @@ import xxhash
 from kvgraft import wire
 from kvgraft.errors import DataLoss, KvgraftError
 from kvgraft.replication_calls import Stream
+from kvgraft.v1 import kvgraft_pb2 as pb
 
 # on_message(page bytes forwarded, digests of the pages that message completed)
 MessageHook = Callable[[int, list[bytes]], None]
@@ -37,6 +38,7 @@ class PageRelay:
         self,
         artifact_id: str,
         manifest_bytes: bytes,
+        signatures: list[pb.ArtifactSignature],
         sizes: dict[bytes, int],
         wanted: list[bytes],
         stream: Stream[bytes] | None,
@@ -44,6 +46,7 @@ class PageRelay:
     ) -> None:
         self._artifact_id = artifact_id
         self._manifest_bytes = manifest_bytes
+        self._signatures = tuple(signatures)
         self._sizes = sizes
         self._pending = set(wanted)
         self._partial: dict[bytes, tuple[object, int]] = {}  # digest -> (hasher, bytes so far)
@@ -60,7 +63,7 @@ class PageRelay:
             except KvgraftError as exc:
                 self.source_error = exc
                 return
-        yield wire.PutPart([], self._manifest_bytes, self._artifact_id)
+        yield wire.PutPart([], self._manifest_bytes, self._artifact_id, self._signatures)
 
     def _pages(self, stream: Stream[bytes]) -> Iterator[wire.PutPart]:
         if manifest_of(next(stream, None), self._artifact_id) != self._manifest_bytes:

@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from kvgraft import wire
 from kvgraft.artifact import page_sizes, parse_manifest
 from kvgraft.client import Client
 from kvgraft.errors import (
@@ -350,7 +351,7 @@ class Replicator:
         return outcome
 
     def _copy_once(self, artifact_id: str, sent: set[bytes], moved: list[int]) -> str:
-        manifest_bytes = self._fetch_manifest(artifact_id)
+        manifest_bytes, signatures = self._fetch_manifest(artifact_id)
         sizes = page_sizes(parse_manifest(manifest_bytes))
         missing = self.target.missing_pages(list(sizes))
         if not set(missing) <= sizes.keys():
@@ -365,7 +366,9 @@ class Replicator:
             moved[0] += data_bytes
             self._ledger.moved(data_bytes, len(done), len(again), sum(sizes[d] for d in again))
 
-        relay = PageRelay(artifact_id, manifest_bytes, sizes, missing, stream, forwarded)
+        relay = PageRelay(
+            artifact_id, manifest_bytes, signatures, sizes, missing, stream, forwarded
+        )
         try:
             with self._opened(stream):
                 response = self.target.put_parts(relay.parts())
@@ -385,10 +388,12 @@ class Replicator:
         )
         return "present" if response.already_present else "added"
 
-    def _fetch_manifest(self, artifact_id: str) -> bytes:
+    def _fetch_manifest(self, artifact_id: str) -> tuple[bytes, list[pb.ArtifactSignature]]:
+        """The artifact's manifest bytes (checked against its id) and its signatures."""
         with self._opened(self.source.get_artifact_messages(artifact_id, manifest_only=True)) as s:
             first = next(s, None)
-        return manifest_of(first, artifact_id)
+        manifest = manifest_of(first, artifact_id)
+        return manifest, wire.decode_signatures(first, wire.GET_SIGNATURES)
 
     def apply_delete(self, artifact_id: str) -> str:
         """Delete the artifact on the target, if the source no longer holds it.
@@ -401,7 +406,8 @@ class Replicator:
                 if self._source_has(artifact_id):  # re-added since, or the record was altered
                     return self.copy_artifact(artifact_id)
                 outcome = self.target.delete_artifact(artifact_id)
-                if outcome != "pinned" and self.target.has_artifact(artifact_id):
+                kept = outcome in ("pinned", "foreign")
+                if not kept and self.target.has_artifact(artifact_id):
                     raise DataLoss(f"artifact {artifact_id[:16]} is still on the target")
                 break
             except KvgraftError as exc:
@@ -414,7 +420,18 @@ class Replicator:
         if outcome == "pinned":
             outcome = "kept-pinned"
             log.info("artifact %s was deleted on the source but is pinned here: kept", artifact_id)
-        counter = {"deleted": "artifacts_deleted", "kept-pinned": "deletes_kept_pinned"}
+        elif outcome == "foreign":  # a source may delete only what came from it
+            outcome = "kept-foreign"
+            log.info(
+                "artifact %s was deleted on %s, which it did not come from: kept",
+                artifact_id,
+                self.source.address,
+            )
+        counter = {
+            "deleted": "artifacts_deleted",
+            "kept-pinned": "deletes_kept_pinned",
+            "kept-foreign": "deletes_kept_foreign",
+        }
         if outcome in counter:
             self._ledger.count(**{counter[outcome]: 1})
         self._ledger.changed(outcome, artifact_id)
@@ -444,7 +461,10 @@ class Replicator:
             s.bytes_moved,
             s.retries,
             s.artifacts_added + s.artifacts_present + s.artifacts_vanished,
-            s.artifacts_deleted + s.deletes_kept_pinned + s.artifacts_failed,
+            s.artifacts_deleted
+            + s.deletes_kept_pinned
+            + s.deletes_kept_foreign
+            + s.artifacts_failed,
         )
 
     def _backoff(self, attempt: int) -> float:

@@ -124,6 +124,7 @@ def summary_text(s: ReplicationSummary) -> str:
         f"replicated {s.source} -> {s.target} in {s.elapsed_s:.1f} s",
         f"artifacts: {s.artifacts_added} added, {s.artifacts_present} already there, "
         f"{s.artifacts_deleted} deleted, {s.deletes_kept_pinned} kept (pinned here), "
+        f"{s.deletes_kept_foreign} kept (not from that source), "
         f"{s.artifacts_vanished} vanished, {s.artifacts_failed} failed",
         f"pages: {s.pages_moved} moved ({human_bytes(s.bytes_moved)}, {rate:.2f} GB/s), "
         f"{s.pages_resent} resent ({human_bytes(s.bytes_resent)}), {s.retries} retries",

@@ -32,6 +32,7 @@ class ReplicationSummary:
     artifacts_present: int = 0  # the target held them already
     artifacts_deleted: int = 0
     deletes_kept_pinned: int = 0  # deleted on the source, pinned on the target: kept
+    deletes_kept_foreign: int = 0  # deleted on the source, not replicated from it: kept
     artifacts_vanished: int = 0  # deleted on the source before they could be copied
     artifacts_failed: int = 0  # gave up after max_attempts (see failures)
     pages_moved: int = 0  # pages forwarded to the target, resends included

@@ -20,7 +20,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from google.protobuf.message import DecodeError
+
 from kvgraft.errors import InvalidArgument
+from kvgraft.v1 import kvgraft_pb2 as pb
 
 # HTTP/2 frames of 1 MiB instead of the default 16 KiB: a 4 MiB message of
 # pages then costs 4 frames instead of 256 (about +20% throughput measured on
@@ -121,26 +124,41 @@ def encode_submessage(field: int, payload: bytes) -> bytes:
     return envelope_prefix(field, len(payload)) + payload
 
 
-def encode_put_manifest(manifest: bytes, expected_artifact_id: str = "") -> bytes:
-    """The last PutArtifactRequest: the manifest, and the id the sender expects it to have."""
+def encode_put_manifest(
+    manifest: bytes,
+    expected_artifact_id: str = "",
+    signatures: Iterable[pb.ArtifactSignature] = (),
+) -> bytes:
+    """The last PutArtifactRequest: the manifest, the id the sender expects it to have, and
+    the artifact's signatures."""
     message = encode_submessage(PUT_MANIFEST, manifest)
     if expected_artifact_id:
         message += encode_submessage(PUT_EXPECTED_ID, expected_artifact_id.encode("ascii"))
-    return message
+    return message + encode_signatures(PUT_SIGNATURES, signatures)
+
+
+def encode_signatures(field: int, signatures: Iterable[pb.ArtifactSignature]) -> bytes:
+    """Repeated ArtifactSignature field `field` (appended to a message's other fields)."""
+    return b"".join(
+        encode_submessage(field, signature.SerializeToString(deterministic=True))
+        for signature in signatures
+    )
 
 
 class PutPart(NamedTuple):
-    """One PutArtifactRequest, decoded: page chunks, or the manifest and the id it must hash to."""
+    """One PutArtifactRequest, decoded: page chunks, or the manifest, the id it must hash to
+    and the artifact's signatures."""
 
     chunks: list[Chunk]
     manifest: bytes | None = None
     expected_artifact_id: str = ""
+    signatures: tuple[pb.ArtifactSignature, ...] = ()
 
 
 def encode_put(part: PutPart) -> bytes:
     """The PutArtifactRequest bytes of `part`."""
     if part.manifest is not None:
-        return encode_put_manifest(part.manifest, part.expected_artifact_id)
+        return encode_put_manifest(part.manifest, part.expected_artifact_id, part.signatures)
     return encode_page_block(PUT_PAGES, part.chunks)
 
 
@@ -310,16 +328,31 @@ def decode_put(raw: bytes) -> PutPart:
     """Parse a PutArtifactRequest; expected_artifact_id must be 64 lowercase hex characters."""
     chunks, manifest = decode_envelope(raw, PUT_PAGES, PUT_MANIFEST)
     expected = ""
-    if manifest is not None:  # the id rides with the manifest
+    signatures: tuple[pb.ArtifactSignature, ...] = ()
+    if manifest is not None:  # the id and the signatures ride with the manifest
         buf = memoryview(raw)
         for field, wire_type, value in _fields(buf, 0, len(buf)):
             if field == PUT_EXPECTED_ID and wire_type == _WIRE_LEN:
                 expected = bytes(value).decode("ascii", "replace")
         if expected and (len(expected) != 64 or expected.strip("0123456789abcdef")):
             raise InvalidArgument("expected_artifact_id must be 64 lowercase hex characters")
-    return PutPart(chunks, manifest, expected)
+        signatures = tuple(decode_signatures(raw, PUT_SIGNATURES))
+    return PutPart(chunks, manifest, expected, signatures)
+
+
+def decode_signatures(raw: bytes, field: int) -> list[pb.ArtifactSignature]:
+    """The ArtifactSignature messages of repeated field `field` (at most MAX_SIGNATURES)."""
+    buf = memoryview(raw)
+    found = [bytes(v) for f, t, v in _fields(buf, 0, len(buf)) if f == field and t == _WIRE_LEN]
+    if len(found) > MAX_SIGNATURES:
+        raise InvalidArgument(f"an artifact carries at most {MAX_SIGNATURES} signatures")
+    try:
+        return [pb.ArtifactSignature.FromString(item) for item in found]
+    except DecodeError:
+        raise InvalidArgument("malformed message: a signature does not parse") from None
 
 
 # Field numbers of the two envelopes (proto/kvgraft/v1/kvgraft.proto).
-PUT_PAGES, PUT_MANIFEST, PUT_EXPECTED_ID = 1, 2, 3  # PutArtifactRequest
-GET_MANIFEST, GET_PAGES = 1, 2  # GetArtifactResponse
+PUT_PAGES, PUT_MANIFEST, PUT_EXPECTED_ID, PUT_SIGNATURES = 1, 2, 3, 4  # PutArtifactRequest
+GET_MANIFEST, GET_PAGES, GET_SIGNATURES = 1, 2, 3  # GetArtifactResponse
+MAX_SIGNATURES = 64

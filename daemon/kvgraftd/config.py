@@ -119,6 +119,12 @@ class DaemonConfig:
         "sources (host:port, comma-separated; * for any) a Replicate call may make this daemon "
         "copy from, besides its follow peers; it connects with its own KVGRAFT_* credentials",
     )
+    # Trust (kvgraftd.signing). TOML: [trust] keys = ["hex", ...].
+    trust_keys: tuple[str, ...] = _opt(
+        (),
+        "Ed25519 public keys (hex, comma-separated) whose signatures this daemon accepts: "
+        "artifacts they signed are grafted at once (kvgraft info shows a daemon's key)",
+    )
     # Remote tier (kvgraftd.remote). TOML: [remote] endpoint, bucket, prefix, write, ...
     # Credentials: the standard AWS variables or credentials file, never this file.
     remote_endpoint: str = _opt("", "S3 endpoint URL of the remote tier (empty: AWS S3)")
@@ -146,6 +152,12 @@ class DaemonConfig:
         for peer in self.replication_follow:
             if ":" not in peer:
                 raise ConfigError(f"replication_follow {peer!r}: use host:port")
+        for key in self.trust_keys:
+            if len(key) != 64 or key.strip("0123456789abcdef"):
+                raise ConfigError(
+                    f"trust_keys {key!r}: a key is 64 lowercase hex characters (the "
+                    "signing_key that `kvgraft info` shows on the daemon to trust)"
+                )
         if self.remote_write not in ("through", "back"):
             raise ConfigError(f"remote_write {self.remote_write!r}: use through or back")
         if not self.remote_prefix.strip("/"):

@@ -17,6 +17,7 @@ class DecodeOptions:
     no_cache: bool = False  # compute everything, graft nothing
     deposit: bool = False  # store the finished context
     return_logits: bool = False  # hand back the logits vectors with the result
+    allow_untrusted: bool = False  # Graft: restore an untrusted artifact all the same
     labels: Mapping[str, str] = field(default_factory=dict)
     # Also end after generating one of these (it is kept and counted), besides EOS.
     stop_token_ids: frozenset[int] = frozenset()

@@ -46,8 +46,12 @@ from kvgraftd.receipts import (
     logits_sha256,
     pin_determinism,
 )
-from kvgraftd.store import Store
+from kvgraftd.signing import Signer, TrustPolicy
+from kvgraftd.store import ChainMatch, Store
 from kvgraftd.tiers import Tiers
+from kvgraftd.trust_index import is_trusted
+
+VERIFIED = pb.Provenance.TRUST_VERIFIED
 
 
 def choose_token(logits: torch.Tensor, options: DecodeOptions, generator: torch.Generator) -> int:
@@ -67,10 +71,14 @@ class Engine:
         block_tokens: int = 4096,
         max_context_tokens: int = 32768,
         tiers: Tiers | None = None,
+        trust: TrustPolicy | None = None,
     ) -> None:
         pin_determinism()
         self.adapter = adapter
         self.store = store
+        # What it computes or verifies, it signs. Without the daemon's policy (tests that
+        # build an engine alone), a key made for this engine.
+        self.trust = trust or TrustPolicy(Signer.generate())
         g = adapter.geometry
         # Without explicit tiers: an unbounded pool (everything resident), no host cache.
         self.tiers = tiers or Tiers(
@@ -151,10 +159,10 @@ class Engine:
             )
 
     def lookup(self, token_ids: Sequence[int]) -> int:
-        """Whole stored pages matching the start of `token_ids`."""
-        return len(self._matched_pages(token_ids, len(token_ids) // self.page_tokens))
+        """Trusted whole stored pages matching the start of `token_ids`."""
+        return len(self._matched_pages(token_ids, len(token_ids) // self.page_tokens).entries)
 
-    def _matched_pages(self, token_ids: Sequence[int], max_pages: int) -> list:
+    def _matched_pages(self, token_ids: Sequence[int], max_pages: int) -> ChainMatch:
         return self.store.longest_chain(
             self.fingerprint, self.profile, self.layout, token_ids, max_pages
         )
@@ -172,15 +180,16 @@ class Engine:
         self._check_tokens(prompt)
         self._check_length(len(prompt) + options.max_new_tokens)
         with self._context() as context:
-            reused = 0
+            reused, grafted = 0, []
             if not options.no_cache:
-                entries = self._matched_pages(prompt, (len(prompt) - 1) // self.page_tokens)
-                if entries:
-                    reused = len(entries) * self.page_tokens
-                    hashes = [digest for entry in entries for digest in entry.page_sha256]
+                match = self._matched_pages(prompt, (len(prompt) - 1) // self.page_tokens)
+                if match.entries:
+                    reused = len(match.entries) * self.page_tokens
+                    hashes = [digest for entry in match.entries for digest in entry.page_sha256]
                     context.attach(prompt[:reused], hashes)
+                    grafted = match.grafted
             logits = self._append(context, prompt[reused:])
-            yield from self._decode(context, logits, options, reused, len(prompt) - reused, "")
+            yield from self._decode(context, logits, options, reused, len(prompt) - reused, grafted)
 
     def graft(
         self, artifact_id: str, continuation: Sequence[int], options: DecodeOptions
@@ -194,6 +203,24 @@ class Engine:
         self._check_compatible(manifest, full_id)
         self._check_tokens(manifest.token_ids)
         self._check_length(len(manifest.token_ids) + len(continuation) + options.max_new_tokens)
+        grafted = []
+        if not options.no_cache:
+            provenance = self.store.provenance(full_id)
+            if not is_trusted(provenance) and not options.allow_untrusted:
+                raise FailedPrecondition(
+                    f"artifact {full_id[:16]} is untrusted ({provenance.origin}): nothing shows "
+                    "its KV is what this model computes for its tokens. Verify it "
+                    f"(kvgraft verify {full_id[:16]}), trust the key that signed it ([trust] "
+                    "keys), or graft it anyway (--allow-untrusted: the receipt says so)"
+                )
+            grafted = [
+                pb.GraftedArtifact(
+                    artifact_id=full_id,
+                    tokens=len(manifest.token_ids),
+                    trust=provenance.trust,
+                    vouched_by=provenance.vouched_by,
+                )
+            ]
         with self._context() as context:
             if options.no_cache:
                 self._replay(context, manifest)
@@ -205,7 +232,7 @@ class Engine:
             logits = self._append(context, continuation)
             computed += len(continuation)
             yield from self._decode(
-                context, logits, options, reused, computed, full_id if reused else ""
+                context, logits, options, reused, computed, grafted, full_id if reused else ""
             )
 
     def _replay(self, context: KvContext, manifest: pb.Manifest) -> list[torch.Tensor]:
@@ -223,7 +250,8 @@ class Engine:
         options: DecodeOptions,
         reused: int,
         computed: int,
-        grafted_id: str,
+        grafted: list[pb.GraftedArtifact],
+        whole_artifact: str = "",  # Graft: the artifact restored whole
     ) -> Iterator[TokenEvent | ResultEvent]:
         receipt = pb.Receipt(
             input_sha256=input_sha256(context.token_ids, context.segment_ends),
@@ -250,7 +278,8 @@ class Engine:
         receipt.generated_logits_sha256 = generated_digest.digest()
         artifact_id = self._deposit(context, receipt, options.labels) if options.deposit else ""
         receipt.reused_tokens, receipt.computed_tokens = reused, computed
-        receipt.grafted_artifact_id = grafted_id
+        receipt.grafted.extend(grafted)
+        receipt.grafted_artifact_id = whole_artifact
         text = self.adapter.decode(list(receipt.generated_token_ids), skip_special=True)
         yield ResultEvent(receipt, text, artifact_id, prompt_logits, tuple(generated_logits))
 
@@ -276,7 +305,8 @@ class Engine:
         # block-aligned copies: the store writes them to disk with direct I/O
         copies = slot_copies({d: artifact.pages[d] for d in missing}) if missing else {}
         records = page_records_of(copies)
-        return self.store.commit_artifact(artifact.manifest, records).artifact_id
+        provenance = self.trust.computed(artifact.id)
+        return self.store.commit_artifact(artifact.manifest, records, provenance).artifact_id
 
     # ------------------------------------------------------------------
     def verify(self, artifact_id: str) -> pb.VerifyResponse:
@@ -328,6 +358,8 @@ class Engine:
             ):
                 if getattr(stored, name) != getattr(recomputed, name):
                     mismatches.append(name)
+        if not mismatches:  # recomputed here, every hash equal: this daemon vouches for it
+            self.store.trust_artifact(full_id, self.trust.computed(full_id, VERIFIED))
         return pb.VerifyResponse(
             ok=not mismatches, stored=stored, recomputed=recomputed, mismatches=mismatches
         )

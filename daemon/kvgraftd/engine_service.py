@@ -162,6 +162,7 @@ class EngineService:
             no_cache=options.no_cache,
             deposit=options.deposit,
             return_logits=options.return_logits,
+            allow_untrusted=options.allow_untrusted,
             labels={**dict(options.labels), **(labels or {})},
         )
 

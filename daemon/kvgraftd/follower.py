@@ -52,9 +52,15 @@ FAILURES_BEFORE_RECONNECT = 3  # errors in a row before the peer's channel is op
 class LocalTarget:
     """This daemon's store, as the target of a replication (kvgraft.replication.Target)."""
 
-    def __init__(self, service: StoreService, store: Store) -> None:
+    def __init__(self, service: StoreService, store: Store, source: str = "") -> None:
         self._service = service
         self._store = store
+        self._origin = f"replicated from {source}" if source else "replicated"
+
+    def from_source(self, source: str) -> LocalTarget:
+        """This target, replicating from `source`: what it stores is marked as coming from
+        there, and a delete from there applies only to what came from there."""
+        return LocalTarget(self._service, self._store, source)
 
     def list_ids(self) -> Iterable[str]:
         after = b""
@@ -73,10 +79,13 @@ class LocalTarget:
         return self._store.missing_pages(digests)
 
     def put_parts(self, parts: Iterator[wire.PutPart]) -> pb.PutArtifactResponse:
-        return self._service.put_parts(parts)
+        return self._service.put_parts(parts, self._origin)
 
     def delete_artifact(self, artifact_id: str) -> str:
         try:
+            if self._store.provenance(artifact_id).origin != self._origin:
+                self._store.get_record(artifact_id)  # NotFound first, when it is gone
+                return "foreign"
             self._store.delete_artifact(artifact_id)
         except NotFound:
             return "absent"
@@ -223,7 +232,9 @@ def start_followers(
     """Start one follower per peer (none when `peers` is empty)."""
     positions = PositionBook(data_dir / POSITIONS_FILE)
     target = LocalTarget(service, store)
-    followers = [Follower(peer, target, positions, client_factory) for peer in peers]
+    followers = [
+        Follower(peer, target.from_source(peer), positions, client_factory) for peer in peers
+    ]
     for follower in followers:
         follower.start()
     return Followers(followers)

@@ -25,6 +25,7 @@ from kvgraft.errors import NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.library_format import KIND_CONTEXT, KIND_ENTRY, normalize_question, tags_of
 from kvgraftd.store import Store
+from kvgraftd.trust_index import is_trusted
 
 
 @dataclass(frozen=True)
@@ -155,14 +156,20 @@ class LibraryIndex:
     ) -> IndexedEntry | None:
         with self._lock:
             found = [self._entries[aid] for aid in table.get(key, ())]
-        return min(found, key=lambda entry: entry.sequence, default=None)
+        trusted = [entry for entry in found if self._trusted(entry.artifact_id)]
+        return min(trusted, key=lambda entry: entry.sequence, default=None)
+
+    def _trusted(self, artifact_id: str) -> bool:
+        """Only trusted entries and contexts are grafted: a forged one is never recalled."""
+        return is_trusted(self._store.provenance(artifact_id))
 
     def contexts(self, fingerprint: bytes, tag: str) -> list[IndexedContext]:
-        """Library contexts of one model and tag, newest last."""
+        """Trusted library contexts of one model and tag, newest last."""
         with self._lock:
             found = [
                 context
                 for context in self._contexts.values()
                 if context.fingerprint == fingerprint and context.tag == tag
             ]
-        return sorted(found, key=lambda context: context.sequence)
+        trusted = [context for context in found if self._trusted(context.artifact_id)]
+        return sorted(trusted, key=lambda context: context.sequence)

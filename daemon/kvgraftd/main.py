@@ -41,6 +41,7 @@ from kvgraftd.readiness import HealthProbe, Readiness, probe_target
 from kvgraftd.remote_service import RemoteService
 from kvgraftd.server import ServerSettings, create_server, set_serving, stats_response
 from kvgraftd.service import ServiceLimits, StoreService
+from kvgraftd.signing import Signer, TrustPolicy
 from kvgraftd.store import Store
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ def run(config: DaemonConfig) -> int:
     return 0
 
 
-def build_engine(config: DaemonConfig, store: Store) -> Engine:
+def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engine:
     """Load the model and build the engine (on the model-load thread).
 
     Imported here so that a store-only daemon (--model none) never loads torch.
@@ -134,6 +135,7 @@ def build_engine(config: DaemonConfig, store: Store) -> Engine:
         block_tokens=config.block_tokens,
         max_context_tokens=config.max_context_tokens,
         tiers=tiers,
+        trust=trust,
     )
     log.info(
         "engine ready: %s on %s, fingerprint %s, page_tokens %d, device pool %d slots of %d bytes",
@@ -223,15 +225,21 @@ def server_settings(config: DaemonConfig, notifier: Notifier) -> ServerSettings:
 
 def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
     store.collect_staged(config.staged_ttl_s)
+    # What this daemon vouches for, and whose signatures it believes (kvgraftd.signing).
+    trust = TrustPolicy(
+        Signer.load_or_create(config.data), (bytes.fromhex(key) for key in config.trust_keys)
+    )
+    log.info("signing key %s", trust.signer.public_key.hex())
     # The remote tier ([remote]): bad credentials stop the daemon here, before it serves.
-    remote = RemoteService.open(config, store)
+    remote = RemoteService.open(config, store, trust)
     service = StoreService(
         remote.view(store, read_through=False),
         ServiceLimits(spill_bytes=config.spill_bytes, staged_max_bytes=config.staged_max_bytes),
+        trust,
     )
     engine_store = remote.view(store, read_through=True)
     engine = EngineService(
-        None if config.model == "none" else lambda: build_engine(config, engine_store)
+        None if config.model == "none" else lambda: build_engine(config, engine_store, trust)
     )
     notifier = Notifier.from_environment()
     settings = server_settings(config, notifier)

@@ -108,7 +108,8 @@ class Pulls:
                 raise FailedPrecondition(
                     f"the source {source} is this daemon itself: pull from another daemon"
                 )
-            replicator = Replicator(client, self._target, progress=progress)
+            target = self._target.from_source(source)
+            replicator = Replicator(client, target, progress=progress)
 
             def end() -> None:
                 replicator.stop()

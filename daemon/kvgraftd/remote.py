@@ -46,7 +46,10 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 
+from google.protobuf.message import DecodeError
+
 from kvgraft.errors import FailedPrecondition, Unauthenticated
+from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.remote_health import Breaker, RemoteCounters
 from kvgraftd.remote_s3 import (
     AUTH,
@@ -207,6 +210,19 @@ class RemoteTier:
         self.counters.add(hits=1)
         return data
 
+    def get_signatures(self, fingerprint: bytes, artifact_id: str) -> list[pb.ArtifactSignature]:
+        """The signatures kept for an artifact (none when absent or unreadable; the caller
+        checks each against the id and its trusted keys)."""
+        key = self.key(fingerprint, "signatures", artifact_id)
+        data = self._get(key)
+        if data is None:
+            return []
+        try:
+            return list(pb.Provenance.FromString(data).signatures)
+        except DecodeError:
+            self._corrupt(key, hashlib.sha256(data).digest())
+            return []
+
     def get_chain(self, fingerprint: bytes, chain_key: bytes) -> str | None:
         """The artifact id a chain object names (a hint: the caller verifies it)."""
         data = self._get(self.key(fingerprint, "chains", chain_key))
@@ -303,6 +319,14 @@ class RemoteTier:
     def put_manifest(self, fingerprint: bytes, artifact_id: str, canonical: bytes) -> bool:
         digest = bytes.fromhex(artifact_id)
         return self._put(self.key(fingerprint, "manifests", artifact_id), canonical, digest, True)
+
+    def put_signatures(
+        self, fingerprint: bytes, artifact_id: str, signatures: Iterable[pb.ArtifactSignature]
+    ) -> None:
+        """Keep an artifact's signatures (one object, rewritten as signatures are added)."""
+        body = pb.Provenance(signatures=signatures).SerializeToString(deterministic=True)
+        key = self.key(fingerprint, "signatures", artifact_id)
+        self._put(key, body, hashlib.sha256(body).digest(), False)
 
     def put_chains(self, fingerprint: bytes, chain_keys: Iterable[bytes], artifact_id: str) -> None:
         """Point chain keys at an artifact whose pages are all uploaded (last writer wins)."""

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from kvgraft.errors import FailedPrecondition, KvgraftError, NotFound, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.signing import TrustPolicy
 from kvgraftd.store import Store
 
 if TYPE_CHECKING:
@@ -38,16 +39,21 @@ LIST_BATCH = 1000
 
 class RemoteService:
     def __init__(
-        self, store: Store, remote: RemoteTier | None = None, queue: WriteBackQueue | None = None
+        self,
+        store: Store,
+        trust: TrustPolicy,
+        remote: RemoteTier | None = None,
+        queue: WriteBackQueue | None = None,
     ) -> None:
         self._store = store
+        self._trust = trust
         self.remote = remote
         self.queue = queue
 
     @classmethod
-    def open(cls, config: DaemonConfig, store: Store) -> RemoteService:
+    def open(cls, config: DaemonConfig, store: Store, trust: TrustPolicy) -> RemoteService:
         if not config.remote_bucket:
-            return cls(store)
+            return cls(store, trust)
         from kvgraftd.remote import RemoteTier
         from kvgraftd.remote_queue import WriteBackQueue
         from kvgraftd.remote_s3 import RemoteSettings
@@ -78,7 +84,7 @@ class RemoteService:
             "" if reachable else " (unreachable for now: reads are misses meanwhile)",
             f", {queue.backlog()} artifacts queued" if queue is not None else "",
         )
-        return cls(store, remote, queue)
+        return cls(store, trust, remote, queue)
 
     def view(self, store: Store, *, read_through: bool):
         """The store as a component should see it (the store itself when disabled)."""
@@ -87,7 +93,9 @@ class RemoteService:
         from kvgraftd.remote_store import RemoteBackedStore
 
         enqueue = self.queue.add if self.queue is not None else None
-        return RemoteBackedStore(store, self.remote, read_through=read_through, enqueue=enqueue)
+        return RemoteBackedStore(
+            store, self.remote, self._trust, read_through=read_through, enqueue=enqueue
+        )
 
     def stop(self) -> None:
         """Stop the drain thread and the transfer pool (before the store closes)."""
@@ -213,7 +221,9 @@ class RemoteService:
                 except NotFound:
                     pass
                 try:
-                    moved.add(import_artifact(self._store, remote, fingerprint, artifact_id))
+                    moved.add(
+                        import_artifact(self._store, remote, fingerprint, artifact_id, self._trust)
+                    )
                 except KvgraftError as exc:
                     response.failures.append(f"pull {artifact_id}: {exc}")
                     if not remote.breaker.available():

@@ -43,7 +43,9 @@ from kvgraftd.chains import ChainEntry, chain_keys, manifest_entries
 from kvgraftd.page_records import PageRecord, page_records_of
 from kvgraftd.remote import RemoteTier
 from kvgraftd.remote_transfer import find_remote, import_artifact, push_artifact
-from kvgraftd.store import CommitResult, Store
+from kvgraftd.signing import TrustPolicy
+from kvgraftd.store import ChainMatch, CommitResult, Store
+from kvgraftd.trust_index import UNRECORDED, is_trusted
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +58,20 @@ class RemoteBackedStore:
         self,
         store: Store,
         remote: RemoteTier,
+        trust: TrustPolicy,
         *,
         read_through: bool,
         enqueue=None,  # write-back: enqueue(artifact_id); None: write-through
     ) -> None:
         self._store = store
         self._remote = remote
+        self._trust = trust
         self._read_through = read_through
         self._enqueue = enqueue
-        self._entries: OrderedDict[str, dict[bytes, ChainEntry]] = OrderedDict()
+        # verified remote manifests of trusted artifacts: their chain entries, and who vouches
+        self._entries: OrderedDict[str, tuple[dict[bytes, ChainEntry], pb.Provenance]] = (
+            OrderedDict()
+        )
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str):
@@ -74,9 +81,12 @@ class RemoteBackedStore:
     # writes
 
     def commit_artifact(
-        self, manifest: pb.Manifest, records: Mapping[bytes, PageRecord]
+        self,
+        manifest: pb.Manifest,
+        records: Mapping[bytes, PageRecord],
+        provenance: pb.Provenance = UNRECORDED,
     ) -> CommitResult:
-        result = self._store.commit_artifact(manifest, records)
+        result = self._store.commit_artifact(manifest, records, provenance)
         if self._enqueue is not None:
             self._enqueue(result.artifact_id)
             return result
@@ -108,7 +118,7 @@ class RemoteBackedStore:
             if found is None:
                 raise
         fingerprint, full = found
-        import_artifact(self._store, self._remote, fingerprint, full)
+        import_artifact(self._store, self._remote, fingerprint, full, self._trust)
         return self._store.resolve(full)
 
     def longest_chain(
@@ -118,22 +128,22 @@ class RemoteBackedStore:
         layout: pb.KvLayout,
         token_ids: Sequence[int],
         max_pages: int,
-    ) -> list[ChainEntry]:
+    ) -> ChainMatch:
         found = self._store.longest_chain(fingerprint, profile, layout, token_ids, max_pages)
         if (
             not self._read_through
-            or len(found) >= max_pages
+            or len(found.entries) >= max_pages
             or not self._remote.breaker.available()
         ):
             return found
         try:
             more = self._remote_chain(
-                fingerprint, profile, layout, token_ids, len(found), max_pages
+                fingerprint, profile, layout, token_ids, len(found.entries), max_pages
             )
         except KvgraftError as exc:  # e.g. the local disk is full: serve what is local
             log.warning("remote prefix match abandoned: %s", exc)
-            more = []
-        return found + more
+            more = ChainMatch([], [])
+        return ChainMatch(found.entries + more.entries, found.grafted + more.grafted)
 
     def _remote_chain(
         self,
@@ -143,15 +153,17 @@ class RemoteBackedStore:
         token_ids: Sequence[int],
         start: int,
         max_pages: int,
-    ) -> list[ChainEntry]:
+    ) -> ChainMatch:
         deadline = time.monotonic() + CHAIN_DEADLINE_FACTOR * self._remote.settings.timeout_s
         keys = [key for _, key in chain_keys(fingerprint, profile, layout, token_ids, max_pages)]
         page_tokens = profile.page_tokens
         out: list[ChainEntry] = []
+        vouchers: list[tuple[str, pb.Provenance, int]] = []  # artifact, provenance, pages
         page = start
         while page < max_pages and time.monotonic() < deadline:
             artifact_id = self._remote.get_chain(fingerprint, keys[page])
-            entries = self._chain_entries(fingerprint, artifact_id) if artifact_id else None
+            known = self._chain_entries(fingerprint, artifact_id) if artifact_id else None
+            entries, provenance = known if known else (None, None)
             progressed = False
             while page < max_pages and entries:
                 entry = entries.get(keys[page])
@@ -163,11 +175,25 @@ class RemoteBackedStore:
                 progressed = True
             if not progressed:
                 break  # a miss, or an object naming an artifact that does not hold the key
-        return self._localize(fingerprint, out, deadline)
+            vouchers.append((artifact_id, provenance, page))
+        kept = self._localize(fingerprint, out, deadline)
+        end = start + len(kept)
+        grafted = [
+            pb.GraftedArtifact(
+                artifact_id=aid,
+                tokens=min(pages, end) * page_tokens,
+                trust=provenance.trust,
+                vouched_by=provenance.vouched_by,
+            )
+            for aid, provenance, pages in vouchers
+            if min(pages, end) > start
+        ]
+        return ChainMatch(kept, grafted)
 
     def _chain_entries(
         self, fingerprint: bytes, artifact_id: str
-    ) -> dict[bytes, ChainEntry] | None:
+    ) -> tuple[dict[bytes, ChainEntry], pb.Provenance] | None:
+        """The chain entries of a remote artifact this daemon trusts (None otherwise)."""
         with self._lock:
             cached = self._entries.get(artifact_id)
             if cached is not None:
@@ -183,12 +209,16 @@ class RemoteBackedStore:
             return None
         if manifest.model_fingerprint != fingerprint:
             return None
-        entries = dict(manifest_entries(manifest))
+        signatures = self._remote.get_signatures(fingerprint, artifact_id)
+        provenance = self._trust.received(artifact_id, signatures, "remote")
+        if not is_trusted(provenance):
+            return None  # nobody this daemon trusts vouches for it: never grafted
+        known = (dict(manifest_entries(manifest)), provenance)
         with self._lock:
-            self._entries[artifact_id] = entries
+            self._entries[artifact_id] = known
             while len(self._entries) > MANIFEST_CACHE:
                 self._entries.popitem(last=False)
-        return entries
+        return known
 
     def _localize(
         self, fingerprint: bytes, entries: list[ChainEntry], deadline: float

@@ -28,6 +28,7 @@ from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.chains import manifest_entries
 from kvgraftd.page_records import PageRecord, page_records_of
 from kvgraftd.remote import RemoteTier
+from kvgraftd.signing import TrustPolicy
 from kvgraftd.store import Store
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ def push_artifact(
     sizes = page_sizes(manifest)
     written = remote.put_pages(fingerprint, ((d, source(d)) for d in sizes))
     remote.put_chains(fingerprint, (key for key, _ in manifest_entries(manifest)), artifact_id)
+    signatures = store.provenance(artifact_id).signatures
+    remote.put_signatures(fingerprint, artifact_id, signatures)  # before the manifest: complete
     remote.put_manifest(fingerprint, artifact_id, record.canonical)
     remote.counters.add(artifacts_up=1)
     moved = Moved(1, sum(1 for w in written if w), sum(written))
@@ -100,9 +103,10 @@ def find_remote(remote: RemoteTier, id_or_prefix: str) -> tuple[bytes, str] | No
 
 
 def import_artifact(
-    store: Store, remote: RemoteTier, fingerprint: bytes, artifact_id: str
+    store: Store, remote: RemoteTier, fingerprint: bytes, artifact_id: str, trust: TrustPolicy
 ) -> Moved:
-    """Copy one remote artifact into the local store, every byte verified first."""
+    """Copy one remote artifact into the local store, every byte verified first; trusted
+    if the bucket keeps a signature of it by a key this daemon trusts."""
     canonical = remote.get_manifest(fingerprint, artifact_id)
     if canonical is None:
         remote.breaker.require()
@@ -129,7 +133,9 @@ def import_artifact(
             batch, batch_bytes = [], 0
     if batch:
         _fetch_and_stage(store, remote, manifest, artifact_id, batch, moved)
-    result = store.commit_artifact(manifest, {})
+    signatures = remote.get_signatures(fingerprint, artifact_id)
+    provenance = trust.received(artifact_id, signatures, "remote")
+    result = store.commit_artifact(manifest, {}, provenance)
     log.info(
         "event=remote_imported artifact_id=%s pages_fetched=%d bytes_fetched=%d",
         result.artifact_id,

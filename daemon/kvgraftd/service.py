@@ -21,6 +21,7 @@ from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.catalog import artifact_info
 from kvgraftd.intake import PageIntake
 from kvgraftd.read_ahead import read_ahead
+from kvgraftd.signing import Signer, TrustPolicy
 from kvgraftd.store import Store, StoreStats
 from kvgraftd.store_migration import STORE_FORMAT_VERSION
 
@@ -41,9 +42,17 @@ class ServiceLimits:
 class StoreService:
     """Info, PutArtifact, GetArtifact, MissingPages, List, Stat, Delete, Pin, Stats, Watch."""
 
-    def __init__(self, store: Store, limits: ServiceLimits = ServiceLimits()) -> None:
+    def __init__(
+        self,
+        store: Store,
+        limits: ServiceLimits = ServiceLimits(),
+        trust: TrustPolicy | None = None,
+    ) -> None:
         self._store = store
         self._limits = limits
+        # Decides what arriving artifacts are worth (kvgraftd.signing); tests that build a
+        # service alone get a key of their own.
+        self.trust = trust or TrustPolicy(Signer.generate())
         self._stopping = threading.Event()
         # Drawn per daemon start: replication tells a source that is its own target by it.
         self.instance_id = secrets.token_hex(16)
@@ -59,6 +68,7 @@ class StoreService:
             version=__version__,
             store_format_version=STORE_FORMAT_VERSION,
             instance_id=self.instance_id,
+            signing_key=self.trust.signer.public_key,
             tiers=[self._lmdb_tier(self._store.stats())],
         )
 
@@ -92,8 +102,12 @@ class StoreService:
         """PutArtifact from its raw PutArtifactRequest messages (see put_parts)."""
         return self.put_parts(map(wire.decode_put, messages))
 
-    def put_parts(self, parts: Iterable[wire.PutPart]) -> pb.PutArtifactResponse:
-        """Receive pages then a manifest; commit them together.
+    def put_parts(
+        self, parts: Iterable[wire.PutPart], origin: str = "upload"
+    ) -> pb.PutArtifactResponse:
+        """Receive pages then a manifest; commit them together. The artifact is trusted
+        if it carries a valid signature by a trusted key, else stored untrusted (`origin`
+        says how it arrived).
 
         Verified pages of a stream that is cut (the iterator raises something
         other than a kvgraft error) are staged so a retry need not resend them;
@@ -105,7 +119,7 @@ class StoreService:
             # Taken off the connection while the previous message is hashed and
             # stored; what was taken survives a cut call (kvgraftd.read_ahead).
             with closing(read_ahead(parts, READ_AHEAD_MESSAGES)) as received:
-                manifest, expected_id = _receive(received, intake)
+                manifest, expected_id, signatures = _receive(received, intake)
         except KvgraftError:
             raise
         except Exception:
@@ -124,7 +138,8 @@ class StoreService:
                 f"to the expected {expected_id[:16]}; no artifact was stored: resend it"
             )
         intake.check_against(manifest)
-        result = self._store.commit_artifact(manifest, intake.records)
+        provenance = self.trust.received(artifact_id(manifest), signatures, origin)
+        result = self._store.commit_artifact(manifest, intake.records, provenance)
         return pb.PutArtifactResponse(
             artifact_id=result.artifact_id,
             already_present=result.already_present,
@@ -147,7 +162,10 @@ class StoreService:
                 )
             asked = set(request.only_pages)
             wanted = [d for d in wanted if d in asked]
-        yield wire.encode_submessage(wire.GET_MANIFEST, record.canonical)
+        signatures = self._store.provenance(artifact_id(manifest)).signatures
+        yield wire.encode_submessage(wire.GET_MANIFEST, record.canonical) + wire.encode_signatures(
+            wire.GET_SIGNATURES, signatures
+        )
         if request.manifest_only:
             return
         yield from self._page_messages(wanted, sizes)
@@ -211,7 +229,7 @@ class StoreService:
                 after = bytes.fromhex(aid)
                 manifest = record.manifest()
                 if all(manifest.labels.get(k) == v for k, v in selector.items()):
-                    response.artifacts.append(artifact_info(aid, record, manifest))
+                    response.artifacts.append(self._info(aid, record, manifest))
                     if len(response.artifacts) == size:
                         break
         response.next_page_token = after.hex() if len(response.artifacts) == size else ""
@@ -221,7 +239,7 @@ class StoreService:
         aid = self._store.resolve(request.artifact_id)
         record = self._store.get_record(aid)
         manifest = record.manifest()
-        response = pb.StatResponse(info=artifact_info(aid, record, manifest))
+        response = pb.StatResponse(info=self._info(aid, record, manifest))
         if request.include_manifest:
             response.manifest.CopyFrom(manifest)
         return response
@@ -233,7 +251,12 @@ class StoreService:
     def pin(self, request: pb.PinRequest) -> pb.PinResponse:
         aid = self._store.resolve(request.artifact_id)
         record = self._store.set_pinned(aid, request.pinned)
-        return pb.PinResponse(info=artifact_info(aid, record, record.manifest()))
+        return pb.PinResponse(info=self._info(aid, record, record.manifest()))
+
+    def _info(self, aid: str, record, manifest: pb.Manifest) -> pb.ArtifactInfo:
+        info = artifact_info(aid, record, manifest)
+        info.provenance.CopyFrom(self._store.provenance(aid))
+        return info
 
     def watch(
         self, request: pb.WatchRequest, is_active: Callable[[], bool]
@@ -256,18 +279,22 @@ class StoreService:
             self._store.wait_for_change(WATCH_POLL_S)
 
 
-def _receive(parts: Iterable[wire.PutPart], intake: PageIntake) -> tuple[pb.Manifest | None, str]:
-    """Pages into `intake`; the manifest (the last part) and its expected id, if sent."""
+def _receive(
+    parts: Iterable[wire.PutPart], intake: PageIntake
+) -> tuple[pb.Manifest | None, str, tuple[pb.ArtifactSignature, ...]]:
+    """Pages into `intake`; the manifest (the last part), its expected id and its
+    signatures, if sent."""
     manifest: pb.Manifest | None = None
     expected_id = ""
-    for chunks, manifest_bytes, expected in parts:
+    signatures: tuple[pb.ArtifactSignature, ...] = ()
+    for chunks, manifest_bytes, expected, signed in parts:
         if manifest is not None:
             raise InvalidArgument("the manifest must be the last message of PutArtifact")
         if manifest_bytes is not None:
             manifest = parse_manifest(manifest_bytes)
-            expected_id = expected
+            expected_id, signatures = expected, signed
         intake.add(chunks)
-    return manifest, expected_id
+    return manifest, expected_id, signatures
 
 
 def _decode_page_token(token: str) -> bytes:

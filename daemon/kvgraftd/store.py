@@ -8,6 +8,8 @@ Sub-databases (docs/architecture.md, "The store"):
   log        u64 sequence (big-endian) -> ChangeRecord        the replication feed
   chains     chain key -> chain entry                        prefix lookup (engine)
   meta       name -> value                         format version, counters, segment tail
+  provenance artifact id -> Provenance             why it is trusted (kvgraftd.trust_index)
+  vouchers   chain key || artifact id -> ""       trusted artifacts holding a chain page
 
 Invariants:
 * An artifact's pages, reference counts, manifest and log record commit in
@@ -52,7 +54,7 @@ from kvgraft.artifact import canonical_bytes, page_sizes
 from kvgraft.errors import FailedPrecondition, NotFound, ResourceExhausted
 from kvgraft.page_buffers import block_aligned
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd import catalog, chains, page_records, store_migration
+from kvgraftd import catalog, chains, page_records, store_migration, trust_index
 from kvgraftd.catalog import (
     SEQUENCE_KEY,
     ArtifactRecord,
@@ -95,6 +97,14 @@ class StoreStats:
     last_sequence: int
 
 
+@dataclass(frozen=True)
+class ChainMatch:
+    """A prompt's longest run of trusted stored whole pages, and what vouches for them."""
+
+    entries: list[ChainEntry]
+    grafted: list[pb.GraftedArtifact]  # the artifacts holding them (receipts name them)
+
+
 class Store:
     """A kvgraft store in directory `path` (created if missing)."""
 
@@ -110,7 +120,17 @@ class Store:
         self.path.mkdir(parents=True, exist_ok=True)
         self._lmdb = LmdbEnv(
             self.path,
-            ("page_locations", "refs", "staged", "artifacts", "log", "chains", "meta"),
+            (
+                "page_locations",
+                "refs",
+                "staged",
+                "artifacts",
+                "log",
+                "chains",
+                "meta",
+                "provenance",
+                "vouchers",
+            ),
             initial_map_bytes=initial_map_bytes,
             min_free_bytes=min_free_bytes,
         )
@@ -120,7 +140,10 @@ class Store:
         self._pages = PageStore(self._lmdb, self.path / "segments", segment_bytes=segment_bytes)
         self._changed = threading.Condition()
         try:
-            self._pages.open(store_migration.check_format(self._lmdb, self.path))
+            version = store_migration.check_format(self._lmdb, self.path)
+            self._pages.open(version)
+            if version < store_migration.STORE_FORMAT_VERSION:
+                store_migration.migrate_v2(self._lmdb)
         except BaseException:
             self.close()
             raise
@@ -219,12 +242,17 @@ class Store:
     # artifacts
 
     def commit_artifact(
-        self, manifest: pb.Manifest, records: Mapping[bytes, PageRecord]
+        self,
+        manifest: pb.Manifest,
+        records: Mapping[bytes, PageRecord],
+        provenance: pb.Provenance = trust_index.UNRECORDED,
     ) -> CommitResult:
         """Store a validated manifest with the page records not yet stored.
 
         Every page the manifest names must be stored, staged or in `records`
-        (whose sizes the caller checked); otherwise nothing is written.
+        (whose sizes the caller checked); otherwise nothing is written. The
+        provenance is kept (merged with an earlier one for an artifact already
+        present); the artifact's pages enter the chain index only when trusted.
         """
         canonical = canonical_bytes(manifest)
         aid = hashlib.sha256(canonical).digest()
@@ -234,6 +262,7 @@ class Store:
         def body(txn: lmdb.Transaction) -> CommitResult:
             found = txn.get(aid, db=self._db["artifacts"])
             if found is not None:
+                trust_index.record(txn, self._db, aid, manifest, provenance)
                 sequence = decode_record(found).sequence
                 return CommitResult(aid.hex(), True, 0, 0, sequence)
             new = self._pages.new_pages(txn, sizes, records)
@@ -243,7 +272,7 @@ class Store:
             written_bytes = sum(len(record.data) for record in new.values())
             self._add_page_bytes(txn, written_bytes)
             written = len(new)
-            chains.register(txn, self._db["chains"], manifest, +1)
+            trust_index.record(txn, self._db, aid, manifest, provenance)
             sequence = catalog.append_change(txn, self._db["log"], pb.ChangeRecord.KIND_ADDED, aid)
             record = ArtifactRecord(now_ms(), sequence, False, canonical)
             txn.put(aid, encode_record(record), db=self._db["artifacts"])
@@ -286,12 +315,46 @@ class Store:
         layout: pb.KvLayout,
         token_ids: Sequence[int],
         max_pages: int,
-    ) -> list[ChainEntry]:
-        """Chain entries of the longest run of stored whole pages starting `token_ids`."""
+    ) -> ChainMatch:
+        """The longest run of trusted whole pages starting `token_ids`, and the artifact
+        that vouches for it."""
         with self._read() as txn:
-            return chains.longest_run(
+            entries = chains.longest_run(
                 txn, self._db["chains"], fingerprint, profile, layout, token_ids, max_pages
             )
+            if not entries:
+                return ChainMatch([], [])
+            keys = chains.chain_keys(fingerprint, profile, layout, token_ids, len(entries))
+            *_, (_, last_key) = keys
+            aid = trust_index.voucher(txn, self._db, last_key)
+            if aid is None:  # a chain entry is registered only with a voucher
+                return ChainMatch([], [])
+            provenance = trust_index.read(txn, self._db, aid)
+        grafted = pb.GraftedArtifact(
+            artifact_id=aid.hex(),
+            tokens=len(entries) * profile.page_tokens,
+            trust=provenance.trust,
+            vouched_by=provenance.vouched_by,
+        )
+        return ChainMatch(entries, [grafted])
+
+    def provenance(self, artifact_id: str) -> pb.Provenance:
+        with self._read() as txn:
+            return trust_index.read(txn, self._db, catalog.parse_full_id(artifact_id))
+
+    def trust_artifact(self, artifact_id: str, provenance: pb.Provenance) -> pb.Provenance:
+        """Record more trust in a stored artifact (a Verify, a trusted signature); returns
+        the provenance it now has. Its pages enter the chain index when it becomes trusted."""
+        aid = catalog.parse_full_id(artifact_id)
+
+        def body(txn: lmdb.Transaction) -> pb.Provenance:
+            found = txn.get(aid, db=self._db["artifacts"])
+            if found is None:
+                raise NotFound(f"artifact {artifact_id} is not in the store")
+            trust_index.record(txn, self._db, aid, decode_record(found).manifest(), provenance)
+            return trust_index.read(txn, self._db, aid)
+
+        return self._write(0, body)
 
     def _unstage(self, txn, digest: bytes) -> None:
         """A page is staged no more (claimed or collected): its disk leaves the count."""
@@ -333,7 +396,7 @@ class Store:
                     continue
                 txn.delete(digest, db=self._db["refs"])
                 locations += self._drop_page(txn, digest)
-            chains.register(txn, self._db["chains"], record.manifest(), -1)
+            trust_index.forget(txn, self._db, aid, record.manifest())
             txn.delete(aid, db=self._db["artifacts"])
             catalog.append_change(txn, self._db["log"], pb.ChangeRecord.KIND_DELETED, aid)
             return locations

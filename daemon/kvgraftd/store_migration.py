@@ -11,6 +11,11 @@ that appends the bytes to the segments, indexes them and deletes them from
 next open goes on where this one stopped. When `pages` is empty it is
 dropped and the format becomes 2, in one transaction.
 
+Format 3 adds trust (kvgraftd.trust_index): a `provenance` record per artifact
+and `vouchers` for the chain index, which holds trusted artifacts' pages only.
+`migrate_v2` empties the chain index of a format-2 store, whose artifacts have
+no provenance and are therefore untrusted until verified.
+
 The checksum travels with the bytes unchanged (a page corrupt in format 1
 stays detectably corrupt). Migration needs free disk for the page bytes;
 LMDB's file keeps its size (the space the pages held is reused by the index,
@@ -27,13 +32,14 @@ from pathlib import Path
 import lmdb
 
 from kvgraft.errors import FailedPrecondition
+from kvgraftd import trust_index
 from kvgraftd.catalog import now_ms
 from kvgraftd.lmdb_env import LmdbEnv
 from kvgraftd.page_records import PageRecord
 
 log = logging.getLogger(__name__)
 
-STORE_FORMAT_VERSION = 2
+STORE_FORMAT_VERSION = 3
 BATCH_BYTES = 256 << 20
 V1_CHECKSUM_BYTES = 16
 
@@ -55,9 +61,9 @@ def check_format(env: LmdbEnv, path: Path) -> int:
         return int(bytes(found))
 
     version = env.write(0, body)
-    if version not in (1, STORE_FORMAT_VERSION):  # 1: migrated by PageStore.open
+    if version not in (1, 2, STORE_FORMAT_VERSION):  # 1: PageStore.open, 2: migrate_v2
         raise FailedPrecondition(
-            f"store {path} has format {version}; this kvgraftd reads formats 1 and "
+            f"store {path} has format {version}; this kvgraftd reads formats 1 to "
             f"{STORE_FORMAT_VERSION}. Use a matching kvgraft version."
         )
     return version
@@ -97,3 +103,20 @@ def migrate_v1(env: LmdbEnv, write_appending: WriteAppending, append: AppendPage
     env.write(0, finish)
     log.info("store format 1 -> 2 done: %d pages in %.1f s", moved, time.monotonic() - started)
     return moved
+
+
+def migrate_v2(env: LmdbEnv) -> None:
+    """Format 2 -> 3: artifacts gain a provenance, and only trusted ones feed the chain
+    index. A format-2 artifact has no provenance, so none is trusted yet: the index is
+    emptied in one transaction (`kvgraft verify ID` trusts an artifact again)."""
+
+    def finish(txn: lmdb.Transaction) -> int:
+        trust_index.clear_chains(txn, env.db)
+        txn.put(b"format_version", str(STORE_FORMAT_VERSION).encode(), db=env.db["meta"])
+        return 0
+
+    env.write(0, finish)
+    log.info(
+        "store format 2 -> 3: artifacts stored before are untrusted until verified "
+        "(kvgraft verify ID); they are no longer grafted automatically"
+    )

@@ -58,7 +58,7 @@ class ComputeProfile(_message.Message):
     def __init__(self, torch_version: _Optional[str] = ..., device_kind: _Optional[str] = ..., device_name: _Optional[str] = ..., compute_dtype: _Optional[str] = ..., attention: _Optional[str] = ..., page_tokens: _Optional[int] = ...) -> None: ...
 
 class Receipt(_message.Message):
-    __slots__ = ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256", "generated_token_ids", "reused_tokens", "computed_tokens", "model_fingerprint", "profile", "grafted_artifact_id")
+    __slots__ = ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256", "generated_token_ids", "reused_tokens", "computed_tokens", "model_fingerprint", "profile", "grafted_artifact_id", "grafted")
     INPUT_SHA256_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGITS_SHA256_FIELD_NUMBER: _ClassVar[int]
     GENERATED_LOGITS_SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class Receipt(_message.Message):
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     GRAFTED_ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    GRAFTED_FIELD_NUMBER: _ClassVar[int]
     input_sha256: bytes
     prompt_logits_sha256: bytes
     generated_logits_sha256: bytes
@@ -77,7 +78,20 @@ class Receipt(_message.Message):
     model_fingerprint: bytes
     profile: ComputeProfile
     grafted_artifact_id: str
-    def __init__(self, input_sha256: _Optional[bytes] = ..., prompt_logits_sha256: _Optional[bytes] = ..., generated_logits_sha256: _Optional[bytes] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., reused_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., grafted_artifact_id: _Optional[str] = ...) -> None: ...
+    grafted: _containers.RepeatedCompositeFieldContainer[GraftedArtifact]
+    def __init__(self, input_sha256: _Optional[bytes] = ..., prompt_logits_sha256: _Optional[bytes] = ..., generated_logits_sha256: _Optional[bytes] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., reused_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., grafted_artifact_id: _Optional[str] = ..., grafted: _Optional[_Iterable[_Union[GraftedArtifact, _Mapping]]] = ...) -> None: ...
+
+class GraftedArtifact(_message.Message):
+    __slots__ = ("artifact_id", "tokens", "trust", "vouched_by")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRUST_FIELD_NUMBER: _ClassVar[int]
+    VOUCHED_BY_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    tokens: int
+    trust: Provenance.Trust
+    vouched_by: bytes
+    def __init__(self, artifact_id: _Optional[str] = ..., tokens: _Optional[int] = ..., trust: _Optional[_Union[Provenance.Trust, str]] = ..., vouched_by: _Optional[bytes] = ...) -> None: ...
 
 class Manifest(_message.Message):
     __slots__ = ("format_version", "model_fingerprint", "layout", "profile", "token_ids", "segment_ends", "page_sha256", "receipt", "labels")
@@ -129,14 +143,50 @@ class PageBlock(_message.Message):
     def __init__(self, chunks: _Optional[_Iterable[_Union[PageChunk, _Mapping]]] = ...) -> None: ...
 
 class PutArtifactRequest(_message.Message):
-    __slots__ = ("pages", "manifest", "expected_artifact_id")
+    __slots__ = ("pages", "manifest", "expected_artifact_id", "signatures")
     PAGES_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURES_FIELD_NUMBER: _ClassVar[int]
     pages: PageBlock
     manifest: Manifest
     expected_artifact_id: str
-    def __init__(self, pages: _Optional[_Union[PageBlock, _Mapping]] = ..., manifest: _Optional[_Union[Manifest, _Mapping]] = ..., expected_artifact_id: _Optional[str] = ...) -> None: ...
+    signatures: _containers.RepeatedCompositeFieldContainer[ArtifactSignature]
+    def __init__(self, pages: _Optional[_Union[PageBlock, _Mapping]] = ..., manifest: _Optional[_Union[Manifest, _Mapping]] = ..., expected_artifact_id: _Optional[str] = ..., signatures: _Optional[_Iterable[_Union[ArtifactSignature, _Mapping]]] = ...) -> None: ...
+
+class ArtifactSignature(_message.Message):
+    __slots__ = ("public_key", "signature")
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    public_key: bytes
+    signature: bytes
+    def __init__(self, public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class Provenance(_message.Message):
+    __slots__ = ("trust", "origin", "vouched_by", "signatures", "unix_ms")
+    class Trust(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        TRUST_UNSPECIFIED: _ClassVar[Provenance.Trust]
+        TRUST_COMPUTED: _ClassVar[Provenance.Trust]
+        TRUST_VERIFIED: _ClassVar[Provenance.Trust]
+        TRUST_SIGNED: _ClassVar[Provenance.Trust]
+        TRUST_UNTRUSTED: _ClassVar[Provenance.Trust]
+    TRUST_UNSPECIFIED: Provenance.Trust
+    TRUST_COMPUTED: Provenance.Trust
+    TRUST_VERIFIED: Provenance.Trust
+    TRUST_SIGNED: Provenance.Trust
+    TRUST_UNTRUSTED: Provenance.Trust
+    TRUST_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    VOUCHED_BY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURES_FIELD_NUMBER: _ClassVar[int]
+    UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    trust: Provenance.Trust
+    origin: str
+    vouched_by: bytes
+    signatures: _containers.RepeatedCompositeFieldContainer[ArtifactSignature]
+    unix_ms: int
+    def __init__(self, trust: _Optional[_Union[Provenance.Trust, str]] = ..., origin: _Optional[str] = ..., vouched_by: _Optional[bytes] = ..., signatures: _Optional[_Iterable[_Union[ArtifactSignature, _Mapping]]] = ..., unix_ms: _Optional[int] = ...) -> None: ...
 
 class PutArtifactResponse(_message.Message):
     __slots__ = ("artifact_id", "already_present", "pages_written", "bytes_written")
@@ -161,12 +211,14 @@ class GetArtifactRequest(_message.Message):
     def __init__(self, artifact_id: _Optional[str] = ..., manifest_only: _Optional[bool] = ..., only_pages: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class GetArtifactResponse(_message.Message):
-    __slots__ = ("manifest", "pages")
+    __slots__ = ("manifest", "pages", "signatures")
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     PAGES_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURES_FIELD_NUMBER: _ClassVar[int]
     manifest: Manifest
     pages: PageBlock
-    def __init__(self, manifest: _Optional[_Union[Manifest, _Mapping]] = ..., pages: _Optional[_Union[PageBlock, _Mapping]] = ...) -> None: ...
+    signatures: _containers.RepeatedCompositeFieldContainer[ArtifactSignature]
+    def __init__(self, manifest: _Optional[_Union[Manifest, _Mapping]] = ..., pages: _Optional[_Union[PageBlock, _Mapping]] = ..., signatures: _Optional[_Iterable[_Union[ArtifactSignature, _Mapping]]] = ...) -> None: ...
 
 class MissingPagesRequest(_message.Message):
     __slots__ = ("sha256",)
@@ -240,7 +292,7 @@ class DepositResponse(_message.Message):
     def __init__(self, artifact_id: _Optional[str] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
 
 class GenerateOptions(_message.Message):
-    __slots__ = ("max_new_tokens", "greedy", "no_cache", "deposit", "temperature", "seed", "labels", "return_logits")
+    __slots__ = ("max_new_tokens", "greedy", "no_cache", "deposit", "temperature", "seed", "labels", "return_logits", "allow_untrusted")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +308,7 @@ class GenerateOptions(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     RETURN_LOGITS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_UNTRUSTED_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     greedy: bool
     no_cache: bool
@@ -264,7 +317,8 @@ class GenerateOptions(_message.Message):
     seed: int
     labels: _containers.ScalarMap[str, str]
     return_logits: bool
-    def __init__(self, max_new_tokens: _Optional[int] = ..., greedy: _Optional[bool] = ..., no_cache: _Optional[bool] = ..., deposit: _Optional[bool] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., return_logits: _Optional[bool] = ...) -> None: ...
+    allow_untrusted: bool
+    def __init__(self, max_new_tokens: _Optional[int] = ..., greedy: _Optional[bool] = ..., no_cache: _Optional[bool] = ..., deposit: _Optional[bool] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., return_logits: _Optional[bool] = ..., allow_untrusted: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt", "options")
@@ -333,7 +387,7 @@ class VerifyResponse(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., stored: _Optional[_Union[Receipt, _Mapping]] = ..., recomputed: _Optional[_Union[Receipt, _Mapping]] = ..., mismatches: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ArtifactInfo(_message.Message):
-    __slots__ = ("artifact_id", "num_tokens", "num_segments", "num_pages", "page_bytes", "layout", "model_fingerprint", "labels", "created_unix_ms", "pinned", "sequence")
+    __slots__ = ("artifact_id", "num_tokens", "num_segments", "num_pages", "page_bytes", "layout", "model_fingerprint", "labels", "created_unix_ms", "pinned", "sequence", "provenance")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -352,6 +406,7 @@ class ArtifactInfo(_message.Message):
     CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    PROVENANCE_FIELD_NUMBER: _ClassVar[int]
     artifact_id: str
     num_tokens: int
     num_segments: int
@@ -363,7 +418,8 @@ class ArtifactInfo(_message.Message):
     created_unix_ms: int
     pinned: bool
     sequence: int
-    def __init__(self, artifact_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., num_segments: _Optional[int] = ..., num_pages: _Optional[int] = ..., page_bytes: _Optional[int] = ..., layout: _Optional[_Union[KvLayout, _Mapping]] = ..., model_fingerprint: _Optional[bytes] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_unix_ms: _Optional[int] = ..., pinned: _Optional[bool] = ..., sequence: _Optional[int] = ...) -> None: ...
+    provenance: Provenance
+    def __init__(self, artifact_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., num_segments: _Optional[int] = ..., num_pages: _Optional[int] = ..., page_bytes: _Optional[int] = ..., layout: _Optional[_Union[KvLayout, _Mapping]] = ..., model_fingerprint: _Optional[bytes] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_unix_ms: _Optional[int] = ..., pinned: _Optional[bool] = ..., sequence: _Optional[int] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ...) -> None: ...
 
 class ListRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "label_selector")
@@ -439,7 +495,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("version", "store_format_version", "page_tokens", "model_fingerprint", "profile", "model_name", "tiers", "model_state", "instance_id")
+    __slots__ = ("version", "store_format_version", "page_tokens", "model_fingerprint", "profile", "model_name", "tiers", "model_state", "instance_id", "signing_key")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -449,6 +505,7 @@ class InfoResponse(_message.Message):
     TIERS_FIELD_NUMBER: _ClassVar[int]
     MODEL_STATE_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SIGNING_KEY_FIELD_NUMBER: _ClassVar[int]
     version: str
     store_format_version: int
     page_tokens: int
@@ -458,7 +515,8 @@ class InfoResponse(_message.Message):
     tiers: _containers.RepeatedCompositeFieldContainer[TierInfo]
     model_state: str
     instance_id: str
-    def __init__(self, version: _Optional[str] = ..., store_format_version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., model_name: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., model_state: _Optional[str] = ..., instance_id: _Optional[str] = ...) -> None: ...
+    signing_key: bytes
+    def __init__(self, version: _Optional[str] = ..., store_format_version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., model_name: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., model_state: _Optional[str] = ..., instance_id: _Optional[str] = ..., signing_key: _Optional[bytes] = ...) -> None: ...
 
 class TierInfo(_message.Message):
     __slots__ = ("name", "capacity_bytes", "used_bytes", "hits", "misses", "evictions", "bytes_streamed", "peak_bytes", "backlog_artifacts", "holding_bytes")
@@ -574,7 +632,7 @@ class ReplicateProgress(_message.Message):
     def __init__(self, bytes_planned: _Optional[int] = ..., bytes_done: _Optional[int] = ..., done: _Optional[bool] = ..., summary: _Optional[_Union[ReplicationSummary, _Mapping]] = ...) -> None: ...
 
 class ReplicationSummary(_message.Message):
-    __slots__ = ("source", "target", "artifacts_added", "artifacts_present", "artifacts_deleted", "deletes_kept_pinned", "artifacts_vanished", "artifacts_failed", "pages_moved", "bytes_moved", "pages_resent", "bytes_resent", "pages_written", "bytes_written", "retries", "last_sequence", "elapsed_s", "retry_reasons", "failures")
+    __slots__ = ("source", "target", "artifacts_added", "artifacts_present", "artifacts_deleted", "deletes_kept_pinned", "deletes_kept_foreign", "artifacts_vanished", "artifacts_failed", "pages_moved", "bytes_moved", "pages_resent", "bytes_resent", "pages_written", "bytes_written", "retries", "last_sequence", "elapsed_s", "retry_reasons", "failures")
     class FailuresEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -588,6 +646,7 @@ class ReplicationSummary(_message.Message):
     ARTIFACTS_PRESENT_FIELD_NUMBER: _ClassVar[int]
     ARTIFACTS_DELETED_FIELD_NUMBER: _ClassVar[int]
     DELETES_KEPT_PINNED_FIELD_NUMBER: _ClassVar[int]
+    DELETES_KEPT_FOREIGN_FIELD_NUMBER: _ClassVar[int]
     ARTIFACTS_VANISHED_FIELD_NUMBER: _ClassVar[int]
     ARTIFACTS_FAILED_FIELD_NUMBER: _ClassVar[int]
     PAGES_MOVED_FIELD_NUMBER: _ClassVar[int]
@@ -607,6 +666,7 @@ class ReplicationSummary(_message.Message):
     artifacts_present: int
     artifacts_deleted: int
     deletes_kept_pinned: int
+    deletes_kept_foreign: int
     artifacts_vanished: int
     artifacts_failed: int
     pages_moved: int
@@ -620,7 +680,7 @@ class ReplicationSummary(_message.Message):
     elapsed_s: float
     retry_reasons: _containers.RepeatedScalarFieldContainer[str]
     failures: _containers.ScalarMap[str, str]
-    def __init__(self, source: _Optional[str] = ..., target: _Optional[str] = ..., artifacts_added: _Optional[int] = ..., artifacts_present: _Optional[int] = ..., artifacts_deleted: _Optional[int] = ..., deletes_kept_pinned: _Optional[int] = ..., artifacts_vanished: _Optional[int] = ..., artifacts_failed: _Optional[int] = ..., pages_moved: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., pages_resent: _Optional[int] = ..., bytes_resent: _Optional[int] = ..., pages_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., retries: _Optional[int] = ..., last_sequence: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., retry_reasons: _Optional[_Iterable[str]] = ..., failures: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, source: _Optional[str] = ..., target: _Optional[str] = ..., artifacts_added: _Optional[int] = ..., artifacts_present: _Optional[int] = ..., artifacts_deleted: _Optional[int] = ..., deletes_kept_pinned: _Optional[int] = ..., deletes_kept_foreign: _Optional[int] = ..., artifacts_vanished: _Optional[int] = ..., artifacts_failed: _Optional[int] = ..., pages_moved: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., pages_resent: _Optional[int] = ..., bytes_resent: _Optional[int] = ..., pages_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., retries: _Optional[int] = ..., last_sequence: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., retry_reasons: _Optional[_Iterable[str]] = ..., failures: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class LibraryAddRequest(_message.Message):
     __slots__ = ("problem", "solution", "answer", "verified_by", "tags")

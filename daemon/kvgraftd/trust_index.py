@@ -1,0 +1,97 @@
+"""The store's record of trust: why it believes each artifact, and who vouches for each
+chain entry.
+
+Sub-databases (inside the store's transactions):
+  provenance  artifact id (32 bytes) -> kvgraft.v1 Provenance (deterministic bytes)
+  vouchers    chain key (32) || artifact id (32) -> b""   trusted artifacts holding that page
+
+Invariant: an artifact's whole pages are in the chain index (kvgraftd.chains),
+and it vouches for them here, exactly while its provenance is trusted
+(computed, verified, or signed by a trusted key). So Generate's prefix lookup
+only ever finds pages some trusted artifact holds, and names that artifact. An
+artifact without a record (stored before trust existed: format 2) is untrusted
+until it is verified.
+
+This module decides nothing about keys (kvgraftd.signing does); it keeps what
+it is told, and upgrades, never downgrades, an artifact's trust.
+"""
+
+from __future__ import annotations
+
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd import chains
+
+TRUSTED = frozenset(
+    {pb.Provenance.TRUST_COMPUTED, pb.Provenance.TRUST_VERIFIED, pb.Provenance.TRUST_SIGNED}
+)
+_RANK = {
+    pb.Provenance.TRUST_COMPUTED: 3,
+    pb.Provenance.TRUST_VERIFIED: 3,
+    pb.Provenance.TRUST_SIGNED: 2,
+    pb.Provenance.TRUST_UNTRUSTED: 1,
+}
+UNRECORDED = pb.Provenance(trust=pb.Provenance.TRUST_UNTRUSTED, origin="stored before trust")
+
+
+def is_trusted(provenance: pb.Provenance) -> bool:
+    return provenance.trust in TRUSTED
+
+
+def merged(stored: pb.Provenance, arrived: pb.Provenance) -> pb.Provenance:
+    """An artifact's provenance when it arrives (or is verified) again: the more trusted
+    of the two, with every signature of both, one per key."""
+    best = arrived if _RANK.get(arrived.trust, 0) > _RANK.get(stored.trust, 0) else stored
+    out = pb.Provenance()
+    out.CopyFrom(best)
+    del out.signatures[:]
+    out.signatures.extend(unique_signatures([*stored.signatures, *arrived.signatures]))
+    return out
+
+
+def unique_signatures(signatures) -> list[pb.ArtifactSignature]:
+    """One signature per key, the first given."""
+    by_key: dict[bytes, pb.ArtifactSignature] = {}
+    for signature in signatures:
+        by_key.setdefault(signature.public_key, signature)
+    return list(by_key.values())
+
+
+def read(txn, dbs, aid: bytes) -> pb.Provenance:
+    found = txn.get(aid, db=dbs["provenance"])
+    return pb.Provenance.FromString(bytes(found)) if found is not None else UNRECORDED
+
+
+def record(txn, dbs, aid: bytes, manifest: pb.Manifest, provenance: pb.Provenance) -> None:
+    """Keep `provenance` for a stored artifact (merged with what was kept before); its
+    pages enter the chain index when it becomes trusted."""
+    before = read(txn, dbs, aid)
+    after = merged(before, provenance)
+    txn.put(aid, after.SerializeToString(deterministic=True), db=dbs["provenance"])
+    if is_trusted(after) and not is_trusted(before):
+        chains.register(txn, dbs["chains"], manifest, +1)
+        for key, _ in chains.manifest_entries(manifest):
+            txn.put(key + aid, b"", db=dbs["vouchers"])
+
+
+def forget(txn, dbs, aid: bytes, manifest: pb.Manifest) -> None:
+    """An artifact is deleted: it vouches for nothing any more."""
+    if is_trusted(read(txn, dbs, aid)):
+        chains.register(txn, dbs["chains"], manifest, -1)
+        for key, _ in chains.manifest_entries(manifest):
+            txn.delete(key + aid, db=dbs["vouchers"])
+    txn.delete(aid, db=dbs["provenance"])
+
+
+def voucher(txn, dbs, chain_key: bytes) -> bytes | None:
+    """A trusted artifact holding the page of `chain_key` (and so every page before it)."""
+    cursor = txn.cursor(db=dbs["vouchers"])
+    if not cursor.set_range(chain_key):
+        return None
+    key = bytes(cursor.key())
+    return key[32:] if key[:32] == chain_key else None
+
+
+def clear_chains(txn, dbs) -> None:
+    """Format 2 -> 3: no artifact is trusted yet, so none has pages in the chain index."""
+    txn.drop(dbs["chains"], delete=False)
+    txn.drop(dbs["vouchers"], delete=False)
