@@ -91,7 +91,8 @@ def test_info_from_the_environment_variable(daemon: DaemonProcess, client: Clien
     document = kvgraft_json("info", env=env)
     assert document["server"] == daemon.address
     assert document["info"]["version"] == __version__
-    assert document["info"]["store_format_version"] == 2
+    assert document["info"]["store_format_version"] == 3
+    assert len(document["info"]["signing_key"]) == 64  # hex: others list it in [trust] keys
     assert [t["name"] for t in document["info"]["tiers"]] == ["lmdb"]
     stats = document["stats"]
     assert stats["artifacts"] == 1

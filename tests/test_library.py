@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from kvgraft import Artifact
+from kvgraft.artifact import page_sizes
 from kvgraft.errors import FailedPrecondition, InvalidArgument, NotFound
 from kvgraft.library_cli import read_jsonl
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -27,6 +29,7 @@ from kvgraftd.engine import Engine
 from kvgraftd.engine_service import EngineService
 from kvgraftd.library import LibraryService
 from kvgraftd.model_adapter import ModelAdapter
+from kvgraftd.page_records import page_records_of
 from kvgraftd.store import Store
 
 PAGE = 8
@@ -195,6 +198,28 @@ def test_ask_recalls_a_token_exact_entry_and_matches_a_fresh_replay(
     for name in ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256"):
         assert getattr(fresh[0].receipt, name) == getattr(receipt, name), name
     assert list(fresh[0].receipt.generated_token_ids) == list(receipt.generated_token_ids)
+
+
+def test_a_forged_entry_is_never_recalled(library: LibraryService, engine: Engine) -> None:
+    """An uploaded entry (untrusted: nothing vouches for its KV) with the labels of a real
+    one and pages of zeros is stored, but Ask never recalls it."""
+    entry = _add(library, "What is 17 + 25?", answer="42").entry
+    genuine = engine.store.get_record(entry.artifact_id).manifest()
+    pages = {digest: bytes(size) for digest, size in page_sizes(genuine).items()}
+    forged = Artifact.build(
+        model_fingerprint=genuine.model_fingerprint,
+        layout=genuine.layout,
+        profile=genuine.profile,
+        token_ids=genuine.token_ids,
+        page_bytes=[pages[digest] for digest in genuine.page_sha256],
+        segment_ends=genuine.segment_ends,
+        labels=dict(genuine.labels),
+    )
+    library.remove(pb.LibraryRemoveRequest(artifact_id=entry.artifact_id))
+    engine.store.commit_artifact(forged.manifest, page_records_of(forged.pages))  # untrusted
+    response = library.ask(pb.AskRequest(text="What is 17 + 25?", max_new_tokens=2))
+    assert response.path == pb.ASK_PATH_GENERATE and response.entry_id == ""
+    assert response.receipt.reused_tokens == 0
 
 
 def test_ask_recalls_the_same_question_in_other_words(library: LibraryService) -> None:

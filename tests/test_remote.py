@@ -44,6 +44,7 @@ from kvgraftd.page_records import page_record
 from kvgraftd.remote import RemoteTier
 from kvgraftd.remote_s3 import RemoteSettings
 from kvgraftd.remote_store import RemoteBackedStore
+from kvgraftd.signing import Signer, TrustPolicy
 from kvgraftd.store import Store
 
 BUCKET = "kvgraft"
@@ -300,18 +301,24 @@ def test_prefix_lookup_believes_only_what_it_verified(s3, tmp_path, rng, monkeyp
     y = artifact([rng.randrange(1000) for _ in range(32)])
     stores = [Store(tmp_path / name) for name in "abcd"]
     tiers = [RemoteTier(settings) for _ in stores]
+    writer_trust = TrustPolicy(Signer.generate())
+    reader_trust = TrustPolicy(Signer.generate(), [writer_trust.signer.public_key])
     try:
-        writer = RemoteBackedStore(stores[0], tiers[0], read_through=False)
+        writer = RemoteBackedStore(stores[0], tiers[0], writer_trust, read_through=False)
         for a in (x, y):
-            writer.commit_artifact(a.manifest, {d: page_record(b) for d, b in a.pages.items()})
+            records = {d: page_record(b) for d, b in a.pages.items()}
+            writer.commit_artifact(a.manifest, records, writer_trust.computed(a.id))
 
-        def lookup(index: int) -> list:
-            view = RemoteBackedStore(stores[index], tiers[index], read_through=True)
-            return view.longest_chain(FINGERPRINT, profile, layout, x.manifest.token_ids, 4)
+        def lookup(index: int, trust: TrustPolicy = reader_trust) -> list:
+            view = RemoteBackedStore(stores[index], tiers[index], trust, read_through=True)
+            match = view.longest_chain(FINGERPRINT, profile, layout, x.manifest.token_ids, 4)
+            return match.entries
 
+        # a reader that does not trust the writer's key takes nothing from the bucket
+        assert lookup(1, TrustPolicy(Signer.generate())) == []
         local = stores[0].longest_chain(FINGERPRINT, profile, layout, x.manifest.token_ids, 4)
         remote = lookup(1)
-        assert [e.page_sha256 for e in remote] == [e.page_sha256 for e in local]
+        assert [e.page_sha256 for e in remote] == [e.page_sha256 for e in local.entries]
         assert len(remote) == 4
         assert stores[1].missing_pages(list(x.pages)) == []  # fetched, verified, stored
         assert [bytes(stores[1].read_page(d)[0]) for d in x.pages] == list(x.pages.values())

@@ -31,6 +31,7 @@ from tcp_proxy import FaultProxy
 from kvgraft import Client
 from kvgraft.artifact import page_sizes
 from kvgraft.errors import DataLoss, NotFound
+from kvgraftd.signing import Signer
 
 BUCKET = "kvgraft"
 PAGE_TOKENS = 16
@@ -53,11 +54,15 @@ def fleet(tmp_path_factory):
     s3 = SeaweedS3.start(root / "seaweedfs", binary, BUCKET)
     proxy = FaultProxy(f"127.0.0.1:{s3.ports['s3']}")
     daemons = []
+    # A fleet trusts its members' keys: each made before its daemon starts, all listed.
+    keys = [Signer.load_or_create(root / name).public_key.hex() for name in ("a", "b")]
+    trust = ["--trust-keys", ",".join(keys)]
     try:
         for name, endpoint in (("a", s3.endpoint), ("b", f"http://{proxy.address}")):
             remote = ["--remote-endpoint", endpoint, "--remote-bucket", BUCKET]
             remote += ["--remote-prefix", "fleet", "--remote-timeout-s", "3"]
-            daemons.append(DaemonProcess.start(root / name, MODEL + remote, env=s3_env()))
+            args = MODEL + remote + trust
+            daemons.append(DaemonProcess.start(root / name, args, env=s3_env()))
         for daemon in daemons:
             wait_model_ready(daemon.address)
         yield s3, proxy, *daemons

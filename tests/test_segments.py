@@ -25,7 +25,9 @@ from kvgraftd import segments
 from kvgraftd.direct_io import open_direct, pwritev_all
 from kvgraftd.page_records import page_records_of
 from kvgraftd.segments import Location, SegmentFiles, Tail
+from kvgraftd.signing import Signer, TrustPolicy
 from kvgraftd.store import Store
+from kvgraftd.trust_index import UNRECORDED
 
 F32 = pb.KV_DTYPE_FLOAT32
 
@@ -42,8 +44,8 @@ def _artifact(rng: random.Random, mib: int):
     )
 
 
-def _commit(store: Store, artifact) -> None:
-    store.commit_artifact(artifact.manifest, page_records_of(artifact.pages))
+def _commit(store: Store, artifact, provenance=UNRECORDED) -> None:
+    store.commit_artifact(artifact.manifest, page_records_of(artifact.pages), provenance)
 
 
 def _read(store: Store, artifact) -> dict[bytes, bytes]:
@@ -121,13 +123,13 @@ def test_open_gives_back_the_space_between_live_pages(tmp_path: Path) -> None:
 
 
 def test_a_commit_whose_index_outgrows_the_map_writes_its_bytes_once(tmp_path: Path) -> None:
-    # The map starts at 1 MiB; 8,192 pages' records do not fit, so the write
-    # transaction runs again after the map grows, and with it the append.
+    # The map starts at 1 MiB; 8,192 pages' records (and, trusted, their chain entries) do
+    # not fit, so the write transaction runs again after the map grows, and with it the append.
     with closing(Store(tmp_path / "s", initial_map_bytes=1 << 20, min_free_bytes=1 << 20)) as store:
         artifact = random_artifact(
             random.Random(2), num_layers=8, kv_heads=1, head_dim=1, tokens=1024, page_tokens=2
         )
-        _commit(store, artifact)
+        _commit(store, artifact, TrustPolicy(Signer.generate()).computed(artifact.id))
         assert store.stats().map_size_bytes > 1 << 20
         [segment] = segment_files(store.path)
         assert segment.stat().st_size == sum(block_aligned(len(p)) for p in artifact.pages.values())

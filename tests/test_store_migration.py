@@ -1,4 +1,8 @@
-"""Opening a store of format 1 (page bytes inside LMDB) moves it to format 2.
+"""Opening a store of format 1 (page bytes inside LMDB) moves it to format 2, then 3.
+
+Format 3 adds trust: artifacts stored before have no provenance, so they are
+untrusted (never grafted automatically) until verified, and the chain index that
+Generate's prefix lookup reads holds none of their pages.
 
 tests/data/store-format-1.tar.gz is a store written by kvgraft at commit
 b6e059f (format 1): two artifacts sharing pages, a third one deleted, two
@@ -17,6 +21,7 @@ import lmdb
 import pytest
 
 from kvgraft.artifact import page_sizes
+from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd import segments, store_migration
 from kvgraftd.store import Store
 
@@ -45,13 +50,17 @@ def _assert_holds_exactly(path: Path, expected: dict) -> None:
             assert [d.hex() for d in digests] == pages
             with store.verified_pages(digests) as views:
                 assert [hashlib.sha256(view).digest() for view in views] == digests
+            provenance = store.provenance(artifact_id)
+            assert provenance.trust == pb.Provenance.TRUST_UNTRUSTED, provenance
         staged = [bytes.fromhex(d) for d in expected["staged"]]
         assert store.missing_pages(staged) == []  # still staged, still collectable
     finally:
         store.close()
     with lmdb.open(str(path), max_dbs=16, readonly=True, lock=False) as env:
         with env.begin(db=env.open_db(b"meta", create=False)) as txn:
-            assert txn.get(b"format_version") == b"2"
+            assert txn.get(b"format_version") == b"3"
+        with env.begin(db=env.open_db(b"chains", create=False)) as txn:
+            assert txn.stat(env.open_db(b"chains", create=False))["entries"] == 0
         with pytest.raises(lmdb.NotFoundError):
             env.open_db(b"pages", create=False)  # dropped
 
@@ -59,7 +68,7 @@ def _assert_holds_exactly(path: Path, expected: dict) -> None:
 def test_a_format_1_store_is_migrated_when_opened(tmp_path: Path) -> None:
     path, expected = _unpack(tmp_path)
     _assert_holds_exactly(path, expected)
-    _assert_holds_exactly(path, expected)  # and opens as format 2 after
+    _assert_holds_exactly(path, expected)  # and opens as format 3 after
     store = Store(path, min_free_bytes=1 << 20)
     try:
         assert store.collect_staged(older_than_s=-1) == len(expected["staged"])

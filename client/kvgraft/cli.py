@@ -60,6 +60,7 @@ def cmd_info(client: Client, args: argparse.Namespace) -> None:
         f"kvgraftd {info.version} at {client.address} (store format {info.store_format_version})",
         f"model: {info.model_name or '-'} ({info.model_state})"
         + (f", fingerprint {info.model_fingerprint.hex()[:16]}" if info.model_fingerprint else ""),
+        f"signing key: {info.signing_key.hex()} (other daemons trust it with [trust] keys)",
         f"store: artifacts {stats.artifacts}, distinct pages {stats.pages} "
         f"({human_bytes(stats.page_bytes)}), staged pages {stats.staged_pages} (of uploads "
         "not finished)",
@@ -86,6 +87,13 @@ def cmd_info(client: Client, args: argparse.Namespace) -> None:
     emit(args.json, document, "\n".join(lines))
 
 
+TRUST_NAMES = {
+    pb.Provenance.TRUST_COMPUTED: "computed",
+    pb.Provenance.TRUST_VERIFIED: "verified",
+    pb.Provenance.TRUST_SIGNED: "signed",
+    pb.Provenance.TRUST_UNTRUSTED: "untrusted",
+}
+
 # What each cache tier's row of `kvgraft info` counts.
 TIER_MEANING = {
     "device": "attention-block slots, allocated whole at start; a hit is a block read found "
@@ -109,13 +117,14 @@ def cmd_ls(client: Client, args: argparse.Namespace) -> None:
             i.num_pages,
             human_bytes(i.page_bytes),
             _when(i.created_unix_ms),
+            TRUST_NAMES.get(i.provenance.trust, "untrusted"),
             "pinned" if i.pinned else "",
             ",".join(f"{k}={v}" for k, v in sorted(i.labels.items())),
         )
         for i in infos
     ]
     text = (
-        table(("id", "tokens", "pages", "bytes", "created (UTC)", "", "labels"), rows)
+        table(("id", "tokens", "pages", "bytes", "created (UTC)", "trust", "", "labels"), rows)
         if rows
         else "no artifacts"
     )
@@ -137,6 +146,12 @@ def cmd_stat(client: Client, args: argparse.Namespace) -> None:
         f"model {info.model_fingerprint.hex()}",
         f"created {_when(info.created_unix_ms)} UTC, sequence {info.sequence}"
         + (", pinned" if info.pinned else ""),
+        f"trust {TRUST_NAMES.get(info.provenance.trust, 'untrusted')} ({info.provenance.origin})"
+        + (
+            f", vouched by {info.provenance.vouched_by.hex()[:16]}"
+            if info.provenance.vouched_by
+            else ""
+        ),
     ] + [f"label {k}={v}" for k, v in sorted(info.labels.items())]
     if args.manifest:
         lines += manifest_lines(response.manifest)

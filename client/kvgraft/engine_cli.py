@@ -61,6 +61,8 @@ def _options(args: argparse.Namespace) -> dict:
     }
     if args.sample:
         options.update(greedy=False, temperature=args.temperature, seed=args.seed)
+    if getattr(args, "allow_untrusted", False):
+        options["allow_untrusted"] = True
     return options
 
 
@@ -73,6 +75,10 @@ def receipt_lines(receipt: pb.Receipt, elapsed_s: float | None = None) -> list[s
         f"  generated_logits_sha256 {receipt.generated_logits_sha256.hex()}",
         f"  model {receipt.model_fingerprint.hex()[:16]}, {receipt.profile.attention}, "
         f"page_tokens {receipt.profile.page_tokens}",
+    ] + [
+        f"  grafted {g.artifact_id[:16]}: {g.tokens} tokens, "
+        + (f"vouched for by {g.vouched_by.hex()[:16]}" if g.vouched_by else "UNTRUSTED")
+        for g in receipt.grafted
     ]
 
 
@@ -140,7 +146,10 @@ def cmd_verify(client: Client, args: argparse.Namespace) -> None:
     response = client.verify(args.id)
     document = message_to_json(response.raw)
     if response.ok:
-        text = f"verified {args.id}: every page and receipt hash matches a fresh run"
+        text = (
+            f"verified {args.id}: every page and receipt hash matches a fresh run; this "
+            "daemon now vouches for it (it is grafted automatically)"
+        )
     else:
         text = f"MISMATCH {args.id}: " + ", ".join(response.mismatches)
     emit(args.json, document, text)
@@ -191,6 +200,11 @@ def add_engine_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
         "-q", "--quiet", action="store_true", help="print the artifact id only"
     )
     parsers["graft"].add_argument("id", help="artifact id or unique prefix")
+    parsers["graft"].add_argument(
+        "--allow-untrusted",
+        action="store_true",
+        help="graft an artifact nobody trusted vouches for (the receipt says so)",
+    )
     parsers["verify"].add_argument("id", help="artifact id or unique prefix")
     for name in ("generate", "graft"):
         parser = parsers[name]

@@ -77,7 +77,8 @@ def push_artifact(
     written = remote.put_pages(fingerprint, ((d, source(d)) for d in sizes))
     remote.put_chains(fingerprint, (key for key, _ in manifest_entries(manifest)), artifact_id)
     signatures = store.provenance(artifact_id).signatures
-    remote.put_signatures(fingerprint, artifact_id, signatures)  # before the manifest: complete
+    if signatures:  # before the manifest, whose presence means complete
+        remote.put_signatures(fingerprint, artifact_id, signatures)
     remote.put_manifest(fingerprint, artifact_id, record.canonical)
     remote.counters.add(artifacts_up=1)
     moved = Moved(1, sum(1 for w in written if w), sum(written))

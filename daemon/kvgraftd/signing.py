@@ -71,6 +71,7 @@ class Signer:
     def load_or_create(cls, directory: Path) -> Signer:
         """The key in `directory`/signing.key, created (mode 0600, atomically) if missing."""
         path = Path(directory) / KEY_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
         try:
             seed = path.read_bytes()
         except FileNotFoundError:

@@ -64,8 +64,10 @@ def read(txn, dbs, aid: bytes) -> pb.Provenance:
 def record(txn, dbs, aid: bytes, manifest: pb.Manifest, provenance: pb.Provenance) -> None:
     """Keep `provenance` for a stored artifact (merged with what was kept before); its
     pages enter the chain index when it becomes trusted."""
-    before = read(txn, dbs, aid)
-    after = merged(before, provenance)
+    found = txn.get(aid, db=dbs["provenance"])
+    before = pb.Provenance.FromString(bytes(found)) if found is not None else None
+    after = merged(before, provenance) if before is not None else merged(provenance, provenance)
+    before = before or UNRECORDED
     txn.put(aid, after.SerializeToString(deterministic=True), db=dbs["provenance"])
     if is_trusted(after) and not is_trusted(before):
         chains.register(txn, dbs["chains"], manifest, +1)
