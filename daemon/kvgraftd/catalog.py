@@ -68,6 +68,16 @@ def artifact_info(
     )
 
 
+def counter(txn, meta, name: bytes) -> int:
+    """A u64 counter of the `meta` sub-database (0 when absent)."""
+    current = txn.get(name, db=meta)
+    return struct.unpack("<Q", current)[0] if current is not None else 0
+
+
+def add_counter(txn, meta, name: bytes, delta: int) -> None:
+    txn.put(name, struct.pack("<Q", max(0, counter(txn, meta, name) + delta)), db=meta)
+
+
 def now_ms() -> int:
     """Unix time in milliseconds, as records and change records keep it."""
     return int(time.time() * 1000)

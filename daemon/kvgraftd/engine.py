@@ -47,9 +47,9 @@ from kvgraftd.receipts import (
     pin_determinism,
 )
 from kvgraftd.signing import Signer, TrustPolicy
-from kvgraftd.store import ChainMatch, Store
+from kvgraftd.store import Store
 from kvgraftd.tiers import Tiers
-from kvgraftd.trust_index import is_trusted
+from kvgraftd.trust_index import ChainMatch, is_trusted
 
 VERIFIED = pb.Provenance.TRUST_VERIFIED
 

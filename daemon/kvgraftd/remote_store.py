@@ -44,8 +44,8 @@ from kvgraftd.page_records import PageRecord, page_records_of
 from kvgraftd.remote import RemoteTier
 from kvgraftd.remote_transfer import find_remote, import_artifact, push_artifact
 from kvgraftd.signing import TrustPolicy
-from kvgraftd.store import ChainMatch, CommitResult, Store
-from kvgraftd.trust_index import UNRECORDED, is_trusted
+from kvgraftd.store import CommitResult, Store
+from kvgraftd.trust_index import UNRECORDED, ChainMatch, is_trusted
 
 log = logging.getLogger(__name__)
 

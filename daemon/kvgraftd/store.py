@@ -3,7 +3,7 @@
 Sub-databases (docs/architecture.md, "The store"):
   page_locations  sha256 -> xxh3-128 || segment, offset, length   the bytes: segments/
   refs       sha256 -> u64 reference count                   pages referenced by artifacts
-  staged     sha256 -> u64 unix ms, u64 disk bytes           pages received, not yet referenced
+  staged     sha256 -> u64 unix ms, u64 disk bytes           uploads not finished (kvgraftd.staging)
   artifacts  artifact id (32 bytes) -> record header || canonical manifest
   log        u64 sequence (big-endian) -> ChangeRecord        the replication feed
   chains     chain key -> chain entry                        prefix lookup (engine)
@@ -51,10 +51,10 @@ import lmdb
 import numpy as np
 
 from kvgraft.artifact import canonical_bytes, page_sizes
-from kvgraft.errors import FailedPrecondition, NotFound, ResourceExhausted
+from kvgraft.errors import FailedPrecondition, NotFound
 from kvgraft.page_buffers import block_aligned
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd import catalog, chains, page_records, store_migration, trust_index
+from kvgraftd import catalog, page_records, staging, store_migration, trust_index
 from kvgraftd.catalog import (
     SEQUENCE_KEY,
     ArtifactRecord,
@@ -62,16 +62,15 @@ from kvgraftd.catalog import (
     encode_record,
     now_ms,
 )
-from kvgraftd.chains import ChainEntry
 from kvgraftd.lmdb_env import LmdbEnv
 from kvgraftd.page_records import PageRecord
 from kvgraftd.page_store import PageStore
 from kvgraftd.segments import DEFAULT_SEGMENT_BYTES, Location
+from kvgraftd.trust_index import ChainMatch
 
 log = logging.getLogger(__name__)
 
 _U64 = struct.Struct("<Q")
-_STAGED = struct.Struct("<QQ")  # when a page was staged (unix ms), the disk it takes
 INDEX_BYTES_PER_PAGE = 256  # what a page's records cost LMDB, with room to spare
 
 
@@ -95,14 +94,6 @@ class StoreStats:
     segment_disk_bytes: int
     disk_free_bytes: int
     last_sequence: int
-
-
-@dataclass(frozen=True)
-class ChainMatch:
-    """A prompt's longest run of trusted stored whole pages, and what vouches for them."""
-
-    entries: list[ChainEntry]
-    grafted: list[pb.GraftedArtifact]  # the artifacts holding them (receipts name them)
 
 
 class Store:
@@ -191,27 +182,11 @@ class Store:
         return self._pages.read_framed(digests, frame)
 
     def stage_pages(self, records: Mapping[bytes, PageRecord], limit_bytes: int = 0) -> int:
-        """Persist received pages ahead of their manifest; returns pages written.
-
-        The disk all staged pages take (whole blocks: a 4-byte page takes 4 KiB) stays
-        within `limit_bytes` (0: no limit); beyond it nothing is written.
-        """
+        """Persist received pages ahead of their manifest; returns pages written. All staged
+        pages together stay within `limit_bytes` of disk (0: no limit; kvgraftd.staging)."""
 
         def body(txn: lmdb.Transaction) -> int:
-            new = {d: r for d, r in records.items() if not self._pages.is_stored(txn, d)}
-            disk = {d: block_aligned(len(r.data)) for d, r in new.items()}
-            staged = self._counter(txn, b"staged_bytes")
-            if limit_bytes and staged + sum(disk.values()) > limit_bytes:
-                raise ResourceExhausted(
-                    f"pages of unfinished uploads take {staged} bytes of disk; these "
-                    f"{sum(disk.values())} would pass the daemon's limit (staged_max_bytes = "
-                    f"{limit_bytes}): finish or abandon uploads, or wait for staged_ttl_s"
-                )
-            self._pages.append(txn, new)
-            now = now_ms()
-            for digest in new:
-                txn.put(digest, _STAGED.pack(now, disk[digest]), db=self._db["staged"])
-            self._add_counter(txn, b"staged_bytes", sum(disk.values()))
+            new = staging.stage(txn, self._db, self._pages, records, limit_bytes)
             self._add_page_bytes(txn, sum(len(record.data) for record in new.values()))
             return len(new)
 
@@ -222,11 +197,10 @@ class Store:
         limit = now_ms() - int(older_than_s * 1000)
 
         def body(txn: lmdb.Transaction) -> tuple[int, list[Location]]:
-            cursor = txn.cursor(db=self._db["staged"])
-            doomed = [bytes(k) for k, v in cursor if _U64.unpack(v[:8])[0] <= limit]
+            doomed = staging.staged_before(txn, self._db, limit)
             freed: list[Location] = []
             for digest in doomed:
-                self._unstage(txn, digest)
+                staging.unstage(txn, self._db, digest)
                 if txn.get(digest, db=self._db["refs"]) is not None:
                     continue  # claimed by an artifact since: keep it
                 freed += self._drop_page(txn, digest)
@@ -297,7 +271,7 @@ class Store:
         refs = self._db["refs"]
         count = txn.get(digest, db=refs)
         if count is None:
-            self._unstage(txn, digest)
+            staging.unstage(txn, self._db, digest)
         txn.put(digest, _U64.pack(1 if count is None else _U64.unpack(count)[0] + 1), db=refs)
 
     def _drop_page(self, txn, digest: bytes) -> list[Location]:
@@ -319,24 +293,9 @@ class Store:
         """The longest run of trusted whole pages starting `token_ids`, and the artifact
         that vouches for it."""
         with self._read() as txn:
-            entries = chains.longest_run(
-                txn, self._db["chains"], fingerprint, profile, layout, token_ids, max_pages
+            return trust_index.longest_trusted_run(
+                txn, self._db, fingerprint, profile, layout, token_ids, max_pages
             )
-            if not entries:
-                return ChainMatch([], [])
-            keys = chains.chain_keys(fingerprint, profile, layout, token_ids, len(entries))
-            *_, (_, last_key) = keys
-            aid = trust_index.voucher(txn, self._db, last_key)
-            if aid is None:  # a chain entry is registered only with a voucher
-                return ChainMatch([], [])
-            provenance = trust_index.read(txn, self._db, aid)
-        grafted = pb.GraftedArtifact(
-            artifact_id=aid.hex(),
-            tokens=len(entries) * profile.page_tokens,
-            trust=provenance.trust,
-            vouched_by=provenance.vouched_by,
-        )
-        return ChainMatch(entries, [grafted])
 
     def provenance(self, artifact_id: str) -> pb.Provenance:
         with self._read() as txn:
@@ -356,22 +315,8 @@ class Store:
 
         return self._write(0, body)
 
-    def _unstage(self, txn, digest: bytes) -> None:
-        """A page is staged no more (claimed or collected): its disk leaves the count."""
-        found = txn.pop(digest, db=self._db["staged"])
-        if found is not None and len(found) == _STAGED.size:  # format 2 before: no size
-            self._add_counter(txn, b"staged_bytes", -_STAGED.unpack(found)[1])
-
     def _add_page_bytes(self, txn, delta: int) -> None:
-        self._add_counter(txn, b"page_bytes", delta)
-
-    def _counter(self, txn, name: bytes) -> int:
-        current = txn.get(name, db=self._db["meta"])
-        return _U64.unpack(current)[0] if current is not None else 0
-
-    def _add_counter(self, txn, name: bytes, delta: int) -> None:
-        total = max(0, self._counter(txn, name) + delta)
-        txn.put(name, _U64.pack(total), db=self._db["meta"])
+        catalog.add_counter(txn, self._db["meta"], b"page_bytes", delta)
 
     def delete_artifact(self, artifact_id: str) -> tuple[int, int]:
         """Remove an artifact; returns (pages freed, bytes freed)."""

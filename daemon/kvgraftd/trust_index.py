@@ -18,6 +18,9 @@ it is told, and upgrades, never downgrades, an artifact's trust.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd import chains
 
@@ -91,6 +94,45 @@ def voucher(txn, dbs, chain_key: bytes) -> bytes | None:
         return None
     key = bytes(cursor.key())
     return key[32:] if key[:32] == chain_key else None
+
+
+@dataclass(frozen=True)
+class ChainMatch:
+    """A prompt's longest run of trusted stored whole pages, and what vouches for them."""
+
+    entries: list[chains.ChainEntry]
+    grafted: list[pb.GraftedArtifact]  # the artifacts holding them (receipts name them)
+
+
+def longest_trusted_run(
+    txn,
+    dbs,
+    fingerprint: bytes,
+    profile: pb.ComputeProfile,
+    layout: pb.KvLayout,
+    token_ids: Sequence[int],
+    max_pages: int,
+) -> ChainMatch:
+    """The chain entries of the longest run of whole pages starting `token_ids` (only
+    trusted artifacts' pages are indexed), and the artifact vouching for the last one:
+    it holds every page before it too."""
+    entries = chains.longest_run(
+        txn, dbs["chains"], fingerprint, profile, layout, token_ids, max_pages
+    )
+    if not entries:
+        return ChainMatch([], [])
+    *_, (_, last_key) = chains.chain_keys(fingerprint, profile, layout, token_ids, len(entries))
+    aid = voucher(txn, dbs, last_key)
+    if aid is None:  # an entry is registered only with a voucher
+        return ChainMatch([], [])
+    provenance = read(txn, dbs, aid)
+    grafted = pb.GraftedArtifact(
+        artifact_id=aid.hex(),
+        tokens=len(entries) * profile.page_tokens,
+        trust=provenance.trust,
+        vouched_by=provenance.vouched_by,
+    )
+    return ChainMatch(entries, [grafted])
 
 
 def clear_chains(txn, dbs) -> None:
