@@ -12,8 +12,11 @@ bundles, and a pull applies deletes only to what came from its source.
 
 from __future__ import annotations
 
+import json
 import random
 import struct
+import subprocess
+import sys
 
 import pytest
 from daemon_process import wait_model_ready
@@ -147,3 +150,40 @@ def test_a_pull_deletes_only_what_came_from_its_source(start_daemon) -> None:
         held = {info.artifact_id for info in b.list_artifacts()}
     assert held == {artifact.id for artifact in artifacts}  # all 13 kept; `mine` followed
     assert summary.artifacts_deleted == 1
+
+
+def test_verify_untrusted_trusts_every_artifact_that_recomputes(tiny, tmp_path) -> None:
+    """`kvgraft verify --untrusted`: after an upgrade (or a replication from a daemon it
+    does not trust) a store's artifacts are untrusted; those that recompute equal are
+    trusted, a forgery is reported and stays untrusted (exit 1)."""
+    rng = random.Random(5)
+    with Client(tiny.address, timeout_s=60) as client:
+        genuine = [
+            client.get_artifact(client.deposit(token_ids=p).artifact_id)
+            for p in (
+                [rng.randrange(1, 500) for _ in range(40)],
+                [rng.randrange(1, 500) for _ in range(20)],
+            )
+        ]
+        for artifact in genuine:  # stored again as uploads: untrusted copies elsewhere
+            client.delete(artifact.id)
+            artifact.signatures = []
+            client.put_artifact(artifact)
+        forged = _forged(genuine[0], b"\0")
+        client.put_artifact(forged)
+    result = subprocess.run(
+        [sys.executable, "-m", "kvgraft", "--server", tiny.address, "--json", "verify",
+         "--untrusted"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    document = json.loads(result.stdout)
+    assert document["verified"] == 2
+    assert document["artifacts"][forged.id] == "mismatch"
+    with Client(tiny.address) as client:
+        trusts = {i.artifact_id: i.provenance.trust for i in client.list_artifacts()}
+    assert trusts == {
+        genuine[0].id: pb.Provenance.TRUST_VERIFIED,
+        genuine[1].id: pb.Provenance.TRUST_VERIFIED,
+        forged.id: pb.Provenance.TRUST_UNTRUSTED,
+    }

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kvgraft.client import Client
 from kvgraft.engine_calls import DEFAULT_MAX_NEW_TOKENS
-from kvgraft.errors import InvalidArgument
+from kvgraft.errors import InvalidArgument, KvgraftError
 from kvgraft.render import emit, message_to_json
 from kvgraft.results import GenerationStream
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -143,6 +143,11 @@ def cmd_deposit(client: Client, args: argparse.Namespace) -> None:
 
 
 def cmd_verify(client: Client, args: argparse.Namespace) -> None:
+    if (args.id is None) == (not args.untrusted):
+        raise InvalidArgument("give an artifact id, or --untrusted to verify every untrusted one")
+    if args.untrusted:
+        _verify_untrusted(client, args)
+        return
     response = client.verify(args.id)
     document = message_to_json(response.raw)
     if response.ok:
@@ -154,6 +159,32 @@ def cmd_verify(client: Client, args: argparse.Namespace) -> None:
         text = f"MISMATCH {args.id}: " + ", ".join(response.mismatches)
     emit(args.json, document, text)
     if not response.ok:
+        raise SystemExit(1)
+
+
+def _verify_untrusted(client: Client, args: argparse.Namespace) -> None:
+    """Verify every untrusted artifact of the served model (e.g. after an upgrade made a
+    store's artifacts untrusted): the ones that match become trusted."""
+    model = client.info().model_fingerprint
+    untrusted = [
+        info.artifact_id
+        for info in client.list_artifacts()
+        if info.provenance.trust == pb.Provenance.TRUST_UNTRUSTED
+        and info.model_fingerprint == model
+    ]
+    outcomes: dict[str, str] = {}
+    for artifact_id in untrusted:
+        try:
+            result = client.verify(artifact_id)
+            outcomes[artifact_id] = "verified" if result.ok else "mismatch"
+        except KvgraftError as exc:  # another compute profile, too long, ...
+            outcomes[artifact_id] = f"not verified: {exc.code}"
+        if not args.json:
+            print(f"{outcomes[artifact_id]} {artifact_id}", flush=True)
+    verified = sum(outcome == "verified" for outcome in outcomes.values())
+    summary = f"{verified} of {len(untrusted)} untrusted artifacts verified and now trusted"
+    emit(args.json, {"artifacts": outcomes, "verified": verified}, summary)
+    if verified < len(untrusted):
         raise SystemExit(1)
 
 
@@ -205,7 +236,13 @@ def add_engine_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
         action="store_true",
         help="graft an artifact nobody trusted vouches for (the receipt says so)",
     )
-    parsers["verify"].add_argument("id", help="artifact id or unique prefix")
+    parsers["verify"].add_argument("id", nargs="?", help="artifact id or unique prefix")
+    parsers["verify"].add_argument(
+        "--untrusted",
+        action="store_true",
+        help="verify every untrusted artifact of the served model (those that match are "
+        "trusted from then on)",
+    )
     for name in ("generate", "graft"):
         parser = parsers[name]
         parser.add_argument(
