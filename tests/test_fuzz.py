@@ -12,8 +12,9 @@ and half-valid messages. After each request:
 * the status is never INTERNAL or UNKNOWN, and no message holds a traceback;
 * Info answers within 5 s;
 
-and at the end every artifact acknowledged before (and during) the run is served
-whole, byte for byte, and the daemon's log holds no traceback.
+and at the end every artifact acknowledged before the run is served whole, byte for
+byte (the fuzzed Delete aims at a spare one only), the deposited one still verifies,
+and the daemon's log holds no traceback.
 
 Bounded: a fixed number of examples per RPC, derandomized (CI sees the same
 cases each run), a deadline on every call; the whole module runs in about a

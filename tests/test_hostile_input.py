@@ -79,6 +79,12 @@ def test_a_message_of_empty_chunks_is_refused_at_once(start_daemon) -> None:
     error = raw_put(daemon.address, [hostile], timeout_s=120)
     assert error.code() == CODE.INVALID_ARGUMENT, error.details()
     assert "carries no bytes" in error.details()
+    # and the same number of blocks each holding a one-byte chunk, which decode: the
+    # blocks were concatenated one by one (O(n^2)); now they are extended (O(n))
+    chunk = wire.Chunk(bytes(32), 0, 1, b"x")
+    blocks = wire.encode_page_block(wire.PUT_PAGES, [chunk]) * 90_000  # under 4 MiB
+    error = raw_put(daemon.address, [blocks], timeout_s=120)
+    assert error.code() == CODE.DATA_LOSS, error.details()  # its bytes hash to another name
     assert time.monotonic() - started < 60  # a functional bound: it was minutes
     with Client(daemon.address, timeout_s=5) as client:
         assert client.info().version  # and it answers

@@ -187,3 +187,76 @@ def test_verify_untrusted_trusts_every_artifact_that_recomputes(tiny, tmp_path) 
         genuine[1].id: pb.Provenance.TRUST_VERIFIED,
         forged.id: pb.Provenance.TRUST_UNTRUSTED,
     }
+
+
+def test_a_deposit_on_untrusted_pages_is_untrusted(tiny) -> None:
+    """A Graft with allow_untrusted and deposit computes on the forged pages: what it
+    deposits must not become trusted (it would feed every later Generate)."""
+    prefix = list(range(10, 74))
+    with Client(tiny.address, timeout_s=60) as client:
+        genuine = client.get_artifact(client.deposit(token_ids=prefix).artifact_id)
+        client.delete(genuine.id)
+        forged = _forged(genuine, b"\0")
+        client.put_artifact(forged)
+        result = client.graft(
+            forged.id, token_ids=[5], max_new_tokens=1, allow_untrusted=True, deposit=True
+        )
+        derived = client.stat(result.deposited_artifact_id).info.provenance
+        assert derived.trust == pb.Provenance.TRUST_UNTRUSTED and not derived.signatures
+        assert client.generate(token_ids=[*prefix, 5, 6], max_new_tokens=2).reused_tokens == 0
+
+
+def test_signatures_by_throwaway_keys_cannot_grow_without_bound(start_daemon) -> None:
+    trusted = Signer.generate()
+    daemon = start_daemon(extra_args=["--trust-keys", trusted.public_key.hex()])
+    artifact = random_artifact(random.Random(8))
+    with Client(daemon.address) as client:
+        artifact.signatures = [trusted.sign(artifact.id)]
+        client.put_artifact(artifact)
+        for _ in range(3):  # anyone may re-put it with valid signatures by new keys
+            artifact.signatures = [Signer.generate().sign(artifact.id) for _ in range(64)]
+            client.put_artifact(artifact)
+        provenance = client.stat(artifact.id).info.provenance
+        assert len(provenance.signatures) == 16
+        assert provenance.signatures[0].public_key == trusted.public_key  # the voucher's kept
+        assert provenance.trust == pb.Provenance.TRUST_SIGNED
+        assert len(client.get_artifact(artifact.id).signatures) == 16  # still served
+
+
+def test_a_key_taken_out_of_trust_keys_vouches_no_more(start_daemon, tmp_path) -> None:
+    key = Signer.generate()
+    daemon = start_daemon(
+        data_dir=tmp_path / "d", extra_args=[*TINY, "--trust-keys", key.public_key.hex()]
+    )
+    wait_model_ready(daemon.address)
+    prefix = list(range(20, 84))
+    with Client(daemon.address, timeout_s=60) as client:
+        computed = client.get_artifact(client.deposit(token_ids=prefix).artifact_id)
+        client.delete(computed.id)
+        computed.signatures = [key.sign(computed.id)]  # the same KV, vouched for by `key`
+        client.put_artifact(computed)
+        assert client.lookup(prefix).matched_tokens == 64
+    daemon.stop()
+    daemon.extra_args = TINY  # the key is no longer trusted
+    daemon.launch()
+    wait_model_ready(daemon.address)
+    with Client(daemon.address) as client:
+        assert client.stat(computed.id).info.provenance.trust == pb.Provenance.TRUST_UNTRUSTED
+        assert client.lookup(prefix).matched_tokens == 0
+    assert "signed by keys no longer trusted are untrusted now" in daemon.log()
+
+
+def test_a_verified_replica_still_follows_its_sources_deletes(start_daemon) -> None:
+    """Verifying a replicated artifact upgrades its trust; the source it came from can
+    still delete it (where an artifact came from is kept apart from its trust)."""
+    source = start_daemon(extra_args=TINY)
+    target = start_daemon(extra_args=[*TINY, "--replication-pull-from", "*"])
+    wait_model_ready(source.address)
+    wait_model_ready(target.address)
+    with Client(source.address, timeout_s=60) as a, Client(target.address, timeout_s=60) as b:
+        artifact_id = a.deposit(token_ids=list(range(30, 70))).artifact_id
+        b.pull_from(source.address)
+        assert b.verify(artifact_id).ok
+        assert b.stat(artifact_id).info.provenance.trust == pb.Provenance.TRUST_VERIFIED
+        a.delete(artifact_id)
+        assert b.pull_from(source.address).artifacts_deleted == 1

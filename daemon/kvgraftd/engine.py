@@ -276,16 +276,26 @@ class Engine:
             if token in self.adapter.eos_token_ids or token in options.stop_token_ids:
                 break
         receipt.generated_logits_sha256 = generated_digest.digest()
-        artifact_id = self._deposit(context, receipt, options.labels) if options.deposit else ""
+        artifact_id = ""
+        if options.deposit:
+            artifact_id = self._deposit(context, receipt, options.labels, grafted)
         receipt.reused_tokens, receipt.computed_tokens = reused, computed
         receipt.grafted.extend(grafted)
         receipt.grafted_artifact_id = whole_artifact
         text = self.adapter.decode(list(receipt.generated_token_ids), skip_special=True)
         yield ResultEvent(receipt, text, artifact_id, prompt_logits, tuple(generated_logits))
 
-    def _deposit(self, context: KvContext, receipt: pb.Receipt, labels: Mapping[str, str]) -> str:
+    def _deposit(
+        self,
+        context: KvContext,
+        receipt: pb.Receipt,
+        labels: Mapping[str, str],
+        grafted: list[pb.GraftedArtifact],
+    ) -> str:
         """Store the context. The manifest keeps the run-independent part of the receipt,
-        so the same context deposited by a fresh or a grafted run has one id."""
+        so the same context deposited by a fresh or a grafted run has one id. It is as
+        trusted as what it grafted: computed here on untrusted pages (a Graft with
+        allow_untrusted) it is stored untrusted, never signed."""
         pages = [
             context.page_bytes(page, layer)
             for page in range(context.page_count())
@@ -305,7 +315,12 @@ class Engine:
         # block-aligned copies: the store writes them to disk with direct I/O
         copies = slot_copies({d: artifact.pages[d] for d in missing}) if missing else {}
         records = page_records_of(copies)
-        provenance = self.trust.computed(artifact.id)
+        if all(is_trusted(pb.Provenance(trust=g.trust)) for g in grafted):
+            provenance = self.trust.computed(artifact.id)
+        else:
+            provenance = pb.Provenance(
+                trust=pb.Provenance.TRUST_UNTRUSTED, origin="computed on untrusted pages"
+            )
         return self.store.commit_artifact(artifact.manifest, records, provenance).artifact_id
 
     # ------------------------------------------------------------------

@@ -55,6 +55,7 @@ class LocalTarget:
     def __init__(self, service: StoreService, store: Store, source: str = "") -> None:
         self._service = service
         self._store = store
+        self._source = source
         self._origin = f"replicated from {source}" if source else "replicated"
 
     def from_source(self, source: str) -> LocalTarget:
@@ -79,11 +80,11 @@ class LocalTarget:
         return self._store.missing_pages(digests)
 
     def put_parts(self, parts: Iterator[wire.PutPart]) -> pb.PutArtifactResponse:
-        return self._service.put_parts(parts, self._origin)
+        return self._service.put_parts(parts, self._origin, self._source)
 
     def delete_artifact(self, artifact_id: str) -> str:
         try:
-            if self._store.provenance(artifact_id).origin != self._origin:
+            if self._source not in self._store.provenance(artifact_id).replicated_from:
                 self._store.get_record(artifact_id)  # NotFound first, when it is gone
                 return "foreign"
             self._store.delete_artifact(artifact_id)

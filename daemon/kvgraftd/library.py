@@ -214,7 +214,10 @@ class LibraryService:
     def _with_library(
         self, engine: Engine, index: LibraryIndex, tag: str, text: str, budget: int
     ) -> _Run:
-        entries = index.entries(engine.fingerprint, tag)
+        # only trusted entries' texts go into a context this daemon computes and vouches for
+        entries = [
+            e for e in index.entries(engine.fingerprint, tag) if index.trusted(e.artifact_id)
+        ]
         if not entries:
             raise NotFound(
                 f"the library has no entries tagged {tag!r} for this model "

@@ -156,10 +156,10 @@ class LibraryIndex:
     ) -> IndexedEntry | None:
         with self._lock:
             found = [self._entries[aid] for aid in table.get(key, ())]
-        trusted = [entry for entry in found if self._trusted(entry.artifact_id)]
+        trusted = [entry for entry in found if self.trusted(entry.artifact_id)]
         return min(trusted, key=lambda entry: entry.sequence, default=None)
 
-    def _trusted(self, artifact_id: str) -> bool:
+    def trusted(self, artifact_id: str) -> bool:
         """Only trusted entries and contexts are grafted: a forged one is never recalled."""
         return is_trusted(self._store.provenance(artifact_id))
 
@@ -171,5 +171,5 @@ class LibraryIndex:
                 for context in self._contexts.values()
                 if context.fingerprint == fingerprint and context.tag == tag
             ]
-        trusted = [context for context in found if self._trusted(context.artifact_id)]
+        trusted = [context for context in found if self.trusted(context.artifact_id)]
         return sorted(trusted, key=lambda context: context.sequence)

@@ -230,6 +230,9 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
         Signer.load_or_create(config.data), (bytes.fromhex(key) for key in config.trust_keys)
     )
     log.info("signing key %s", trust.signer.public_key.hex())
+    withdrawn = store.withdraw_trust(trust.keys)  # a key taken out of [trust] keys
+    if withdrawn:
+        log.warning("%d artifacts signed by keys no longer trusted are untrusted now", withdrawn)
     # The remote tier ([remote]): bad credentials stop the daemon here, before it serves.
     remote = RemoteService.open(config, store, trust)
     service = StoreService(

@@ -30,6 +30,7 @@ from kvgraftd.page_records import PageRecord, page_records_of
 from kvgraftd.remote import RemoteTier
 from kvgraftd.signing import TrustPolicy
 from kvgraftd.store import Store
+from kvgraftd.trust_index import is_trusted
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,11 @@ def push_artifact(
 
     sizes = page_sizes(manifest)
     written = remote.put_pages(fingerprint, ((d, source(d)) for d in sizes))
-    remote.put_chains(fingerprint, (key for key, _ in manifest_entries(manifest)), artifact_id)
-    signatures = store.provenance(artifact_id).signatures
+    provenance = store.provenance(artifact_id)
+    if is_trusted(provenance):  # an untrusted upload must not repoint the fleet's prefixes
+        keys = (key for key, _ in manifest_entries(manifest))
+        remote.put_chains(fingerprint, keys, artifact_id)
+    signatures = provenance.signatures
     if signatures:  # before the manifest, whose presence means complete
         remote.put_signatures(fingerprint, artifact_id, signatures)
     remote.put_manifest(fingerprint, artifact_id, record.canonical)

@@ -103,7 +103,7 @@ class StoreService:
         return self.put_parts(map(wire.decode_put, messages))
 
     def put_parts(
-        self, parts: Iterable[wire.PutPart], origin: str = "upload"
+        self, parts: Iterable[wire.PutPart], origin: str = "upload", source: str = ""
     ) -> pb.PutArtifactResponse:
         """Receive pages then a manifest; commit them together. The artifact is trusted
         if it carries a valid signature by a trusted key, else stored untrusted (`origin`
@@ -139,6 +139,8 @@ class StoreService:
             )
         intake.check_against(manifest)
         provenance = self.trust.received(artifact_id(manifest), signatures, origin)
+        if source:  # a pull or a follower: a delete from there will apply to it
+            provenance.replicated_from.append(source)
         result = self._store.commit_artifact(manifest, intake.records, provenance)
         return pb.PutArtifactResponse(
             artifact_id=result.artifact_id,

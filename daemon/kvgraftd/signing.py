@@ -128,6 +128,6 @@ class TrustPolicy:
             trust=pb.Provenance.TRUST_SIGNED if voucher else pb.Provenance.TRUST_UNTRUSTED,
             origin=origin,
             vouched_by=voucher,
-            signatures=unique_signatures(valid),
+            signatures=unique_signatures(valid, first=voucher),
             unix_ms=now_ms(),
         )

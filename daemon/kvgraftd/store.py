@@ -297,6 +297,18 @@ class Store:
                 txn, self._db, fingerprint, profile, layout, token_ids, max_pages
             )
 
+    def withdraw_trust(self, keys: frozenset[bytes]) -> int:
+        """Trust only `keys` from now on (a key removed from [trust] keys): see
+        trust_index.withdraw. Returns how many artifacts became untrusted."""
+
+        def body(txn: lmdb.Transaction) -> int:
+            def manifest_of(aid: bytes) -> pb.Manifest:
+                return decode_record(txn.get(aid, db=self._db["artifacts"])).manifest()
+
+            return trust_index.withdraw(txn, self._db, keys, manifest_of)
+
+        return self._write(0, body)
+
     def provenance(self, artifact_id: str) -> pb.Provenance:
         with self._read() as txn:
             return trust_index.read(txn, self._db, catalog.parse_full_id(artifact_id))

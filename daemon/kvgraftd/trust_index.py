@@ -33,6 +33,8 @@ _RANK = {
     pb.Provenance.TRUST_SIGNED: 2,
     pb.Provenance.TRUST_UNTRUSTED: 1,
 }
+MAX_KEPT_SIGNATURES = 16  # per artifact: its voucher's first
+MAX_SOURCES = 16  # replication sources remembered per artifact
 UNRECORDED = pb.Provenance(trust=pb.Provenance.TRUST_UNTRUSTED, origin="stored before trust")
 
 
@@ -47,16 +49,22 @@ def merged(stored: pb.Provenance, arrived: pb.Provenance) -> pb.Provenance:
     out = pb.Provenance()
     out.CopyFrom(best)
     del out.signatures[:]
-    out.signatures.extend(unique_signatures([*stored.signatures, *arrived.signatures]))
+    out.signatures.extend(
+        unique_signatures([*stored.signatures, *arrived.signatures], first=best.vouched_by)
+    )
+    del out.replicated_from[:]
+    sources = dict.fromkeys([*stored.replicated_from, *arrived.replicated_from])
+    out.replicated_from.extend(list(sources)[:MAX_SOURCES])
     return out
 
 
-def unique_signatures(signatures) -> list[pb.ArtifactSignature]:
-    """One signature per key, the first given."""
+def unique_signatures(signatures, first: bytes = b"") -> list[pb.ArtifactSignature]:
+    """One signature per key, the voucher's (`first`) first, at most MAX_KEPT_SIGNATURES:
+    anyone may add valid signatures by throwaway keys; they must not grow without bound."""
     by_key: dict[bytes, pb.ArtifactSignature] = {}
-    for signature in signatures:
+    for signature in sorted(signatures, key=lambda s: s.public_key != first):
         by_key.setdefault(signature.public_key, signature)
-    return list(by_key.values())
+    return list(by_key.values())[:MAX_KEPT_SIGNATURES]
 
 
 def read(txn, dbs, aid: bytes) -> pb.Provenance:
@@ -74,8 +82,13 @@ def record(txn, dbs, aid: bytes, manifest: pb.Manifest, provenance: pb.Provenanc
     txn.put(aid, after.SerializeToString(deterministic=True), db=dbs["provenance"])
     if is_trusted(after) and not is_trusted(before):
         chains.register(txn, dbs["chains"], manifest, +1)
-        for key, _ in chains.manifest_entries(manifest):
-            txn.put(key + aid, b"", db=dbs["vouchers"])
+        for key, entry in chains.manifest_entries(manifest):
+            found = txn.get(key, db=dbs["chains"])
+            # it vouches only where the index holds its bytes (not another's, kept first)
+            if found is not None and chains.ChainEntry.decode(found).page_sha256 == (
+                entry.page_sha256
+            ):
+                txn.put(key + aid, b"", db=dbs["vouchers"])
 
 
 def forget(txn, dbs, aid: bytes, manifest: pb.Manifest) -> None:
@@ -85,6 +98,26 @@ def forget(txn, dbs, aid: bytes, manifest: pb.Manifest) -> None:
         for key, _ in chains.manifest_entries(manifest):
             txn.delete(key + aid, db=dbs["vouchers"])
     txn.delete(aid, db=dbs["provenance"])
+
+
+def withdraw(txn, dbs, keys: frozenset[bytes], manifest_of) -> int:
+    """Keys no longer trusted: an artifact they vouched for is vouched for by another
+    trusted signature it carries, or becomes untrusted and leaves the chain index.
+    `manifest_of(aid)` reads an artifact's manifest. Returns the artifacts downgraded."""
+    downgraded = 0
+    for raw_aid, raw in list(txn.cursor(db=dbs["provenance"])):
+        provenance = pb.Provenance.FromString(bytes(raw))
+        if provenance.trust != pb.Provenance.TRUST_SIGNED or provenance.vouched_by in keys:
+            continue
+        aid = bytes(raw_aid)
+        other = next((s.public_key for s in provenance.signatures if s.public_key in keys), b"")
+        if not other:
+            forget(txn, dbs, aid, manifest_of(aid))  # out of the index while still trusted
+            provenance.trust = pb.Provenance.TRUST_UNTRUSTED
+            downgraded += 1
+        provenance.vouched_by = other
+        txn.put(aid, provenance.SerializeToString(deterministic=True), db=dbs["provenance"])
+    return downgraded
 
 
 def voucher(txn, dbs, chain_key: bytes) -> bytes | None:

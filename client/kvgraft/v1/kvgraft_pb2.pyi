@@ -163,7 +163,7 @@ class ArtifactSignature(_message.Message):
     def __init__(self, public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class Provenance(_message.Message):
-    __slots__ = ("trust", "origin", "vouched_by", "signatures", "unix_ms")
+    __slots__ = ("trust", "origin", "vouched_by", "signatures", "unix_ms", "replicated_from")
     class Trust(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         TRUST_UNSPECIFIED: _ClassVar[Provenance.Trust]
@@ -181,12 +181,14 @@ class Provenance(_message.Message):
     VOUCHED_BY_FIELD_NUMBER: _ClassVar[int]
     SIGNATURES_FIELD_NUMBER: _ClassVar[int]
     UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATED_FROM_FIELD_NUMBER: _ClassVar[int]
     trust: Provenance.Trust
     origin: str
     vouched_by: bytes
     signatures: _containers.RepeatedCompositeFieldContainer[ArtifactSignature]
     unix_ms: int
-    def __init__(self, trust: _Optional[_Union[Provenance.Trust, str]] = ..., origin: _Optional[str] = ..., vouched_by: _Optional[bytes] = ..., signatures: _Optional[_Iterable[_Union[ArtifactSignature, _Mapping]]] = ..., unix_ms: _Optional[int] = ...) -> None: ...
+    replicated_from: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, trust: _Optional[_Union[Provenance.Trust, str]] = ..., origin: _Optional[str] = ..., vouched_by: _Optional[bytes] = ..., signatures: _Optional[_Iterable[_Union[ArtifactSignature, _Mapping]]] = ..., unix_ms: _Optional[int] = ..., replicated_from: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutArtifactResponse(_message.Message):
     __slots__ = ("artifact_id", "already_present", "pages_written", "bytes_written")
