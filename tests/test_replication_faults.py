@@ -42,7 +42,8 @@ from tcp_proxy import FaultProxy, grpc_messages
 from kvgraft import Artifact, Client, wire
 from kvgraft.artifact import canonical_bytes, page_sizes
 from kvgraft.errors import Internal, KvgraftError, NotFound, Unavailable
-from kvgraft.replication import ClientTarget, Replicator
+from kvgraft.replication import Replicator
+from kvgraft.replication_target import ClientTarget
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 F32 = pb.KV_DTYPE_FLOAT32

@@ -32,12 +32,13 @@ two sources at once, leaves one copy: puts are idempotent and pages shared.
 
 The target is anything with the `Target` methods: `ClientTarget` (another
 daemon over gRPC) here, or the daemon's own store in its follow mode
-(kvgraftd.follower). This module must not import the daemon.
+(kvgraftd.follower). The source's listing and feed are read and checked by
+kvgraft.replication_feed; kvgraft.replication_session runs a Replicator between
+two daemons given as clients or addresses. This module must not import the daemon.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 import threading
@@ -58,16 +59,14 @@ from kvgraft.errors import (
     Unavailable,
 )
 from kvgraft.page_relay import PageRelay, manifest_of
+from kvgraft.replication_feed import ADDED, DELETED, check_record, read_feed, read_listing
 from kvgraft.replication_summary import ReplicationLedger, ReplicationSummary
-from kvgraft.replication_target import ClientTarget, Target
+from kvgraft.replication_target import Target
 from kvgraft.stream_guard import StreamGuard
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 log = logging.getLogger(__name__)
-# A pass holds the source's listing in memory (~200 bytes an artifact): a bound on it.
-MAX_LISTED_ARTIFACTS = 4_000_000
 
-ADDED, DELETED = pb.ChangeRecord.KIND_ADDED, pb.ChangeRecord.KIND_DELETED
 # Errors a retry cannot fix; anything else (a cut, a corrupt byte) is retried.
 # UNIMPLEMENTED is retried too: a request damaged on the way reads as one (gRPC answers
 # "requires exactly one request message"); a daemon that really lacks the RPC still
@@ -188,7 +187,7 @@ class Replicator:
                     for record in feed:
                         if stop.is_set():
                             break
-                        _check_record(record, position + 1)
+                        check_record(record, position + 1)
                         self._apply(record)
                         position = record.sequence
                         self._ledger.position(position, on_position)
@@ -228,17 +227,8 @@ class Replicator:
                 from_sequence,
             )
             from_sequence = 1
-        listed: dict[str, int] = {}
-        for info in self.source.list_artifacts():  # in strict id order, or DataLoss
-            listed[info.artifact_id] = info.page_bytes
-            if len(listed) > MAX_LISTED_ARTIFACTS:
-                raise DataLoss(
-                    f"{self.source.address} lists more than {MAX_LISTED_ARTIFACTS} artifacts, "
-                    "more than one replication pass takes"
-                )
-        if not all(map(_is_artifact_id, listed)):
-            raise DataLoss(f"the listing of {self.source.address} arrived altered")
-        records = self._read_feed(from_sequence)
+        listed = read_listing(self.source)
+        records = read_feed(self.source, from_sequence)
         present = set(self.target.list_ids())
         latest: dict[str, int] = {}  # artifact id -> kind of its last record, in feed order
         for record in records:
@@ -265,28 +255,6 @@ class Replicator:
                 failed += not ok
         position = records[-1].sequence if records else from_sequence - 1
         return (from_sequence - 1 if failed else position), failed
-
-    def _read_feed(self, from_sequence: int) -> list[pb.ChangeRecord]:
-        """The feed from `from_sequence` to its end, read twice: a record altered in
-        transit (another artifact id) would otherwise copy or delete the wrong one."""
-        records = list(self.source.watch(from_sequence))
-        again = list(self.source.watch(from_sequence))
-        if again[: len(records)] != records:
-            raise DataLoss(f"two reads of the change feed of {self.source.address} differ")
-        if records and records[0].sequence > from_sequence:
-            # Only a feed whose start was trimmed does this; the listing covers additions.
-            log.warning(
-                "the feed of %s starts at sequence %d, after %d: deletes in between are not "
-                "known here",
-                self.source.address,
-                records[0].sequence,
-                from_sequence,
-            )
-        for previous, record in itertools.pairwise(records):
-            _check_record(record, previous.sequence + 1)
-        if records:
-            _check_record(records[0], records[0].sequence)
-        return records
 
     def _apply(self, record: pb.ChangeRecord) -> None:
         if record.kind == ADDED:
@@ -475,69 +443,3 @@ class Replicator:
 def _retry_cannot_fix(exc: KvgraftError) -> bool:
     """Whether a retry cannot fix `exc` (FATAL_ERRORS, bar damage on the way)."""
     return isinstance(exc, FATAL_ERRORS) and _DAMAGED_LENGTH not in str(exc)
-
-
-def _is_artifact_id(text: str) -> bool:
-    return len(text) == 64 and not text.strip("0123456789abcdef")
-
-
-def _check_record(record: pb.ChangeRecord, sequence: int) -> None:
-    """A change record must be the next one and name an artifact: else it was altered."""
-    if (
-        record.sequence != sequence
-        or record.kind not in (ADDED, DELETED)
-        or not _is_artifact_id(record.artifact_id)
-    ):
-        raise DataLoss(f"change record {record.sequence} is not the expected {sequence}")
-
-
-def refuse_same_daemon(source: Client, target: Client) -> None:
-    """FailedPrecondition when both clients reach one daemon (the same instance_id)."""
-    instance = source.info().instance_id
-    if instance and instance == target.info().instance_id:
-        raise FailedPrecondition(
-            f"the source {source.address} and the target {target.address} are the same "
-            "daemon: replicate between two daemons"
-        )
-
-
-def replicate(
-    source: Client | str,
-    target: Client | str,
-    *,
-    follow: bool = False,
-    from_sequence: int = 1,
-    stop: threading.Event | None = None,
-    on_position: Callable[[int], None] | None = None,
-    client_options: dict | None = None,
-    **replicator_options,
-) -> ReplicationSummary:
-    """Make `target` hold what `source` holds (see the module docstring).
-
-    Either may be a Client (TLS and tokens as the caller set them up) or an
-    address, opened with `client_options` and closed at the end. One pass by
-    default (the feed from `from_sequence`); with `follow`, catch up, then keep
-    applying changes until `stop` is set. Options of Replicator: workers,
-    max_attempts, progress, on_change.
-    """
-    opened: list[Client] = []
-
-    def client_for(endpoint: Client | str) -> Client:
-        if isinstance(endpoint, Client):
-            return endpoint
-        opened.append(Client(endpoint, **(client_options or {})))
-        return opened[-1]
-
-    try:
-        source_client, target_client = client_for(source), client_for(target)
-        refuse_same_daemon(source_client, target_client)
-        replicator = Replicator(source_client, ClientTarget(target_client), **replicator_options)
-        replicator.summary.target = target_client.address
-        if follow:
-            return replicator.follow(
-                from_sequence, stop=stop or threading.Event(), on_position=on_position
-            )
-        return replicator.sync(from_sequence)
-    finally:
-        for client in opened:
-            client.close()

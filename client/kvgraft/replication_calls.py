@@ -52,14 +52,14 @@ class ReplicationCalls:
             return self._put(iter(messages), timeout=self.transfer_timeout_s)
 
     def replicate_to(self, target: Client | str, **options) -> ReplicationSummary:
-        """Make `target` hold this daemon's artifacts, deletes too (kvgraft.replication)."""
-        from kvgraft.replication import replicate
+        """Make `target` hold this daemon's artifacts, deletes too (kvgraft.replication_session)."""
+        from kvgraft.replication_session import replicate
 
         return replicate(self, target, **options)
 
     def replicate_from(self, source: Client | str, **options) -> ReplicationSummary:
-        """Make this daemon hold `source`'s artifacts, deletes too (kvgraft.replication)."""
-        from kvgraft.replication import replicate
+        """Make this daemon hold `source`'s artifacts, deletes too (kvgraft.replication_session)."""
+        from kvgraft.replication_session import replicate
 
         return replicate(source, self, **options)
 

@@ -26,12 +26,10 @@ import threading
 from kvgraft.cli_options import connection_options
 from kvgraft.client import Client
 from kvgraft.render import emit, human_bytes
-from kvgraft.replication import (
-    ClientTarget,
-    ReplicationSummary,
-    Replicator,
-    refuse_same_daemon,
-)
+from kvgraft.replication import Replicator
+from kvgraft.replication_session import refuse_same_daemon
+from kvgraft.replication_summary import ReplicationSummary
+from kvgraft.replication_target import ClientTarget
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
