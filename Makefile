@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-NATIVE := $(wildcard daemon/kvgraftd/native/*.c daemon/kvgraftd/native/*.h)
+NATIVE := $(wildcard daemon/kvgraftd/*/native/*.c daemon/kvgraftd/*/native/*.h)
 
 $(STAMP): pyproject.toml constraints.txt setup.py $(NATIVE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -73,4 +73,4 @@ service-config: $(STAMP) ## regenerate daemon/systemd/kvgraftd.toml from kvgraft
 	mv daemon/systemd/kvgraftd.toml.new daemon/systemd/kvgraftd.toml
 
 clean: ## remove the virtual environment, caches and the built kernels (keeps ./kvgraft-data)
-	rm -rf $(VENV) .pytest_cache .ruff_cache build daemon/kvgraftd/_*.so
+	rm -rf $(VENV) .pytest_cache .ruff_cache build daemon/kvgraftd/*/_*.so

@@ -51,14 +51,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvgraft import AskResult, Client
+from kvgraftd.library.format import normalize_answer
+from kvgraftd.testing.daemon_process import DaemonProcess, wait_model_ready
+from kvgraftd.testing.flywheel_problems import KINDS, Problem, heldout, recurring
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from daemon_process import DaemonProcess, wait_model_ready  # noqa: E402
-from flywheel_problems import KINDS, Problem, heldout, recurring  # noqa: E402
-
-from kvgraft import AskResult, Client  # noqa: E402
-from kvgraftd.library_format import normalize_answer  # noqa: E402
 
 MODEL_CACHE = ROOT / ".cache" / "models"
 BASELINE_BUDGET = 512

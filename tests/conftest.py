@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import random
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from daemon_process import DaemonProcess
-
 from kvgraft import Client
+from kvgraftd.testing.daemon_process import DaemonProcess
 
 
 @pytest.fixture
@@ -57,7 +53,7 @@ MODEL_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "models"
 @pytest.fixture(scope="session")
 def real_model():
     """The default model's adapter, loaded in-process (once per session)."""
-    from kvgraftd.model_adapter import ModelAdapter
+    from kvgraftd.engine.model_adapter import ModelAdapter
 
     return ModelAdapter.load(None, MODEL_CACHE)
 

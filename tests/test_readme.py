@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from daemon_process import DaemonProcess, wait_model_ready
+
+from kvgraftd.testing.daemon_process import DaemonProcess, wait_model_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

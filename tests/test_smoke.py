@@ -2,7 +2,7 @@ from kvgraft import Client
 
 
 def test_put_get(client: Client, rng) -> None:
-    from factory import random_artifact
+    from tests.support.factory import random_artifact
 
     artifact = random_artifact(rng)
     response = client.put_artifact(artifact)

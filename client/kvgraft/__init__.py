@@ -4,13 +4,13 @@ The client library: `Client` talks to a kvgraftd daemon; its engine calls return
 the typed results of kvgraft.results (`GenerateResult`, `DepositResult`,
 `AskResult`, `VerifyResult`, each with its `Receipt`); `Artifact` is a manifest
 plus its pages; `kvgraft.errors` is the error taxonomy; the `kvgraft` command
-line lives in `kvgraft.cli`.
+line lives in `kvgraft.cli.main`.
 """
 
 __version__ = "0.1.0"
 
 from kvgraft.artifact import Artifact
-from kvgraft.client import Client
+from kvgraft.client.client import Client
 from kvgraft.errors import KvgraftError
 from kvgraft.results import (
     AskResult,

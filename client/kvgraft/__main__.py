@@ -2,6 +2,6 @@
 
 import sys
 
-from kvgraft.cli import main
+from kvgraft.cli.main import main
 
 sys.exit(main())

@@ -2,8 +2,8 @@
 
 Each class names the gRPC status code it travels as (`code`, a string, so this
 module needs no gRPC). The daemon maps raised errors to status codes in one
-place (kvgraftd.server); the client maps status codes back to these classes in
-one place (kvgraft.client). Messages say what happened and what to do.
+place (kvgraftd.server.grpc_server); the client maps status codes back to these classes in
+one place (kvgraft.client.client). Messages say what happened and what to do.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ intake and its engine's deposits), each gets a slot of one buffer per
 artifact (or message), every slot starting on a 4 KiB block:
 
 * the daemon writes a page that starts on a block to disk from where it
-  lies, with direct I/O (kvgraftd.direct_io), instead of copying it through
+  lies, with direct I/O (kvgraftd.store.direct_io), instead of copying it through
   the page cache;
 * buffers are anonymous mappings advised to use huge pages, and a buffer
   nothing references any more goes back to a small pool (`POOL_BYTES`) for

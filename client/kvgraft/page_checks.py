@@ -14,11 +14,13 @@ page matches; it never raises for a mismatch, so the caller decides what a
 bad page means and what it must withhold. `split_pages` runs other per-page
 work the same way (a copy then its check; SHA-256, for which hashlib releases
 the GIL too). Work handed to the pool must not
-itself wait on the pool.
+itself wait on the pool. `PageHash` checks one page whose pieces arrive one by
+one (kvgraft.chunks).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -83,3 +85,25 @@ def _executor() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="page-check")
         return _pool
+
+
+class PageHash:
+    """One page hashed as its pieces pass: against the xxh3-128 its sender gave, and
+    against its SHA-256 (its identity) when the sender gave none or `also_sha256`."""
+
+    def __init__(self, sha256: bytes, xxh3: bytes = b"", *, also_sha256: bool = False) -> None:
+        self._sha256 = sha256
+        self._xxh3 = xxh3
+        self._fast = xxhash.xxh3_128() if xxh3 else None
+        self._identity = hashlib.sha256() if also_sha256 or not xxh3 else None
+
+    def update(self, data) -> None:
+        if self._fast is not None:
+            self._fast.update(data)
+        if self._identity is not None:
+            self._identity.update(data)
+
+    def intact(self) -> bool:
+        if self._fast is not None and self._fast.digest() != self._xxh3:
+            return False
+        return self._identity is None or self._identity.digest() == self._sha256

@@ -73,13 +73,13 @@ class DaemonConfig:
     page_tokens: int = _opt(64, "tokens per KV page")
     block_tokens: int = _opt(4096, "keys per attention block (a multiple of page_tokens)")
     max_context_tokens: int = _opt(32768, "longest context one request may build")
-    # Tiers (kvgraftd.device_pool, kvgraftd.host_cache).
+    # Tiers (kvgraftd.tiers.device_pool, kvgraftd.tiers.host_cache).
     device: str = _opt("auto", "where attention runs: cpu, cuda or auto (cuda when present)")
     device_budget_bytes: int = _opt(
         2 << 30, "device memory for attention blocks; KV beyond it streams in as needed"
     )
     host_budget_bytes: int = _opt(4 << 30, "RAM for checked copies of stored pages (0: none)")
-    # Exposure (kvgraftd.security): a non-loopback listen needs TLS or a token, or insecure.
+    # Exposure (kvgraftd.server.security): a non-loopback listen needs TLS or a token, or insecure.
     insecure: bool = _opt(False, "allow a non-loopback listen address without TLS or a token")
     tls_cert: str = _opt("", "PEM certificate (chain) to serve TLS with; needs tls_key")
     tls_key: str = _opt("", "PEM private key of tls_cert")
@@ -89,7 +89,7 @@ class DaemonConfig:
     token_file: str = _opt(
         "", "file holding the bearer token every call must carry (health Check excepted)"
     )
-    # Limits (kvgraftd.limits).
+    # Limits (kvgraftd.server.limits).
     max_concurrent_rpcs: int = _opt(
         64,
         "calls in progress at once, running or waiting for a worker; more are refused at "
@@ -110,7 +110,7 @@ class DaemonConfig:
     keepalive_s: float = _opt(60.0, "seconds between pings that notice a vanished client")
     keepalive_timeout_s: float = _opt(20.0, "seconds a ping may go unanswered before hanging up")
     metrics_listen: str = _opt("", "host:port serving Prometheus metrics at /metrics; empty: off")
-    # Replication (kvgraftd.follower). TOML: [replication] follow = ["host:port", ...].
+    # Replication (kvgraftd.replication.follower). TOML: [replication] follow = ["host:port", ...].
     replication_follow: tuple[str, ...] = _opt(
         (), "peers (host:port, comma-separated) whose artifacts and deletes this daemon copies"
     )
@@ -119,13 +119,13 @@ class DaemonConfig:
         "sources (host:port, comma-separated; * for any) a Replicate call may make this daemon "
         "copy from, besides its follow peers; it connects with its own KVGRAFT_* credentials",
     )
-    # Trust (kvgraftd.signing). TOML: [trust] keys = ["hex", ...].
+    # Trust (kvgraftd.store.signing). TOML: [trust] keys = ["hex", ...].
     trust_keys: tuple[str, ...] = _opt(
         (),
         "Ed25519 public keys (hex, comma-separated) whose signatures this daemon accepts: "
         "artifacts they signed are grafted at once (kvgraft info shows a daemon's key)",
     )
-    # Remote tier (kvgraftd.remote). TOML: [remote] endpoint, bucket, prefix, write, ...
+    # Remote tier (kvgraftd.remote.tier). TOML: [remote] endpoint, bucket, prefix, write, ...
     # Credentials: the standard AWS variables or credentials file, never this file.
     remote_endpoint: str = _opt("", "S3 endpoint URL of the remote tier (empty: AWS S3)")
     remote_bucket: str = _opt("", "S3 bucket of the remote tier (empty: no remote tier)")
@@ -165,7 +165,7 @@ class DaemonConfig:
 
 
 def _check_exposure_fields(config: DaemonConfig) -> None:
-    """The security and limit fields (the exposure rule itself is kvgraftd.security's)."""
+    """The security and limit fields (the exposure rule itself is kvgraftd.server.security's)."""
     if bool(config.tls_cert) != bool(config.tls_key):
         raise ConfigError("tls_cert and tls_key go together: give both, or neither")
     if config.tls_client_ca and not config.tls_cert:

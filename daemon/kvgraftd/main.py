@@ -1,11 +1,11 @@
 """kvgraftd's composition root: build everything from one frozen config, run, drain.
 
-Start order: config -> exposure check (kvgraftd.security) -> logging ->
-data-directory lock -> store -> remote tier (kvgraftd.remote_service) ->
-service -> server (limits, TLS, token) ->
+Start order: config -> exposure check (kvgraftd.server.security) -> logging ->
+data-directory lock -> store -> remote tier (kvgraftd.remote.service) ->
+the services (store, engine, library, Replicate's pulls) -> server (limits, TLS, token) ->
 metrics endpoint -> health SERVING -> followers of [replication] peers
-(kvgraftd.follower) -> READY=1 to systemd once a real health probe answers
-(kvgraftd.readiness; then WATCHDOG=1 after each probe). Stop order on
+(kvgraftd.replication.follower) -> READY=1 to systemd once a real health probe answers
+(kvgraftd.ops.readiness; then WATCHDOG=1 after each probe). Stop order on
 SIGTERM/SIGINT: watchdog pings stop, STOPPING=1 -> health NOT_SERVING ->
 follow Watch streams end (UNAVAILABLE) -> followers stop -> server stops taking
 calls and drains in-flight ones (up to drain_s) -> the remote write-back drain
@@ -28,24 +28,26 @@ from typing import TYPE_CHECKING
 
 from kvgraft import __version__
 from kvgraft.errors import KvgraftError
-from kvgraftd import security
 from kvgraftd.config import ConfigError, DaemonConfig, build_parser, load_config, to_toml
-from kvgraftd.engine_service import EngineService
-from kvgraftd.follower import LocalTarget, start_followers
-from kvgraftd.limits import CallLimiter, server_options
-from kvgraftd.lockfile import DataDirLock
-from kvgraftd.metrics import KvgraftCollector, MetricsServer
-from kvgraftd.notify import Notifier
-from kvgraftd.pulls import Pulls
-from kvgraftd.readiness import HealthProbe, Readiness, probe_target
-from kvgraftd.remote_service import RemoteService
-from kvgraftd.server import ServerSettings, create_server, set_serving, stats_response
-from kvgraftd.service import ServiceLimits, StoreService
-from kvgraftd.signing import Signer, TrustPolicy
-from kvgraftd.store import Store
+from kvgraftd.engine.service import EngineService
+from kvgraftd.library.service import LibraryService
+from kvgraftd.ops.lockfile import DataDirLock
+from kvgraftd.ops.metrics import KvgraftCollector, MetricsServer
+from kvgraftd.ops.notify import Notifier
+from kvgraftd.ops.readiness import HealthProbe, Readiness, probe_target
+from kvgraftd.remote.service import RemoteService
+from kvgraftd.replication.follower import LocalTarget, start_followers
+from kvgraftd.replication.pulls import Pulls
+from kvgraftd.server import security
+from kvgraftd.server.grpc_server import ServerSettings, Services, create_server, set_serving
+from kvgraftd.server.limits import CallLimiter, server_options
+from kvgraftd.server.status import stats_response
+from kvgraftd.store.artifact_store import Store
+from kvgraftd.store.service import ServiceLimits, StoreService
+from kvgraftd.store.signing import Signer, TrustPolicy
 
 if TYPE_CHECKING:
-    from kvgraftd.engine import Engine
+    from kvgraftd.engine.engine import Engine
 
 log = logging.getLogger("kvgraftd")
 
@@ -108,18 +110,18 @@ def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engi
     """
     import torch
 
-    from kvgraftd import compute_thread
-    from kvgraftd.device_pool import DevicePool
-    from kvgraftd.engine import Engine
-    from kvgraftd.host_cache import HostCache
-    from kvgraftd.model_adapter import ModelAdapter
-    from kvgraftd.tiers import Tiers
+    from kvgraftd.engine import compute_thread
+    from kvgraftd.engine.engine import Engine
+    from kvgraftd.engine.model_adapter import ModelAdapter
+    from kvgraftd.tiers.device_pool import DevicePool
+    from kvgraftd.tiers.host_cache import HostCache
+    from kvgraftd.tiers.stack import Tiers
 
     device = config.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     cache = Path(config.model_cache) if config.model_cache else config.data / "models"
-    # Loaded on the thread that runs every forward pass (kvgraftd.compute_thread).
+    # Loaded on the thread that runs every forward pass (kvgraftd.engine.compute_thread).
     adapter = compute_thread.run(ModelAdapter.load, config.model or None, cache, device=device)
     geometry = adapter.geometry
     pool = DevicePool(
@@ -225,7 +227,7 @@ def server_settings(config: DaemonConfig, notifier: Notifier) -> ServerSettings:
 
 def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
     store.collect_staged(config.staged_ttl_s)
-    # What this daemon vouches for, and whose signatures it believes (kvgraftd.signing).
+    # What this daemon vouches for, and whose signatures it believes (kvgraftd.store.signing).
     trust = TrustPolicy(
         Signer.load_or_create(config.data), (bytes.fromhex(key) for key in config.trust_keys)
     )
@@ -249,10 +251,10 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
     allowed = (*config.replication_pull_from, *config.replication_follow)
     # Replicate: copies from a named daemon
     pulls = Pulls(LocalTarget(service, store), allowed, service.instance_id)
+    services = Services(service, engine, LibraryService(engine), remote, pulls)
     server, port, health_servicer = create_server(
-        service, engine, config.listen, workers=config.workers, settings=settings, remote=remote,
-        pulls=pulls,
-    )  # fmt: skip
+        services, config.listen, workers=config.workers, settings=settings
+    )
     metrics = None
     if config.metrics_listen:
         stats = lambda: stats_response(service, engine, settings.counter, remote)  # noqa: E731

@@ -1,0 +1,224 @@
+"""The connection under every call of kvgraft.Client: channel, deadlines, and errors mapped.
+
+`Connection` holds one gRPC channel to a daemon (TLS, mutual TLS and the
+bearer token are kvgraft.client.channel's: arguments or KVGRAFT_* variables)
+and the two deadlines every call carries: `timeout_s` for small calls,
+`transfer_timeout_s` for whole transfers and for calls that compute. A
+connection gone silent under an open call is dropped after an unanswered
+keepalive ping, and one whose HTTP/2 state broke is replaced, so the next call
+reconnects. gRPC errors become the kvgraft.errors taxonomy in one place
+(`_mapped`, used by `_unary`, `_open` and `_stream`), so callers catch
+`kvgraft.errors.NotFound` and friends, never grpc.RpcError.
+
+The calls themselves are subclasses, one per group of RPCs
+(kvgraft.client.store_calls, engine_calls, library_calls, replication_calls),
+joined by kvgraft.client.client.Client.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Self, TypeVar
+
+import grpc
+
+from kvgraft import wire
+from kvgraft.client.channel import Security
+from kvgraft.errors import ERRORS_BY_CODE, Cancelled, KvgraftError, Unavailable
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraft.v1 import kvgraft_pb2_grpc as pb_grpc
+
+DEFAULT_SERVER = "127.0.0.1:50551"
+# What gRPC says when no connection could be made (as opposed to a daemon that
+# answered UNAVAILABLE itself, e.g. while its model loads or it shuts down) ...
+_UNREACHABLE = ("failed to connect", "Connection refused", "DNS resolution failed", "unreachable")
+# ... and when a connection closed under a call: a daemon that stopped, a network
+# that cut, or (when it happens at once) a failed TLS handshake.
+_CLOSED = ("Socket closed", "Ssl handshake failed")
+_TLS_HINT = {
+    True: "; over TLS the same happens when the handshake fails: check --tls-ca (the CA of "
+    "the daemon's certificate) and, if it requires one, the client certificate "
+    "(--tls-cert, --tls-key)",
+    False: "; if the daemon serves TLS, give --tls-ca (KVGRAFT_TLS_CA)",
+}
+# ... and when a keepalive ping went unanswered: the connection went silent.
+_SILENT = ("ping timeout", "keepalive watchdog timeout")
+T = TypeVar("T")
+
+
+def default_server() -> str:
+    return os.environ.get("KVGRAFT_SERVER") or DEFAULT_SERVER
+
+
+class Connection:
+    """One daemon's channel, its deadlines, and the error mapping of every call."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        timeout_s: float = 30.0,
+        transfer_timeout_s: float = 3600.0,
+        token: str | None = None,
+        token_file: str | os.PathLike | None = None,
+        tls: bool | None = None,
+        tls_ca: str | os.PathLike | None = None,
+        tls_cert: str | os.PathLike | None = None,
+        tls_key: str | os.PathLike | None = None,
+        tls_server_name: str | None = None,
+        keepalive_s: float = 20.0,
+        keepalive_timeout_s: float = 10.0,
+    ) -> None:
+        self.address = address or default_server()
+        self.timeout_s = timeout_s
+        self.transfer_timeout_s = transfer_timeout_s
+        security = Security.resolve(
+            token=token,
+            token_file=token_file,
+            tls=tls,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_server_name=tls_server_name,
+        )
+        self._tls = security.tls
+        options = [
+            *wire.CHANNEL_OPTIONS,
+            *_keepalive(keepalive_s, keepalive_timeout_s),
+            # gRPC shares connections between channels to one address by default:
+            # a replacement channel would get the broken connection back.
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
+        self._connect = lambda: _Channel(security, self.address, options)
+        self._connection = self._connect()
+        self._connection_lock = threading.Lock()
+
+    # The calls of the current connection (a broken one is replaced: _mapped).
+    @property
+    def _stub(self) -> pb_grpc.KvgraftStub:
+        return self._connection.stub
+
+    @property
+    def _put(self) -> grpc.StreamUnaryMultiCallable:
+        return self._connection.put
+
+    @property
+    def _get(self) -> grpc.UnaryStreamMultiCallable:
+        return self._connection.get
+
+    def close(self) -> None:
+        self._connection.channel.close()
+
+    def _replace_connection(self, broken: _Channel) -> None:
+        """A new connection for the calls that follow; the broken one is closed."""
+        with self._connection_lock:
+            if self._connection is not broken:
+                return  # another call replaced it already
+            self._connection = self._connect()
+        broken.channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------
+    @contextmanager
+    def _mapped(self) -> Iterator[None]:
+        """Turn grpc.RpcError into the kvgraft.errors class of its status code.
+
+        INTERNAL is what gRPC reports when the HTTP/2 or HPACK state of the
+        connection is broken (a header damaged on the way is remembered in
+        the connection's header table, so every later call on it fails too);
+        a ping timeout, when it went silent. Either way the connection is
+        replaced, and the next call opens a new one (gRPC itself may take
+        its time to give up on the old one).
+        """
+        connection = self._connection
+        try:
+            yield
+        except ValueError as exc:
+            text = str(exc).lower()  # "...on closed channel!", "...: Channel closed!"
+            if "cannot invoke rpc" not in text or "closed" not in text:
+                raise
+            # close() from another thread (a pull whose caller left) under a call
+            raise Cancelled(f"the connection to {self.address} was closed under the call") from None
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+            details = (exc.details() if hasattr(exc, "details") else "") or str(exc)
+            cls = ERRORS_BY_CODE.get(code.name, KvgraftError)
+            if code == grpc.StatusCode.INTERNAL or any(sign in details for sign in _SILENT):
+                self._replace_connection(connection)
+                details += "; the next call opens a new connection"
+            if cls is Unavailable and any(sign in details for sign in _UNREACHABLE):
+                details = (
+                    f"cannot reach kvgraftd at {self.address} ({details}); is it running? "
+                    "Start it with `make serve` or `kvgraft serve`, or set --server/KVGRAFT_SERVER"
+                    + _TLS_HINT[self._tls]
+                )
+            elif cls is Unavailable and any(sign in details for sign in _CLOSED):
+                details = (
+                    f"the connection to kvgraftd at {self.address} closed ({details}): the daemon "
+                    "stopped or the network cut the call; retry. If it closes at once, "
+                    + (
+                        "the TLS handshake failed: check --tls-ca and the client certificate "
+                        "(--tls-cert, --tls-key)"
+                        if self._tls
+                        else "the daemon may serve TLS: give --tls-ca (KVGRAFT_TLS_CA)"
+                    )
+                )
+            raise cls(details) from None
+
+    def _unary(self, call: Callable[..., T], request, timeout_s: float | None = None) -> T:
+        """call(request) under the short deadline, or `timeout_s` (the transfer one)."""
+        with self._mapped():
+            return call(request, timeout=timeout_s or self.timeout_s)
+
+    def _open(self, call: Callable[..., T], request, timeout_s: float | None) -> T:
+        """Start a server-streaming call; an error at once is mapped like any other."""
+        with self._mapped():
+            return call(request, timeout=timeout_s)
+
+    def _stream(self, responses: Iterable[T]) -> Iterator[T]:
+        with self._mapped():
+            yield from responses
+
+
+class _Channel:
+    """One channel to the daemon, and the calls made on it."""
+
+    def __init__(self, security: Security, address: str, options: list) -> None:
+        self.channel = security.channel(address, options)
+        self.stub = pb_grpc.KvgraftStub(self.channel)
+        method = f"/{pb.DESCRIPTOR.services_by_name['Kvgraft'].full_name}/"
+        self.put = self.channel.stream_unary(
+            method + "PutArtifact",
+            request_serializer=None,  # requests are wire bytes already
+            response_deserializer=pb.PutArtifactResponse.FromString,
+        )
+        self.get = self.channel.unary_stream(
+            method + "GetArtifact",
+            request_serializer=pb.GetArtifactRequest.SerializeToString,
+            response_deserializer=None,  # responses are parsed by kvgraft.wire
+        )
+
+
+def _keepalive(every_s: float, timeout_s: float) -> list[tuple[str, int]]:
+    """Ping while calls are open, and drop a connection whose ping goes unanswered.
+
+    A connection can go silent without closing (a peer gone, a bit flipped in an
+    HTTP/2 frame's length so the reader waits for bytes that never come). Without
+    pings every call on it waits for its deadline, and so does every retry,
+    since gRPC keeps using the connection. kvgraftd accepts a ping every 10 s.
+    """
+    return [
+        ("grpc.keepalive_time_ms", int(every_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(timeout_s * 1000)),
+        # gRPC 1.85 waits for a ping's answer up to ping_timeout_ms: set both.
+        ("grpc.http2.ping_timeout_ms", int(timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 0),
+    ]

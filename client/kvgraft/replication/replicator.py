@@ -1,0 +1,445 @@
+"""Replication: make a target store hold what a source store holds, byte for byte, verified.
+
+Artifacts are immutable and content-addressed, so replication is set
+reconciliation plus verified transfer (docs/architecture.md, "Replication"), all over the
+daemons' ordinary gRPC API:
+
+* What to do. The source's change feed (Watch, from a sequence number to its
+  end) gives each artifact's last change; List adds every artifact the source
+  holds that the target lacks, so a change record lost or altered in transit
+  is healed by the next pass. The source is the truth: an artifact is copied
+  when the source holds it, and deleted on the target only when the source,
+  asked again, does not.
+* Copying one artifact. Fetch its manifest (its SHA-256 must be the id), ask
+  the target MissingPages, and stream just those pages from the source's
+  GetArtifact into the target's PutArtifact as they arrive (a message or two
+  in memory per worker), the manifest last with its expected id. Pages are
+  checked here on arrival (the xxh3-128 the source sends) and again, SHA-256,
+  by the target, which commits pages and manifest in one transaction: a
+  partial artifact is never visible and a wrong byte is never accepted.
+* Faults. Any failure (a cut connection, a corrupt page, an altered manifest
+  or feed record) retries the artifact with backoff. When the source stream
+  breaks, the put is ended without a manifest, so the target keeps (stages)
+  the verified pages it has received and the retry sends only what is still
+  missing: of what had arrived, at most the messages in flight are sent
+  again (gRPC hands a server whole messages only). A connection that goes
+  silent is noticed by kvgraft.replication.stream_guard and replaced.
+
+Deletes: an artifact the source deleted is deleted on the target unless the
+target pinned it (an operator's explicit protection there, counted in
+`deletes_kept_pinned`). Pins are not replicated. Replicating twice, or from
+two sources at once, leaves one copy: puts are idempotent and pages shared.
+
+The target is anything with the `Target` methods: `ClientTarget` (another
+daemon over gRPC) here, or the daemon's own store in its follow mode
+(kvgraftd.replication.follower). The source's listing and feed are read and checked by
+kvgraft.replication.feed; kvgraft.replication.session runs a Replicator between
+two daemons given as clients or addresses. This module must not import the daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from kvgraft import wire
+from kvgraft.artifact import page_sizes, parse_manifest
+from kvgraft.errors import (
+    DataLoss,
+    FailedPrecondition,
+    KvgraftError,
+    NotFound,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
+from kvgraft.replication.endpoint import Endpoint
+from kvgraft.replication.feed import ADDED, DELETED, check_record, read_feed, read_listing
+from kvgraft.replication.page_relay import PageRelay, manifest_of
+from kvgraft.replication.stream_guard import StreamGuard
+from kvgraft.replication.summary import ReplicationLedger, ReplicationSummary
+from kvgraft.replication.target import Target
+from kvgraft.v1 import kvgraft_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+# Errors a retry cannot fix; anything else (a cut, a corrupt byte) is retried.
+# UNIMPLEMENTED is retried too: a request damaged on the way reads as one (gRPC answers
+# "requires exactly one request message"); a daemon that really lacks the RPC still
+# fails the artifact after max_attempts, with the same message.
+FATAL_ERRORS = (FailedPrecondition, ResourceExhausted, Unauthenticated)
+# ... except a message "larger than max": replication frames every message under the
+# limit, so the daemon read a length prefix damaged on the way.
+_DAMAGED_LENGTH = "Received message larger than max"
+FOLLOW_MIN_BACKOFF_S = 0.5  # follow mode reconnects after 0.5 s, 1 s, 2 s, ... 30 s
+FOLLOW_MAX_BACKOFF_S = 30.0
+
+
+class Replicator:
+    """Copies artifacts and deletes from a source daemon to a target.
+
+    `workers` artifacts are copied at once during a catch-up (on 2 cores, 2
+    keep the source, this process and the target busy while one artifact
+    commits). `progress` is an object with tqdm's `total` and `update(n)`;
+    `on_change(outcome, artifact_id)` hears of every artifact handled.
+    """
+
+    def __init__(
+        self,
+        source: Endpoint,
+        target: Target,
+        *,
+        workers: int = 2,
+        max_attempts: int = 8,
+        backoff_s: float = 0.05,
+        max_backoff_s: float = 5.0,
+        progress=None,
+        on_change: Callable[[str, str], None] | None = None,
+        probe_interval_s: float = 20.0,
+    ) -> None:
+        self.source = source
+        self.target = target
+        self.workers = max(1, workers)
+        self.max_attempts = max(1, max_attempts)
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.probe_interval_s = probe_interval_s
+        self.summary = ReplicationSummary(source=source.address)
+        self._ledger = ReplicationLedger(self.summary, progress, on_change)
+        self._stop = threading.Event()
+        # Open source streams: stop, or a stall (a connection gone silent), cancels them.
+        self._guard = StreamGuard(
+            self._behind,
+            self._progress_marker,
+            probe_interval_s,
+            f"replication from {source.address}",
+        )
+        self._opened = self._guard.opened
+
+    # ------------------------------------------------------------------
+    # modes
+
+    def sync(self, from_sequence: int = 1) -> ReplicationSummary:
+        """One pass: the source's feed from `from_sequence` to its end, plus its listing."""
+        began = time.monotonic()
+        done = threading.Event()
+        self._guard.watch(done)
+        try:
+            for attempt in range(1, self.max_attempts + 1):
+                try:
+                    position, _ = self._catch_up(from_sequence)
+                    self._ledger.position(position)
+                    break
+                except KvgraftError as exc:
+                    if _retry_cannot_fix(exc):
+                        raise
+                    if attempt == self.max_attempts:
+                        raise
+                    self._ledger.retry("the feed", exc)
+                    time.sleep(self._backoff(attempt))
+        finally:
+            done.set()
+        self.summary.elapsed_s = round(time.monotonic() - began, 3)
+        return self.summary
+
+    def stop(self) -> None:
+        """End a pass early, from any thread: no retry starts after this."""
+        self._stop.set()
+
+    def snapshot(self) -> ReplicationSummary:
+        """The summary so far, read from any thread while the pass runs."""
+        return self._ledger.snapshot()
+
+    def follow(
+        self,
+        from_sequence: int = 1,
+        *,
+        stop: threading.Event,
+        on_position: Callable[[int], None] | None = None,
+        max_failures: int | None = None,
+    ) -> ReplicationSummary:
+        """Catch up, then apply the source's changes as they happen, until `stop` is set.
+
+        After an error it backs off (0.5 s, doubling to 30 s) and resumes from
+        the last sequence applied, which `on_position(sequence)` hears of (save
+        it to resume there after a restart); after `max_failures` errors in a
+        row it raises instead, so the caller can open a fresh connection. A
+        connection gone silent (no progress while the source is ahead, probed
+        every probe_interval_s) counts as an error.
+        """
+        self._stop = stop
+        began = time.monotonic()
+        position = max(from_sequence, 1) - 1
+        self._guard.watch(stop)
+        failures = 0
+        while not stop.is_set():
+            try:
+                position, failed = self._catch_up(position + 1)
+                self._ledger.position(position, on_position)
+                if failed:
+                    raise KvgraftError(f"{failed} artifacts could not be copied yet")
+                failures = 0
+                with self._opened(self.source.watch(position + 1, follow=True)) as feed:
+                    for record in feed:
+                        if stop.is_set():
+                            break
+                        check_record(record, position + 1)
+                        self._apply(record)
+                        position = record.sequence
+                        self._ledger.position(position, on_position)
+                    else:
+                        raise Unavailable(f"the change feed of {self.source.address} ended")
+            except KvgraftError as exc:  # fatal ones too: a full disk may be freed
+                if stop.is_set():
+                    break
+                failures += 1
+                if max_failures is not None and failures >= max_failures:
+                    raise
+                delay = min(FOLLOW_MAX_BACKOFF_S, FOLLOW_MIN_BACKOFF_S * 2 ** (failures - 1))
+                log.warning(
+                    "replication from %s: %s; resuming from sequence %d in %.1f s",
+                    self.source.address,
+                    exc,
+                    position + 1,
+                    delay,
+                )
+                stop.wait(delay)
+        self.summary.elapsed_s = round(time.monotonic() - began, 3)
+        return self.summary
+
+    # ------------------------------------------------------------------
+    # passes
+
+    def _catch_up(self, from_sequence: int) -> tuple[int, int]:
+        """Apply the feed from `from_sequence` to its end and copy whatever the source
+        lists and the target lacks. Returns (last sequence applied, artifacts failed)."""
+        last = self.source.stats().last_sequence
+        if from_sequence > last + 1:
+            log.warning(
+                "the feed of %s ends at sequence %d, before %d: its store was replaced; "
+                "replicating it from the start",
+                self.source.address,
+                last,
+                from_sequence,
+            )
+            from_sequence = 1
+        listed = read_listing(self.source)
+        records = read_feed(self.source, from_sequence)
+        present = set(self.target.list_ids())
+        latest: dict[str, int] = {}  # artifact id -> kind of its last record, in feed order
+        for record in records:
+            latest.pop(record.artifact_id, None)
+            latest[record.artifact_id] = record.kind
+        wanted = [a for a, kind in latest.items() if kind == ADDED]
+        wanted += [a for a in listed if a not in latest]
+        adds = [a for a in wanted if a not in present]
+        self._ledger.count(artifacts_present=len(wanted) - len(adds))
+        # The feed touched these, and the target holds them or the source no longer
+        # lists them: deleted on the source, unless the source, asked again, has them.
+        deletes = [
+            a
+            for a, kind in latest.items()
+            if (kind == DELETED and (a in present or a in listed))
+            or (kind == ADDED and a in present and a not in listed)
+        ]
+        self._ledger.planned(sum(listed.get(a, 0) for a in adds))
+        failed = 0
+        jobs = [(self._copy_job, a, listed.get(a, 0)) for a in adds]
+        jobs += [(self._delete_job, a, 0) for a in deletes]
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="replicate") as pool:
+            for ok in pool.map(lambda job: job[0](job[1], job[2]), jobs):
+                failed += not ok
+        position = records[-1].sequence if records else from_sequence - 1
+        return (from_sequence - 1 if failed else position), failed
+
+    def _apply(self, record: pb.ChangeRecord) -> None:
+        if record.kind == ADDED:
+            outcome = self.copy_artifact(record.artifact_id)
+        else:
+            outcome = self.apply_delete(record.artifact_id)
+        if outcome in ("vanished", "absent"):
+            # Usual after quick changes on the source; also what a record whose id was
+            # altered in transit looks like: read it again before moving past it.
+            with self._opened(self.source.watch(record.sequence)) as stream:
+                again = next(stream, None)
+            if again != record:
+                raise DataLoss(f"change record {record.sequence} differs when read again")
+
+    def _copy_job(self, artifact_id: str, planned_bytes: int) -> bool:
+        return self._job(lambda: self.copy_artifact(artifact_id, planned_bytes), artifact_id)
+
+    def _delete_job(self, artifact_id: str, _: int) -> bool:
+        return self._job(lambda: self.apply_delete(artifact_id), artifact_id)
+
+    def _job(self, run: Callable[[], str], artifact_id: str) -> bool:
+        try:
+            run()
+        except KvgraftError as exc:
+            if not self._stop.is_set():  # stopped: the calls were ended on purpose
+                log.warning("artifact %s was not replicated: %s", artifact_id[:16], exc)
+            self._ledger.failed(artifact_id, exc)
+            return False
+        return True
+
+    # ------------------------------------------------------------------
+    # one artifact
+
+    def copy_artifact(self, artifact_id: str, planned_bytes: int = 0) -> str:
+        """Make the target hold the artifact: "added", "present" or "vanished".
+
+        Retries up to max_attempts, then raises the last error.
+        """
+        sent: set[bytes] = set()  # pages forwarded by earlier attempts
+        moved = [0]  # page bytes forwarded for this artifact
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                outcome = self._copy_once(artifact_id, sent, moved)
+                break
+            except NotFound as exc:
+                if not self._source_has(artifact_id):
+                    outcome = "vanished"
+                    break
+                error: KvgraftError = exc
+            except KvgraftError as exc:
+                if _retry_cannot_fix(exc):
+                    raise
+                error = exc
+            if attempt == self.max_attempts or self._stop.is_set():
+                raise error
+            self._ledger.retry(artifact_id, error)
+            time.sleep(self._backoff(attempt))
+        self._ledger.skipped(planned_bytes - moved[0])
+        counter = {"added": "artifacts_added", "present": "artifacts_present"}
+        self._ledger.count(**{counter.get(outcome, "artifacts_vanished"): 1})
+        self._ledger.changed(outcome, artifact_id)
+        return outcome
+
+    def _copy_once(self, artifact_id: str, sent: set[bytes], moved: list[int]) -> str:
+        manifest_bytes, signatures = self._fetch_manifest(artifact_id)
+        sizes = page_sizes(parse_manifest(manifest_bytes))
+        missing = self.target.missing_pages(list(sizes))
+        if not set(missing) <= sizes.keys():
+            raise DataLoss("MissingPages answered hashes that were not asked; asking again")
+        stream = (
+            self.source.get_artifact_messages(artifact_id, only_pages=missing) if missing else None
+        )
+
+        def forwarded(data_bytes: int, done: list[bytes]) -> None:
+            again = [digest for digest in done if digest in sent]
+            sent.update(done)
+            moved[0] += data_bytes
+            self._ledger.moved(data_bytes, len(done), len(again), sum(sizes[d] for d in again))
+
+        relay = PageRelay(
+            artifact_id, manifest_bytes, signatures, sizes, missing, stream, forwarded
+        )
+        try:
+            with self._opened(stream):
+                response = self.target.put_parts(relay.parts())
+        except KvgraftError:
+            if relay.source_error is not None:
+                raise relay.source_error from None  # the cause; the put only ended early
+            raise
+        if relay.source_error is not None:
+            raise relay.source_error
+        if response.artifact_id != artifact_id:
+            raise DataLoss(
+                f"the target stored {response.artifact_id[:16]} for {artifact_id[:16]}; "
+                "the put response was altered on the way"
+            )
+        self._ledger.count(
+            pages_written=response.pages_written, bytes_written=response.bytes_written
+        )
+        return "present" if response.already_present else "added"
+
+    def _fetch_manifest(self, artifact_id: str) -> tuple[bytes, list[pb.ArtifactSignature]]:
+        """The artifact's manifest bytes (checked against its id) and its signatures."""
+        with self._opened(self.source.get_artifact_messages(artifact_id, manifest_only=True)) as s:
+            first = next(s, None)
+        manifest = manifest_of(first, artifact_id)
+        return manifest, wire.decode_signatures(first, wire.GET_SIGNATURES)
+
+    def apply_delete(self, artifact_id: str) -> str:
+        """Delete the artifact on the target, if the source no longer holds it.
+
+        Returns "deleted", "absent", "kept-pinned", or what copy_artifact
+        returns when the source holds it after all.
+        """
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                if self._source_has(artifact_id):  # re-added since, or the record was altered
+                    return self.copy_artifact(artifact_id)
+                outcome = self.target.delete_artifact(artifact_id)
+                kept = outcome in ("pinned", "foreign")
+                if not kept and self.target.has_artifact(artifact_id):
+                    raise DataLoss(f"artifact {artifact_id[:16]} is still on the target")
+                break
+            except KvgraftError as exc:
+                if _retry_cannot_fix(exc):
+                    raise
+                if attempt == self.max_attempts or self._stop.is_set():
+                    raise
+                self._ledger.retry(artifact_id, exc)
+                time.sleep(self._backoff(attempt))
+        if outcome == "pinned":
+            outcome = "kept-pinned"
+            log.info("artifact %s was deleted on the source but is pinned here: kept", artifact_id)
+        elif outcome == "foreign":  # a source may delete only what came from it
+            outcome = "kept-foreign"
+            log.info(
+                "artifact %s was deleted on %s, which it did not come from: kept",
+                artifact_id,
+                self.source.address,
+            )
+        counter = {
+            "deleted": "artifacts_deleted",
+            "kept-pinned": "deletes_kept_pinned",
+            "kept-foreign": "deletes_kept_foreign",
+        }
+        if outcome in counter:
+            self._ledger.count(**{counter[outcome]: 1})
+        self._ledger.changed(outcome, artifact_id)
+        return outcome
+
+    def _source_has(self, artifact_id: str) -> bool:
+        try:
+            self.source.stat(artifact_id)
+        except NotFound:
+            return False
+        return True
+
+    # ------------------------------------------------------------------
+    # streams
+
+    def _behind(self) -> bool:
+        """The source holds changes not applied yet, or does not answer."""
+        try:
+            return self.source.stats().last_sequence > self.summary.last_sequence
+        except KvgraftError:
+            return True
+
+    def _progress_marker(self) -> tuple[int, ...]:
+        s = self.summary
+        return (
+            s.last_sequence,
+            s.bytes_moved,
+            s.retries,
+            s.artifacts_added + s.artifacts_present + s.artifacts_vanished,
+            s.artifacts_deleted
+            + s.deletes_kept_pinned
+            + s.deletes_kept_foreign
+            + s.artifacts_failed,
+        )
+
+    def _backoff(self, attempt: int) -> float:
+        base = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+        return base * (0.5 + random.random())
+
+
+def _retry_cannot_fix(exc: KvgraftError) -> bool:
+    """Whether a retry cannot fix `exc` (FATAL_ERRORS, bar damage on the way)."""
+    return isinstance(exc, FATAL_ERRORS) and _DAMAGED_LENGTH not in str(exc)

@@ -1,0 +1,208 @@
+"""Decode-step attention on CPU: one native pass per block, partial results merged in order.
+
+A forward pass of one token (decoding) gives each KV head a few query rows
+(the heads of its group) against every key of the context: a scan of
+memory at ~1.5 flops per byte, where torch's batched matmuls and a dozen
+small tensor ops per block ran at a third of the machine's memory speed.
+The native kernel (kvgraftd/engine/native, built with the package) reads each
+block once: scores, their max, the weights and the weighted values of every
+head, and, for a page read where the store keeps it, the page's xxh3-128 in
+the same pass, so checking a streamed page costs no second read. Blocks go
+to the kernel in batches, one call per batch, so a step of thousands of
+pages pays the interpreter per batch, not per page.
+
+Contract:
+* `DecodeSoftmax.partials(blocks)` gives each block's partial, a pure function
+  of that block's values (not of strides, batches, threads or the tier the
+  bytes came from): thread-safe. A block with a checksum (a whole stored
+  page, `page_block`) is checked in the same pass; when one does not match,
+  CorruptBlock names it and nothing computed from the batch may be used.
+* `merge` folds partials in the order given; callers merge in block order
+  (`OrderedPartials`), so the logits never depend on which thread computed
+  which block or how blocks were batched (docs/architecture.md, contract 5).
+* `kernel_for(heads, kv_heads, dim)` names the kernel that decodes a model of
+  that geometry, for the compute profile: "native-avx512", "native-generic",
+  or "torch" where the library is not built or does not take the geometry
+  (the engine then attends with kvgraftd.engine.online_softmax alone).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future, wait
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+MAX_ROWS = 8  # query rows per KV head the kernel takes (group size x tokens)
+_MISMATCH, _BAD_ARGS = 1, 2
+_P = ctypes.c_void_p
+
+
+def _load() -> ctypes.CDLL | None:
+    spec = importlib.util.find_spec("kvgraftd.engine._attend")
+    if spec is None or spec.origin is None:
+        return None
+    library = ctypes.CDLL(spec.origin)
+    library.kvg_blocks_partial.argtypes = [ctypes.c_int32] + [_P] * 4 + [ctypes.c_int32] * 3
+    library.kvg_blocks_partial.argtypes += [_P] * 5
+    library.kvg_blocks_partial.restype = ctypes.c_int
+    library.kvg_merge_blocks.argtypes = [ctypes.c_int32] * 3 + [_P] * 6
+    library.kvg_merge_blocks.restype = None
+    library.kvg_kernel_name.restype = ctypes.c_char_p
+    return library
+
+
+_library = _load()
+
+
+def takes_geometry(heads: int, kv_heads: int, dim: int) -> bool:
+    return _library is not None and dim % 16 == 0 and heads // kv_heads <= MAX_ROWS
+
+
+def kernel_for(heads: int, kv_heads: int, dim: int) -> str:
+    if not takes_geometry(heads, kv_heads, dim):
+        return "torch"
+    return f"native-{_library.kvg_kernel_name().decode()}"
+
+
+@dataclass(frozen=True)
+class Block:
+    """K and V of `tokens` positions: head h, position j at address `keys` + (h *
+    head_stride + j * D) floats (V the same from `values`), and the xxh3-128 a
+    whole stored page is checked against (None: checked before)."""
+
+    keys: int
+    values: int
+    head_stride: int
+    tokens: int
+    checksum: bytes | None = None
+
+
+class CorruptBlock(Exception):
+    """Block `index` of a batch does not hash to its checksum: nothing computed from the
+    batch may be used."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"block {index} does not match its checksum")
+        self.index = index
+
+
+# per block of a batch: max [n, rows], sum [n, rows], acc [n, rows, D]
+Partials = tuple[np.ndarray, np.ndarray, np.ndarray]
+_NO_CHECKSUM = bytes(16)
+
+
+class DecodeSoftmax:
+    """Attention of one query token q [heads, 1, D] over blocks of keys and values."""
+
+    @staticmethod
+    def takes(q: torch.Tensor, kv_heads: int) -> bool:
+        heads, n, dim = q.shape
+        on_cpu = q.device.type == "cpu" and q.dtype == torch.float32
+        return on_cpu and n == 1 and takes_geometry(heads, kv_heads, dim)
+
+    def __init__(self, q: torch.Tensor, kv_heads: int, scaling: float) -> None:
+        heads, _, dim = q.shape
+        self._kv_heads, self._group, self._dim = kv_heads, heads // kv_heads, dim
+        # query head h reads kv head h // group; the scaling is applied once, to q
+        scaled = (q.reshape(kv_heads, self._group, dim) * scaling).contiguous()
+        self._q = scaled.numpy()
+        self._max = np.full(heads, -np.inf, np.float32)
+        self._sum = np.zeros(heads, np.float32)
+        self._acc = np.zeros((heads, dim), np.float32)
+        self._scratch = threading.local()
+
+    def page_block(self, page: np.ndarray, checksum: bytes | None) -> Block:
+        """A whole stored page (uint8, K then V of every head), checked against `checksum`."""
+        tokens = page.nbytes // (2 * self._kv_heads * self._dim * 4)
+        keys = page.ctypes.data
+        return Block(keys, keys + page.nbytes // 2, tokens * self._dim, tokens, checksum)
+
+    @staticmethod
+    def slot_block(slot: torch.Tensor, tokens: int) -> Block:
+        """The first `tokens` positions of a slot [2, kv_heads, capacity, D]."""
+        assert slot.stride(3) == 1 and slot.stride(2) == slot.shape[3], "a slot is contiguous"
+        return Block(slot[0].data_ptr(), slot[1].data_ptr(), slot.stride(1), tokens)
+
+    def partials(self, blocks: Sequence[Block]) -> Partials:
+        """Each block's partial, computed in one call of the kernel; raises CorruptBlock."""
+        n, rows, dim = len(blocks), self._kv_heads * self._group, self._dim
+        longest = max(block.tokens for block in blocks)
+        scores = getattr(self._scratch, "scores", None)
+        if scores is None or scores.size < rows * longest:
+            scores = self._scratch.scores = np.empty(rows * longest, np.float32)
+        shape = np.array([(b.keys, b.values, b.head_stride, b.tokens) for b in blocks], np.int64)
+        checksums = b"".join(b.checksum or _NO_CHECKSUM for b in blocks)
+        checked = bytes(b.checksum is not None for b in blocks)
+        assert len(checksums) == 16 * n, "a checksum is an xxh3-128 digest (16 bytes)"
+        out = np.empty((n, rows), np.float32), np.empty((n, rows), np.float32)
+        acc = np.empty((n, rows, dim), np.float32)
+        failed = ctypes.c_int32(-1)
+        status = _library.kvg_blocks_partial(
+            n, self._q.ctypes.data, shape.ctypes.data, checksums, checked, self._kv_heads,
+            self._group, dim, scores.ctypes.data, out[0].ctypes.data, out[1].ctypes.data,
+            acc.ctypes.data, ctypes.byref(failed),
+        )  # fmt: skip
+        if status == _MISMATCH:
+            raise CorruptBlock(failed.value)
+        if status:
+            raise ValueError(f"the native kernel refused block {failed.value} of a batch")
+        return out[0], out[1], acc
+
+    def merge(self, partials: Partials) -> None:
+        """Fold the partials into the result, in their order."""
+        maximum, total, acc = partials
+        _library.kvg_merge_blocks(
+            len(maximum), self._kv_heads * self._group, self._dim, self._max.ctypes.data,
+            self._sum.ctypes.data, self._acc.ctypes.data, maximum.ctypes.data,
+            total.ctypes.data, acc.ctypes.data,
+        )  # fmt: skip
+
+    def result(self) -> torch.Tensor:
+        """[1, heads, D]."""
+        return torch.from_numpy(self._acc / self._sum[:, None]).unsqueeze(0)
+
+
+class OrderedPartials:
+    """Batches of block partials computed on worker threads and merged in the order they
+    were submitted.
+
+    At most `window` batches are in flight. Leaving the `with` block merges what is
+    left; leaving it by an exception first waits for every task still
+    running (they read pages and slots the caller is about to let go).
+    """
+
+    def __init__(self, workers: Executor, window: int, merge: Callable[[Partials], None]) -> None:
+        self._workers, self._window, self._merge = workers, window, merge
+        self._pending: deque[Future] = deque()
+
+    def submit(self, compute: Callable[..., Partials], *args: object) -> None:
+        self._pending.append(self._workers.submit(compute, *args))
+        if len(self._pending) > self._window:
+            self._merge(self._pending.popleft().result())
+
+    def drain(self) -> None:
+        while self._pending:
+            self._merge(self._pending.popleft().result())
+
+    def __enter__(self) -> OrderedPartials:
+        return self
+
+    def settle(self) -> None:
+        """Wait until no task is running (after an error: they read pages and slots the
+        caller is about to let go); what they computed is dropped."""
+        wait(self._pending)
+        self._pending.clear()
+
+    def __exit__(self, exc_type: type | None, *_: object) -> None:
+        try:
+            if exc_type is None:
+                self.drain()
+        finally:  # a task that failed, or the caller's error: let every other task end
+            self.settle()

@@ -1,0 +1,380 @@
+"""The graft engine: one canonical compute path, grafts at own positions, receipts.
+
+Every context is computed the same way (docs/architecture.md, contract 1): each append
+of tokens runs as forward passes split at absolute positions that are
+multiples of page_tokens; each generated token is its own forward pass. A
+fresh run and a grafted run therefore execute the same operations on the same
+bytes, and their logits agree to the bit:
+
+* Generate grafts the longest run of stored whole pages whose chain matches
+  the prompt (never the partial tail page of an earlier context), leaving at
+  least one prompt token to compute, then computes the rest.
+* Graft restores one whole artifact, tail page included, at its own positions
+  and appends the continuation as a new segment; its fresh equivalent replays
+  the artifact's segments, then the continuation.
+* Verify replays an artifact's segments from nothing and compares every page
+  hash and every receipt hash with what is stored.
+
+A model fingerprint, compute profile or layout mismatch fails closed with
+FailedPrecondition; a corrupt page fails with DataLoss (from the store).
+Forward passes run one at a time on the compute thread (kvgraftd.engine.compute_thread);
+contexts are independent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+
+import torch
+
+from kvgraft.artifact import Artifact, page_sizes
+from kvgraft.errors import FailedPrecondition, InvalidArgument
+from kvgraft.page_buffers import slot_copies
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.engine import compute_thread
+from kvgraftd.engine.decoding import DecodeOptions, ResultEvent, TokenEvent
+from kvgraftd.engine.kv_context import KvContext
+from kvgraftd.engine.model_adapter import ModelAdapter
+from kvgraftd.engine.receipts import (
+    compute_profile,
+    input_sha256,
+    logits_bytes,
+    logits_sha256,
+    pin_determinism,
+)
+from kvgraftd.store.artifact_store import Store
+from kvgraftd.store.page_records import page_records_of
+from kvgraftd.store.signing import Signer, TrustPolicy
+from kvgraftd.store.trust_index import ChainMatch, is_trusted
+from kvgraftd.tiers.device_pool import DevicePool
+from kvgraftd.tiers.host_cache import HostCache
+from kvgraftd.tiers.stack import Tiers
+
+VERIFIED = pb.Provenance.TRUST_VERIFIED
+
+
+def choose_token(logits: torch.Tensor, options: DecodeOptions, generator: torch.Generator) -> int:
+    if options.greedy:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / options.temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+class Engine:
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        store: Store,
+        *,
+        page_tokens: int = 64,
+        block_tokens: int = 4096,
+        max_context_tokens: int = 32768,
+        tiers: Tiers | None = None,
+        trust: TrustPolicy | None = None,
+    ) -> None:
+        pin_determinism()
+        self.adapter = adapter
+        self.store = store
+        # What it computes or verifies, it signs. Without the daemon's policy (tests that
+        # build an engine alone), a key made for this engine.
+        self.trust = trust or TrustPolicy(Signer.generate())
+        g = adapter.geometry
+        # Without explicit tiers: an unbounded pool (everything resident), no host cache.
+        self.tiers = tiers or Tiers(
+            DevicePool(0, (2, g.kv_heads, block_tokens, g.head_dim)), HostCache(store, 0)
+        )
+        self.page_tokens = page_tokens
+        self.block_tokens = block_tokens
+        self.max_context_tokens = max_context_tokens
+        self.fingerprint = adapter.fingerprint
+        self.profile = compute_profile(page_tokens, block_tokens, g, self.tiers.pool.device)
+        self.layout = pb.KvLayout(
+            num_layers=g.num_layers,
+            kv_heads=g.kv_heads,
+            head_dim=g.head_dim,
+            kv_dtype=pb.KV_DTYPE_FLOAT32,
+        )
+
+    # ------------------------------------------------------------------
+    # the one compute path
+
+    def _context(self) -> KvContext:
+        return KvContext(self.adapter.geometry, self.page_tokens, self.block_tokens, self.tiers)
+
+    def _forward(self, context: KvContext, chunk: list[int]) -> torch.Tensor:
+        return compute_thread.run(self._forward_here, context, chunk)
+
+    def _forward_here(self, context: KvContext, chunk: list[int]) -> torch.Tensor:
+        assert torch.are_deterministic_algorithms_enabled()
+        context.begin_chunk(context.length, chunk)
+        logits = self.adapter.forward(chunk, context.length, context)
+        context.end_chunk(chunk)
+        return logits
+
+    def _append(self, context: KvContext, token_ids: Sequence[int]) -> torch.Tensor:
+        """Append one segment, split at page boundaries; logits at its last token."""
+        ids = list(token_ids)
+        logits = None
+        while ids:
+            room = self.page_tokens - context.length % self.page_tokens
+            logits = self._forward(context, ids[:room])
+            ids = ids[room:]
+        context.segment_ends.append(context.length)
+        assert logits is not None, "a segment holds at least one token"
+        return logits
+
+    def _check_length(self, tokens: int) -> None:
+        if tokens > self.max_context_tokens:
+            raise InvalidArgument(
+                f"context of {tokens} tokens exceeds max_context_tokens={self.max_context_tokens}; "
+                "shorten the prompt or raise max_context_tokens"
+            )
+
+    def _check_tokens(self, token_ids: Sequence[int]) -> None:
+        vocab = self.adapter.geometry.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidArgument(
+                f"token id {bad} is outside the model's vocabulary (0..{vocab - 1})"
+            )
+
+    # ------------------------------------------------------------------
+    # grafting
+
+    def _check_compatible(self, manifest: pb.Manifest, artifact_id: str) -> None:
+        theirs = manifest.model_fingerprint.hex()[:16]
+        if manifest.model_fingerprint != self.fingerprint:
+            raise FailedPrecondition(
+                f"artifact {artifact_id[:16]} was computed by model {theirs}, this daemon serves "
+                f"{self.fingerprint.hex()[:16]}: it cannot be grafted here"
+            )
+        if manifest.profile != self.profile or manifest.layout != self.layout:
+            profile = manifest.profile
+            raise FailedPrecondition(
+                f"artifact {artifact_id[:16]} was computed under another compute profile "
+                f"({profile.attention}, page_tokens={profile.page_tokens}, torch "
+                f"{profile.torch_version}, {profile.device_name}); its bytes would not match a "
+                "fresh run here: recompute it (Generate with no_cache and deposit)"
+            )
+
+    def lookup(self, token_ids: Sequence[int]) -> int:
+        """Trusted whole stored pages matching the start of `token_ids`."""
+        return len(self._matched_pages(token_ids, len(token_ids) // self.page_tokens).entries)
+
+    def _matched_pages(self, token_ids: Sequence[int], max_pages: int) -> ChainMatch:
+        return self.store.longest_chain(
+            self.fingerprint, self.profile, self.layout, token_ids, max_pages
+        )
+
+    # ------------------------------------------------------------------
+    # requests
+
+    def generate(
+        self, prompt_ids: Sequence[int], options: DecodeOptions
+    ) -> Iterator[TokenEvent | ResultEvent]:
+        """Run a prompt as one segment, grafting its longest stored whole-page prefix."""
+        prompt = list(prompt_ids)
+        if not prompt:
+            raise InvalidArgument("the prompt is empty: give text or at least one token id")
+        self._check_tokens(prompt)
+        self._check_length(len(prompt) + options.max_new_tokens)
+        with self._context() as context:
+            reused, grafted = 0, []
+            if not options.no_cache:
+                match = self._matched_pages(prompt, (len(prompt) - 1) // self.page_tokens)
+                if match.entries:
+                    reused = len(match.entries) * self.page_tokens
+                    hashes = [digest for entry in match.entries for digest in entry.page_sha256]
+                    context.attach(prompt[:reused], hashes)
+                    grafted = match.grafted
+            logits = self._append(context, prompt[reused:])
+            yield from self._decode(context, logits, options, reused, len(prompt) - reused, grafted)
+
+    def graft(
+        self, artifact_id: str, continuation: Sequence[int], options: DecodeOptions
+    ) -> Iterator[TokenEvent | ResultEvent]:
+        """Restore a whole artifact, append `continuation` as a new segment, generate."""
+        if not continuation:
+            raise InvalidArgument("Graft needs a continuation of at least one token")
+        self._check_tokens(continuation)
+        full_id = self.store.resolve(artifact_id)
+        manifest = self.store.get_record(full_id).manifest()
+        self._check_compatible(manifest, full_id)
+        self._check_tokens(manifest.token_ids)
+        self._check_length(len(manifest.token_ids) + len(continuation) + options.max_new_tokens)
+        grafted = []
+        if not options.no_cache:
+            provenance = self.store.provenance(full_id)
+            if not is_trusted(provenance) and not options.allow_untrusted:
+                raise FailedPrecondition(
+                    f"artifact {full_id[:16]} is untrusted ({provenance.origin}): nothing shows "
+                    "its KV is what this model computes for its tokens. Verify it "
+                    f"(kvgraft verify {full_id[:16]}), trust the key that signed it ([trust] "
+                    "keys), or graft it anyway (--allow-untrusted: the receipt says so)"
+                )
+            grafted = [
+                pb.GraftedArtifact(
+                    artifact_id=full_id,
+                    tokens=len(manifest.token_ids),
+                    trust=provenance.trust,
+                    vouched_by=provenance.vouched_by,
+                )
+            ]
+        with self._context() as context:
+            if options.no_cache:
+                self._replay(context, manifest)
+                reused, computed = 0, len(manifest.token_ids)
+            else:
+                context.attach(manifest.token_ids, manifest.page_sha256)
+                context.segment_ends = list(manifest.segment_ends)
+                reused, computed = len(manifest.token_ids), 0
+            logits = self._append(context, continuation)
+            computed += len(continuation)
+            yield from self._decode(
+                context, logits, options, reused, computed, grafted, full_id if reused else ""
+            )
+
+    def _replay(self, context: KvContext, manifest: pb.Manifest) -> list[torch.Tensor]:
+        """Recompute an artifact's segments from nothing; logits after each segment."""
+        start, out = 0, []
+        for end in manifest.segment_ends:
+            out.append(self._append(context, manifest.token_ids[start:end]))
+            start = end
+        return out
+
+    def _decode(
+        self,
+        context: KvContext,
+        logits: torch.Tensor,
+        options: DecodeOptions,
+        reused: int,
+        computed: int,
+        grafted: list[pb.GraftedArtifact],
+        whole_artifact: str = "",  # Graft: the artifact restored whole
+    ) -> Iterator[TokenEvent | ResultEvent]:
+        receipt = pb.Receipt(
+            input_sha256=input_sha256(context.token_ids, context.segment_ends),
+            prompt_logits_sha256=logits_sha256(logits),
+            model_fingerprint=self.fingerprint,
+            profile=self.profile,
+        )
+        generator = torch.Generator().manual_seed(options.seed)
+        generated_digest = hashlib.sha256()
+        prompt_logits = logits_bytes(logits) if options.return_logits else b""
+        generated_logits: list[bytes] = []
+        for _ in range(options.max_new_tokens):
+            token = compute_thread.run(choose_token, logits, options, generator)
+            receipt.generated_token_ids.append(token)
+            yield TokenEvent(token, self.adapter.decode([token], skip_special=True))
+            logits = self._append(context, [token])
+            step = logits_bytes(logits)
+            generated_digest.update(step)
+            if options.return_logits:
+                generated_logits.append(step)
+            computed += 1
+            if token in self.adapter.eos_token_ids or token in options.stop_token_ids:
+                break
+        receipt.generated_logits_sha256 = generated_digest.digest()
+        artifact_id = ""
+        if options.deposit:
+            artifact_id = self._deposit(context, receipt, options.labels, grafted)
+        receipt.reused_tokens, receipt.computed_tokens = reused, computed
+        receipt.grafted.extend(grafted)
+        receipt.grafted_artifact_id = whole_artifact
+        text = self.adapter.decode(list(receipt.generated_token_ids), skip_special=True)
+        yield ResultEvent(receipt, text, artifact_id, prompt_logits, tuple(generated_logits))
+
+    def _deposit(
+        self,
+        context: KvContext,
+        receipt: pb.Receipt,
+        labels: Mapping[str, str],
+        grafted: list[pb.GraftedArtifact],
+    ) -> str:
+        """Store the context. The manifest keeps the run-independent part of the receipt,
+        so the same context deposited by a fresh or a grafted run has one id. It is as
+        trusted as what it grafted: computed here on untrusted pages (a Graft with
+        allow_untrusted) it is stored untrusted, never signed."""
+        pages = [
+            context.page_bytes(page, layer)
+            for page in range(context.page_count())
+            for layer in range(self.layout.num_layers)
+        ]
+        artifact = Artifact.build(
+            model_fingerprint=self.fingerprint,
+            layout=self.layout,
+            profile=self.profile,
+            token_ids=context.token_ids,
+            page_bytes=pages,
+            segment_ends=context.segment_ends,
+            labels=labels,
+            receipt=receipt,
+        )
+        missing = self.store.missing_pages(list(page_sizes(artifact.manifest)))
+        # block-aligned copies: the store writes them to disk with direct I/O
+        copies = slot_copies({d: artifact.pages[d] for d in missing}) if missing else {}
+        records = page_records_of(copies)
+        if all(is_trusted(pb.Provenance(trust=g.trust)) for g in grafted):
+            provenance = self.trust.computed(artifact.id)
+        else:
+            provenance = pb.Provenance(
+                trust=pb.Provenance.TRUST_UNTRUSTED, origin="computed on untrusted pages"
+            )
+        return self.store.commit_artifact(artifact.manifest, records, provenance).artifact_id
+
+    # ------------------------------------------------------------------
+    def verify(self, artifact_id: str) -> pb.VerifyResponse:
+        """Recompute an artifact fresh and compare every page and receipt hash."""
+        full_id = self.store.resolve(artifact_id)
+        manifest = self.store.get_record(full_id).manifest()
+        self._check_compatible(manifest, full_id)
+        self._check_tokens(manifest.token_ids)
+        self._check_length(len(manifest.token_ids))  # a recompute costs what a generate would
+        layers = self.layout.num_layers
+        with self._context() as context:
+            after_segment = self._replay(context, manifest)
+            computed = [
+                hashlib.sha256(context.page_bytes(*divmod(position, layers))).digest()
+                for position in range(len(manifest.page_sha256))
+            ]
+        stored = manifest.receipt
+        generated = len(stored.generated_token_ids)
+        prompt_segments = len(manifest.segment_ends) - generated
+        prompt_end = manifest.segment_ends[prompt_segments - 1] if prompt_segments > 0 else 0
+        recomputed = pb.Receipt(
+            input_sha256=input_sha256(
+                manifest.token_ids[:prompt_end], manifest.segment_ends[:prompt_segments]
+            ),
+            prompt_logits_sha256=logits_sha256(after_segment[prompt_segments - 1])
+            if prompt_segments
+            else b"",
+            generated_logits_sha256=hashlib.sha256(
+                b"".join(logits_bytes(x) for x in after_segment[prompt_segments:])
+            ).digest(),
+            generated_token_ids=manifest.token_ids[prompt_end:],
+            computed_tokens=len(manifest.token_ids),
+            model_fingerprint=self.fingerprint,
+            profile=self.profile,
+        )
+        mismatches = [
+            f"page {position // layers} layer {position % layers}"
+            for position, (digest, fresh) in enumerate(
+                zip(manifest.page_sha256, computed, strict=True)
+            )
+            if fresh != digest
+        ]
+        if manifest.HasField("receipt"):
+            for name in (
+                "input_sha256",
+                "prompt_logits_sha256",
+                "generated_logits_sha256",
+                "generated_token_ids",
+            ):
+                if getattr(stored, name) != getattr(recomputed, name):
+                    mismatches.append(name)
+        if not mismatches:  # recomputed here, every hash equal: this daemon vouches for it
+            self.store.trust_artifact(full_id, self.trust.computed(full_id, VERIFIED))
+        return pb.VerifyResponse(
+            ok=not mismatches, stored=stored, recomputed=recomputed, mismatches=mismatches
+        )

@@ -1,0 +1,221 @@
+"""The engine RPCs (Lookup, Deposit, Generate, Graft, Verify), independent of gRPC.
+
+The model loads in the background when the daemon starts, so the store RPCs
+serve at once; until the engine is ready these calls raise Unavailable with
+the time spent so far. A daemon started with `--model none` has no engine and
+answers FailedPrecondition. Requests are validated here (prompt present,
+token ids in the vocabulary, generation bounds) before the engine runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from kvgraft.errors import FailedPrecondition, InvalidArgument, KvgraftError, Unavailable
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.engine.decoding import DecodeOptions, ResultEvent
+
+if TYPE_CHECKING:  # the engine imports torch; a store-only daemon never does
+    from kvgraftd.engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+MAX_NEW_TOKENS = 4096
+MAX_LOGITS_STEPS = 16
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
+
+
+class EngineService:
+    def __init__(self, load: Callable[[], Engine] | None) -> None:
+        """`load` builds the engine (run on a background thread); None: no model."""
+        self._engine: Engine | None = None
+        self._error: BaseException | None = None
+        self._started = time.monotonic()
+        self._ready = threading.Event()
+        self._enabled = load is not None
+        if load is not None:
+            threading.Thread(
+                target=self._load, args=(load,), name="model-load", daemon=True
+            ).start()
+
+    def _load(self, load: Callable[[], Engine]) -> None:
+        try:
+            self._engine = load()
+        except BaseException as exc:  # reported on every engine call
+            log.exception("the model failed to load")
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        return self._ready.wait(timeout_s)
+
+    def engine(self) -> Engine:
+        if not self._enabled:
+            raise FailedPrecondition(
+                "this daemon runs without a model (--model none); restart it with a model "
+                "to deposit, generate, graft or verify"
+            )
+        if not self._ready.is_set():
+            waited = time.monotonic() - self._started
+            raise Unavailable(
+                f"the model is still loading ({waited:.0f} s so far); retry in a few seconds"
+            )
+        if self._engine is None:
+            detail = (
+                str(self._error) if isinstance(self._error, KvgraftError) else repr(self._error)
+            )
+            raise FailedPrecondition(f"the model failed to load ({detail}); see the daemon log")
+        return self._engine
+
+    # ------------------------------------------------------------------
+    def describe(self, response: pb.InfoResponse) -> None:
+        """Fill the model fields of an InfoResponse (all of them once the engine is ready)."""
+        if not self._enabled:
+            response.model_state = "none"
+        elif not self._ready.is_set():
+            response.model_state = "loading"
+        elif self._engine is None:
+            response.model_state = f"failed: {self._error}"
+        else:
+            response.model_state = "ready"
+            engine = self._engine
+            response.model_name = engine.adapter.name
+            response.model_fingerprint = engine.fingerprint
+            response.profile.CopyFrom(engine.profile)
+            response.page_tokens = engine.page_tokens
+
+    def tier_infos(self) -> list[pb.TierInfo]:
+        """The device and host tiers of a ready engine (none before)."""
+        if self._engine is None:
+            return []
+        tiers = self._engine.tiers
+        out = []
+        for name, tier, capacity in (
+            ("device", tiers.pool, tiers.pool.budget_bytes),
+            ("host", tiers.host, tiers.host.budget_bytes),
+        ):
+            c = tier.counters
+            out.append(
+                pb.TierInfo(
+                    name=name,
+                    capacity_bytes=capacity,
+                    used_bytes=tier.used_bytes,
+                    holding_bytes=tier.holding_bytes,
+                    hits=c.hits,
+                    misses=c.misses,
+                    evictions=c.evictions,
+                    bytes_streamed=c.bytes_streamed,
+                    peak_bytes=c.peak_bytes,
+                )
+            )
+        return out
+
+    def device_max_allocated_bytes(self) -> int:
+        if self._engine is None or self._engine.tiers.pool.device.type != "cuda":
+            return 0
+        import torch
+
+        return torch.cuda.max_memory_allocated(self._engine.tiers.pool.device)
+
+    def _tokens(self, prompt: pb.Prompt, what: str) -> list[int]:
+        engine = self.engine()
+        kind = prompt.WhichOneof("input")
+        if kind == "text":
+            ids = engine.adapter.encode(prompt.text, chat=prompt.chat)
+        elif kind == "tokens":
+            ids = list(prompt.tokens.ids)
+        else:
+            ids = []
+        if not ids:
+            raise InvalidArgument(f"the {what} is empty: give text or at least one token id")
+        return ids
+
+    @staticmethod
+    def _options(
+        options: pb.GenerateOptions, labels: dict[str, str] | None = None
+    ) -> DecodeOptions:
+        if options.max_new_tokens > MAX_NEW_TOKENS:
+            raise InvalidArgument(f"max_new_tokens is at most {MAX_NEW_TOKENS}")
+        if options.return_logits and options.max_new_tokens > MAX_LOGITS_STEPS:
+            raise InvalidArgument(
+                f"return_logits allows at most {MAX_LOGITS_STEPS} generated steps (the vectors "
+                "travel in one message); generate fewer tokens"
+            )
+        greedy = options.greedy if options.HasField("greedy") else True
+        temperature = options.temperature or 1.0
+        if not greedy and not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+            # logits / 1e-38 overflow to inf and sampling fails: refuse, saying the bounds
+            raise InvalidArgument(
+                f"temperature {temperature:g} is outside {MIN_TEMPERATURE:g}..{MAX_TEMPERATURE:g} "
+                "when sampling; for a temperature near 0, decode greedily (leave greedy set)"
+            )
+        return DecodeOptions(
+            max_new_tokens=options.max_new_tokens,
+            greedy=greedy,
+            temperature=temperature,
+            seed=options.seed,
+            no_cache=options.no_cache,
+            deposit=options.deposit,
+            return_logits=options.return_logits,
+            allow_untrusted=options.allow_untrusted,
+            labels={**dict(options.labels), **(labels or {})},
+        )
+
+    @staticmethod
+    def _responses(events) -> Iterator[pb.GenerateResponse]:
+        for event in events:
+            if isinstance(event, ResultEvent):
+                result = pb.GenerateResult(
+                    receipt=event.receipt,
+                    text=event.text,
+                    deposited_artifact_id=event.artifact_id,
+                    prompt_logits=event.prompt_logits,
+                    generated_logits=event.generated_logits,
+                )
+                yield pb.GenerateResponse(result=result)
+            else:
+                yield pb.GenerateResponse(
+                    token=pb.GeneratedToken(token_id=event.token_id, text=event.text)
+                )
+
+    # ------------------------------------------------------------------
+    def lookup(self, request: pb.LookupRequest) -> pb.LookupResponse:
+        engine = self.engine()
+        tokens = list(request.token_ids)
+        if request.HasField("prompt"):
+            if tokens:
+                raise InvalidArgument("give token_ids or prompt, not both")
+            tokens = self._tokens(request.prompt, "prompt")
+        pages = engine.lookup(tokens)
+        return pb.LookupResponse(
+            matched_tokens=pages * engine.page_tokens,
+            matched_pages=pages,
+            model_fingerprint=engine.fingerprint,
+        )
+
+    def deposit(self, request: pb.DepositRequest) -> pb.DepositResponse:
+        labels = dict(request.labels)
+        if request.verified_by:
+            labels["verified-by"] = request.verified_by
+        options = self._options(pb.GenerateOptions(deposit=True), labels)
+        events = list(self.engine().generate(self._tokens(request.prompt, "prompt"), options))
+        result = events[-1]
+        return pb.DepositResponse(artifact_id=result.artifact_id, receipt=result.receipt)
+
+    def generate(self, request: pb.GenerateRequest) -> Iterator[pb.GenerateResponse]:
+        tokens = self._tokens(request.prompt, "prompt")
+        events = self.engine().generate(tokens, self._options(request.options))
+        return self._responses(events)
+
+    def graft(self, request: pb.GraftRequest) -> Iterator[pb.GenerateResponse]:
+        tokens = self._tokens(request.continuation, "continuation")
+        events = self.engine().graft(request.artifact_id, tokens, self._options(request.options))
+        return self._responses(events)
+
+    def verify(self, request: pb.VerifyRequest) -> pb.VerifyResponse:
+        return self.engine().verify(request.artifact_id)

@@ -1,0 +1,210 @@
+"""Prometheus metrics at http://METRICS_LISTEN/metrics (off unless metrics_listen is set).
+
+Every figure is read when Prometheus scrapes, from the objects that already
+keep it — no second set of books:
+
+| metric | from |
+|---|---|
+| kvgraft_rpc_requests_total{method,code} | the CallCounter (also Stats.rpc_calls) |
+| kvgraft_rpc_{received,sent}_bytes_total{method} | Telemetry |
+| kvgraft_rpc_in_progress, kvgraft_rpc_limit | the CallLimiter |
+| kvgraft_{computations,grafts}_total{method} | receipts, via Telemetry |
+| kvgraft_{reused,computed}_tokens_total | receipts, via Telemetry |
+| kvgraft_tier_{hits,misses,evictions}_total{tier} | Stats().tiers |
+| kvgraft_tier_{used,capacity,peak}_bytes{tier} | Stats().tiers |
+| kvgraft_store_* (artifacts, pages, bytes, map use, disk free, sequence) | Stats() |
+| process_* | prometheus_client's process collector |
+
+With TLS configured the endpoint is HTTPS with the daemon's certificate
+(and requires a client certificate under tls_client_ca). It must not hold a
+lock of the store across a scrape: Stats() uses one short read transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.config import DaemonConfig
+from kvgraftd.server.limits import CallLimiter
+from kvgraftd.server.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+
+class KvgraftCollector(Collector):
+    def __init__(
+        self,
+        calls: Callable[[], dict[str, int]],
+        stats: Callable[[], pb.StatsResponse],
+        telemetry: Telemetry,
+        limiter: CallLimiter,
+    ) -> None:
+        self._calls = calls
+        self._stats = stats
+        self._telemetry = telemetry
+        self._limiter = limiter
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._rpc_metrics()
+        yield from self._engine_metrics()
+        yield from self._store_metrics(self._stats())
+
+    def _rpc_metrics(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "kvgraft_rpc_requests",
+            "kvgraft calls answered, by method and status code",
+            labels=["method", "code"],
+        )
+        for key, count in sorted(self._calls().items()):
+            method, code = key.rsplit(":", 1)
+            requests.add_metric([method, code], count)
+        yield requests
+        traffic = self._telemetry.snapshot()
+        for name, figures, what in (
+            ("kvgraft_rpc_received_bytes", traffic.bytes_received, "request"),
+            ("kvgraft_rpc_sent_bytes", traffic.bytes_sent, "response"),
+        ):
+            family = CounterMetricFamily(
+                name, f"{what} message bytes, by method", labels=["method"]
+            )
+            for method, count in sorted(figures.items()):
+                family.add_metric([method], count)
+            yield family
+        yield GaugeMetricFamily(
+            "kvgraft_rpc_in_progress",
+            "kvgraft calls running or waiting for a worker",
+            value=self._limiter.in_progress,
+        )
+        yield GaugeMetricFamily(
+            "kvgraft_rpc_limit",
+            "calls in progress beyond which calls are refused (max_concurrent_rpcs)",
+            value=self._limiter.max_concurrent_rpcs,
+        )
+
+    def _engine_metrics(self) -> Iterator[Metric]:
+        traffic = self._telemetry.snapshot()
+        for name, figures, text in (
+            ("kvgraft_computations", traffic.computations, "contexts computed (receipts issued)"),
+            ("kvgraft_grafts", traffic.grafts, "computations that grafted stored KV pages"),
+        ):
+            family = CounterMetricFamily(name, f"{text}, by method", labels=["method"])
+            for method, count in sorted(figures.items()):
+                family.add_metric([method], count)
+            yield family
+        yield CounterMetricFamily(
+            "kvgraft_reused_tokens", "tokens whose KV was grafted", value=traffic.reused_tokens
+        )
+        yield CounterMetricFamily(
+            "kvgraft_computed_tokens", "tokens whose KV was computed", value=traffic.computed_tokens
+        )
+
+    def _store_metrics(self, stats: pb.StatsResponse) -> Iterator[Metric]:
+        tiered = {
+            "hits": CounterMetricFamily("kvgraft_tier_hits", "page reads served", labels=["tier"]),
+            "misses": CounterMetricFamily(
+                "kvgraft_tier_misses", "page reads passed on", labels=["tier"]
+            ),
+            "evictions": CounterMetricFamily(
+                "kvgraft_tier_evictions", "pages dropped to stay in budget", labels=["tier"]
+            ),
+            "used_bytes": GaugeMetricFamily(
+                "kvgraft_tier_used_bytes", "bytes held", labels=["tier"]
+            ),
+            "capacity_bytes": GaugeMetricFamily(
+                "kvgraft_tier_capacity_bytes", "budget or capacity (0: unbounded)", labels=["tier"]
+            ),
+            "peak_bytes": GaugeMetricFamily(
+                "kvgraft_tier_peak_bytes", "highest use seen", labels=["tier"]
+            ),
+        }
+        for tier in stats.tiers:
+            for field, family in tiered.items():
+                family.add_metric([tier.name], getattr(tier, field))
+        yield from tiered.values()
+        for field, text in (
+            ("artifacts", "artifacts stored"),
+            ("pages", "distinct pages stored"),
+            ("page_bytes", "bytes of the stored pages"),
+            ("staged_pages", "pages received but not yet referenced"),
+            ("map_size_bytes", "the LMDB map's size"),
+            ("map_used_bytes", "bytes of the LMDB map in use"),
+            ("segment_disk_bytes", "disk the segment files hold"),
+            ("disk_free_bytes", "free space where the store lives"),
+            ("last_sequence", "newest change-feed sequence"),
+        ):
+            yield GaugeMetricFamily(f"kvgraft_store_{field}", text, value=getattr(stats, field))
+        usage = stats.map_used_bytes / stats.map_size_bytes if stats.map_size_bytes else 0.0
+        yield GaugeMetricFamily(
+            "kvgraft_store_map_usage_ratio", "map_used_bytes / map_size_bytes", value=usage
+        )
+
+
+# A scraper needs one connection; each open one costs a thread. Beyond the limit a
+# connection is closed at once, and one idle past the timeout is closed too.
+METRICS_CONNECTIONS = 16
+METRICS_IDLE_S = 10.0
+
+
+def _bound_connections(httpd: WSGIServer, limit: int, idle_s: float) -> None:
+    """Serve at most `limit` connections at once, each on its own thread, closed when idle."""
+    slots = threading.BoundedSemaphore(limit)
+    serve_one = httpd.process_request_thread  # handles one connection, then closes it
+
+    def process_request(request, client_address) -> None:
+        if not slots.acquire(blocking=False):
+            httpd.shutdown_request(request)
+            return
+        request.settimeout(idle_s)
+
+        def run() -> None:
+            try:
+                serve_one(request, client_address)
+            finally:
+                slots.release()
+
+        threading.Thread(target=run, name="metrics", daemon=True).start()
+
+    httpd.process_request = process_request  # type: ignore[method-assign]
+
+
+class MetricsServer:
+    """The /metrics endpoint: started by the composition root, stopped before the store closes."""
+
+    def __init__(self, httpd: WSGIServer) -> None:
+        self._httpd = httpd
+        self.port = httpd.server_port
+
+    @classmethod
+    def start(cls, config: DaemonConfig, collector: KvgraftCollector) -> MetricsServer:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        ProcessCollector(registry=registry)
+        host, port = config.metrics_listen.rsplit(":", 1)
+        tls = {}
+        if config.tls_cert:
+            tls = {
+                "certfile": config.tls_cert,
+                "keyfile": config.tls_key,
+                "client_cafile": config.tls_client_ca or None,
+                "client_auth_required": bool(config.tls_client_ca),
+            }
+        try:
+            httpd, _ = start_http_server(int(port), host.strip("[]"), registry, **tls)
+        except OSError as exc:
+            raise OSError(f"cannot serve metrics on {config.metrics_listen}: {exc}") from None
+        _bound_connections(httpd, METRICS_CONNECTIONS, METRICS_IDLE_S)
+        scheme = "https" if tls else "http"
+        log.info("metrics on %s://%s:%d/metrics", scheme, host, httpd.server_port)
+        return cls(httpd)
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()

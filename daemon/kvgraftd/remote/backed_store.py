@@ -1,0 +1,240 @@
+"""The local store seen through the remote tier: the seam between LMDB and the bucket.
+
+`RemoteBackedStore` wraps a kvgraftd.store.artifact_store.Store and passes every call
+through, except four:
+
+* `commit_artifact` commits locally first, then, in write-through mode,
+  uploads the artifact before returning (kvgraftd.remote.transfer); an upload
+  that fails raises Unavailable saying the artifact *is* stored locally and
+  how to push it later (`kvgraft remote sync`): the local commit stands,
+  since the local tier is complete on its own and every upload is
+  idempotent. In write-back mode it queues the id (kvgraftd.remote.push_queue)
+  and returns at once.
+* `longest_chain` (read-through views only) continues a local prefix match
+  in the bucket: the chain object of the first page not found locally names
+  an artifact; its manifest is fetched and verified (id = SHA-256 of its
+  bytes), its chain entries recomputed, and every further page of the prompt
+  that it holds is taken from it; the next miss asks the bucket again. The
+  pages this store lacks are fetched, SHA-256-verified and staged locally
+  (so the next read is local), and the match stops at the first page that
+  could not be had intact. A daemon with an empty store thus reuses the
+  pages another daemon deposited, and the grafted bytes are the same bytes.
+* `resolve` (read-through views only): an id unknown locally is looked up in
+  the bucket and imported whole (verified) before the engine grafts it.
+
+Only the engine gets a read-through view; the store RPCs (Stat, Delete,
+GetArtifact, ...) see the local store, so a Delete never downloads anything.
+Remote reads never raise: a miss, a dead server or a corrupt object shorten
+the match and the engine computes the rest, so the receipt is the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+from kvgraft.artifact import parse_manifest
+from kvgraft.errors import KvgraftError, NotFound, Unavailable
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.remote.tier import RemoteTier
+from kvgraftd.remote.transfer import find_remote, import_artifact, push_artifact
+from kvgraftd.store.artifact_store import CommitResult, Store
+from kvgraftd.store.chains import ChainEntry, chain_keys, manifest_entries
+from kvgraftd.store.page_records import PageRecord, page_records_of
+from kvgraftd.store.signing import TrustPolicy
+from kvgraftd.store.trust_index import UNRECORDED, ChainMatch, is_trusted
+
+log = logging.getLogger(__name__)
+
+MANIFEST_CACHE = 64  # verified remote manifests kept (their chain entries), by id
+CHAIN_DEADLINE_FACTOR = 3  # a remote prefix match takes at most this many request timeouts
+
+
+class RemoteBackedStore:
+    def __init__(
+        self,
+        store: Store,
+        remote: RemoteTier,
+        trust: TrustPolicy,
+        *,
+        read_through: bool,
+        enqueue=None,  # write-back: enqueue(artifact_id); None: write-through
+    ) -> None:
+        self._store = store
+        self._remote = remote
+        self._trust = trust
+        self._read_through = read_through
+        self._enqueue = enqueue
+        # verified remote manifests of trusted artifacts: their chain entries, and who vouches
+        self._entries: OrderedDict[str, tuple[dict[bytes, ChainEntry], pb.Provenance]] = (
+            OrderedDict()
+        )
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+    # ------------------------------------------------------------------
+    # writes
+
+    def commit_artifact(
+        self,
+        manifest: pb.Manifest,
+        records: Mapping[bytes, PageRecord],
+        provenance: pb.Provenance = UNRECORDED,
+    ) -> CommitResult:
+        result = self._store.commit_artifact(manifest, records, provenance)
+        if self._enqueue is not None:
+            self._enqueue(result.artifact_id)
+            return result
+        try:
+            push_artifact(self._store, self._remote, result.artifact_id, records)
+        except NotFound:
+            pass  # deleted meanwhile: nothing to upload
+        except KvgraftError as exc:
+            raise Unavailable(
+                f"artifact {result.artifact_id} is stored locally, but the remote tier "
+                f'(write = "through") did not take it: {exc}. Nothing is lost: retry, or run '
+                "`kvgraft remote sync` once the remote is back"
+            ) from None
+        return result
+
+    # ------------------------------------------------------------------
+    # reads
+
+    def resolve(self, id_or_prefix: str) -> str:
+        try:
+            return self._store.resolve(id_or_prefix)
+        except NotFound:
+            if not self._read_through or not self._remote.breaker.available():
+                raise
+            try:
+                found = find_remote(self._remote, id_or_prefix)
+            except KvgraftError:
+                found = None  # the remote failed: the local answer stands
+            if found is None:
+                raise
+        fingerprint, full = found
+        import_artifact(self._store, self._remote, fingerprint, full, self._trust)
+        return self._store.resolve(full)
+
+    def longest_chain(
+        self,
+        fingerprint: bytes,
+        profile: pb.ComputeProfile,
+        layout: pb.KvLayout,
+        token_ids: Sequence[int],
+        max_pages: int,
+    ) -> ChainMatch:
+        found = self._store.longest_chain(fingerprint, profile, layout, token_ids, max_pages)
+        if (
+            not self._read_through
+            or len(found.entries) >= max_pages
+            or not self._remote.breaker.available()
+        ):
+            return found
+        try:
+            more = self._remote_chain(
+                fingerprint, profile, layout, token_ids, len(found.entries), max_pages
+            )
+        except KvgraftError as exc:  # e.g. the local disk is full: serve what is local
+            log.warning("remote prefix match abandoned: %s", exc)
+            more = ChainMatch([], [])
+        return ChainMatch(found.entries + more.entries, found.grafted + more.grafted)
+
+    def _remote_chain(
+        self,
+        fingerprint: bytes,
+        profile: pb.ComputeProfile,
+        layout: pb.KvLayout,
+        token_ids: Sequence[int],
+        start: int,
+        max_pages: int,
+    ) -> ChainMatch:
+        deadline = time.monotonic() + CHAIN_DEADLINE_FACTOR * self._remote.settings.timeout_s
+        keys = [key for _, key in chain_keys(fingerprint, profile, layout, token_ids, max_pages)]
+        page_tokens = profile.page_tokens
+        out: list[ChainEntry] = []
+        vouchers: list[tuple[str, pb.Provenance, int]] = []  # artifact, provenance, pages
+        page = start
+        while page < max_pages and time.monotonic() < deadline:
+            artifact_id = self._remote.get_chain(fingerprint, keys[page])
+            known = self._chain_entries(fingerprint, artifact_id) if artifact_id else None
+            entries, provenance = known if known else (None, None)
+            progressed = False
+            while page < max_pages and entries:
+                entry = entries.get(keys[page])
+                wanted = tuple(token_ids[page * page_tokens : (page + 1) * page_tokens])
+                if entry is None or entry.token_ids != wanted or entry.page_index != page:
+                    break
+                out.append(entry)
+                page += 1
+                progressed = True
+            if not progressed:
+                break  # a miss, or an object naming an artifact that does not hold the key
+            vouchers.append((artifact_id, provenance, page))
+        kept = self._localize(fingerprint, out, deadline)
+        end = start + len(kept)
+        grafted = [
+            pb.GraftedArtifact(
+                artifact_id=aid,
+                tokens=min(pages, end) * page_tokens,
+                trust=provenance.trust,
+                vouched_by=provenance.vouched_by,
+            )
+            for aid, provenance, pages in vouchers
+            if min(pages, end) > start
+        ]
+        return ChainMatch(kept, grafted)
+
+    def _chain_entries(
+        self, fingerprint: bytes, artifact_id: str
+    ) -> tuple[dict[bytes, ChainEntry], pb.Provenance] | None:
+        """The chain entries of a remote artifact this daemon trusts (None otherwise)."""
+        with self._lock:
+            cached = self._entries.get(artifact_id)
+            if cached is not None:
+                self._entries.move_to_end(artifact_id)
+                return cached
+        canonical = self._remote.get_manifest(fingerprint, artifact_id)  # verified against the id
+        if canonical is None:
+            return None
+        try:
+            manifest = parse_manifest(canonical)
+        except KvgraftError as exc:
+            log.error("event=remote_data_loss artifact_id=%s: %s", artifact_id, exc)
+            return None
+        if manifest.model_fingerprint != fingerprint:
+            return None
+        signatures = self._remote.get_signatures(fingerprint, artifact_id)
+        provenance = self._trust.received(artifact_id, signatures, "remote")
+        if not is_trusted(provenance):
+            return None  # nobody this daemon trusts vouches for it: never grafted
+        known = (dict(manifest_entries(manifest)), provenance)
+        with self._lock:
+            self._entries[artifact_id] = known
+            while len(self._entries) > MANIFEST_CACHE:
+                self._entries.popitem(last=False)
+        return known
+
+    def _localize(
+        self, fingerprint: bytes, entries: list[ChainEntry], deadline: float
+    ) -> list[ChainEntry]:
+        """Fetch and stage the pages of `entries` this store lacks; the entries now all local."""
+        if not entries:
+            return []
+        digests = [d for entry in entries for d in entry.page_sha256]
+        missing = self._store.missing_pages(list(dict.fromkeys(digests)))
+        fetched = self._remote.get_pages(
+            fingerprint, missing, timeout_s=max(0.0, deadline - time.monotonic())
+        )
+        if fetched:
+            self._store.stage_pages(page_records_of(fetched))
+        absent = set(missing) - set(fetched)
+        for index, entry in enumerate(entries):
+            if absent.intersection(entry.page_sha256):
+                return entries[:index]
+        return entries

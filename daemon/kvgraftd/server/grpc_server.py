@@ -1,0 +1,308 @@
+"""The gRPC server: method table, error mapping, health and reflection.
+
+This is the only daemon module that knows gRPC status codes. Every handler
+runs through `_guard`, which maps the kvgraft.errors taxonomy to status codes
+(an unexpected exception becomes INTERNAL and is logged with its traceback)
+and counts calls by method and code. The bulk RPCs (PutArtifact,
+GetArtifact) carry hand-encoded bytes (kvgraft.wire); every other RPC uses the
+generated protobuf classes.
+
+Before a call reaches its handler it passes the access interceptor
+(kvgraftd.server.security: bearer token, probe socket) and the thread lanes
+(kvgraftd.server.limits); `_guard` then admits it under the call limits
+(kvgraftd.server.limits.CallLimiter), and Telemetry counts its bytes and receipts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from kvgraft import wire
+from kvgraft.errors import InvalidArgument, KvgraftError
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.engine.service import EngineService
+from kvgraftd.library.service import LibraryService
+from kvgraftd.remote.service import RemoteService
+from kvgraftd.replication.pulls import Pulls
+from kvgraftd.server.limits import CallLimiter, Lanes
+from kvgraftd.server.security import AccessInterceptor, TokenCheck
+from kvgraftd.server.status import info_response, stats_response
+from kvgraftd.server.telemetry import CallCounter, Telemetry
+from kvgraftd.store.service import StoreService
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Kvgraft"].full_name
+
+
+def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    if isinstance(exc, KvgraftError):
+        return grpc.StatusCode[exc.code], str(exc)
+    log.exception("internal error", exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the daemon log"
+
+
+def _guard(
+    method: str,
+    fn: Callable,
+    counter: CallCounter,
+    streaming: bool,
+    *,
+    limiter: CallLimiter | None = None,
+    request_streaming: bool = False,
+) -> Callable:
+    """Wrap a handler so errors map to status codes in one place, within the limits."""
+
+    def abort(context: grpc.ServicerContext, exc: BaseException):
+        code, message = _status(exc)
+        counter.add(method, code)
+        context.abort(code, message)
+
+    def admitted(context: grpc.ServicerContext):
+        return limiter.admitted(method, context.is_active) if limiter else nullcontext()
+
+    def bounded(messages):
+        return limiter.bounded(method, messages) if limiter else messages
+
+    if streaming:
+
+        def stream_handler(request, context: grpc.ServicerContext) -> Iterator:
+            try:
+                with admitted(context):
+                    yield from bounded(fn(request, context))
+            except grpc.RpcError:
+                counter.add(method, grpc.StatusCode.CANCELLED)
+                raise
+            except Exception as exc:
+                abort(context, exc)
+            counter.add(method, grpc.StatusCode.OK)
+
+        return stream_handler
+
+    def unary_handler(request, context: grpc.ServicerContext):
+        try:
+            with admitted(context):
+                response = fn(bounded(request) if request_streaming else request, context)
+        except grpc.RpcError:
+            counter.add(method, grpc.StatusCode.CANCELLED)
+            raise
+        except Exception as exc:
+            abort(context, exc)
+        counter.add(method, grpc.StatusCode.OK)
+        return response
+
+    return unary_handler
+
+
+def _parsed(fn: Callable, request_cls) -> Callable:
+    """Parse the request inside the guard: gRPC's own deserializer would turn
+    undecodable bytes into INTERNAL, where they are the caller's INVALID_ARGUMENT."""
+
+    def handler(raw: bytes, context: grpc.ServicerContext):
+        try:
+            request = request_cls.FromString(raw)
+        except DecodeError as exc:
+            raise InvalidArgument(
+                f"the request does not parse as a {request_cls.DESCRIPTOR.full_name} ({exc}); "
+                "send the message of proto/kvgraft/v1/kvgraft.proto"
+            ) from None
+        return fn(request, context)
+
+    return handler
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the RPCs call, every one built by kvgraftd.main (the composition root)."""
+
+    store: StoreService
+    engine: EngineService
+    library: LibraryService
+    remote: RemoteService  # RemoteService(None) when no [remote] is configured
+    pulls: Pulls
+
+
+def _method_table(
+    services: Services, counter: CallCounter, limiter: CallLimiter | None = None
+) -> dict[str, grpc.RpcMethodHandler]:
+    service, engine, library, remote = (
+        services.store,
+        services.engine,
+        services.library,
+        services.remote,
+    )
+
+    def serialize(message) -> bytes:
+        return message.SerializeToString()
+
+    def unary(name: str, fn: Callable, request_cls) -> grpc.RpcMethodHandler:
+        return grpc.unary_unary_rpc_method_handler(
+            _guard(name, _parsed(fn, request_cls), counter, streaming=False, limiter=limiter),
+            request_deserializer=None,  # parsed by _parsed, inside the guard
+            response_serializer=serialize,
+        )
+
+    def streaming(name: str, fn: Callable, request_cls, serializer=None) -> grpc.RpcMethodHandler:
+        return grpc.unary_stream_rpc_method_handler(
+            _guard(name, _parsed(fn, request_cls), counter, streaming=True, limiter=limiter),
+            request_deserializer=None,  # parsed by _parsed, inside the guard
+            response_serializer=serializer,  # None: the handler yields wire bytes
+        )
+
+    def pull(request: pb.ReplicateRequest, context: grpc.ServicerContext):
+        return services.pulls.replicate(request, context.is_active)
+
+    table = {
+        "Info": unary(
+            "Info", lambda r, c: info_response(service, engine, r, remote), pb.InfoRequest
+        ),
+        "MissingPages": unary(
+            "MissingPages", lambda r, c: service.missing_pages(r), pb.MissingPagesRequest
+        ),
+        "List": unary("List", lambda r, c: service.list(r), pb.ListRequest),
+        "Stat": unary("Stat", lambda r, c: service.stat(r), pb.StatRequest),
+        "Delete": unary("Delete", lambda r, c: service.delete(r), pb.DeleteRequest),
+        "Pin": unary("Pin", lambda r, c: service.pin(r), pb.PinRequest),
+        "Stats": unary(
+            "Stats",
+            lambda r, c: stats_response(service, engine, counter, remote, r),
+            pb.StatsRequest,
+        ),
+        "RemoteStatus": unary(
+            "RemoteStatus", lambda r, c: remote.status(r), pb.RemoteStatusRequest
+        ),
+        "RemoteSync": unary("RemoteSync", lambda r, c: remote.sync(r), pb.RemoteSyncRequest),
+        "GetArtifact": streaming(
+            "GetArtifact", lambda r, c: service.get_artifact(r), pb.GetArtifactRequest
+        ),
+        "Watch": streaming(
+            "Watch", lambda r, c: service.watch(r, c.is_active), pb.WatchRequest, serialize
+        ),
+        "Replicate": streaming("Replicate", pull, pb.ReplicateRequest, serialize),
+        "PutArtifact": grpc.stream_unary_rpc_method_handler(
+            _guard(
+                "PutArtifact",
+                lambda it, c: service.put_artifact(it),
+                counter,
+                streaming=False,
+                limiter=limiter,
+                request_streaming=True,
+            ),
+            request_deserializer=None,  # raw bytes, parsed by kvgraft.wire
+            response_serializer=serialize,
+        ),
+    }
+    table.update(
+        Lookup=unary("Lookup", lambda r, c: engine.lookup(r), pb.LookupRequest),
+        Deposit=unary("Deposit", lambda r, c: engine.deposit(r), pb.DepositRequest),
+        Verify=unary("Verify", lambda r, c: engine.verify(r), pb.VerifyRequest),
+        Generate=streaming(
+            "Generate", lambda r, c: engine.generate(r), pb.GenerateRequest, serialize
+        ),
+        Graft=streaming("Graft", lambda r, c: engine.graft(r), pb.GraftRequest, serialize),
+    )
+    table.update(
+        LibraryAdd=unary("LibraryAdd", lambda r, c: library.add(r), pb.LibraryAddRequest),
+        LibraryList=unary("LibraryList", lambda r, c: library.list(r), pb.LibraryListRequest),
+        LibraryRemove=unary(
+            "LibraryRemove", lambda r, c: library.remove(r), pb.LibraryRemoveRequest
+        ),
+        Ask=unary("Ask", lambda r, c: library.ask(r), pb.AskRequest),
+    )
+    return table
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the server enforces and counts besides its method table (built by kvgraftd.main)."""
+
+    limiter: CallLimiter | None = None
+    options: list[tuple[str, int]] = field(
+        default_factory=lambda: [("grpc.so_reuseport", 0), *wire.CHANNEL_OPTIONS]
+    )
+    credentials: grpc.ServerCredentials | None = None  # None: plaintext
+    token_check: TokenCheck | None = None
+    probe_socket: str = ""  # "unix:PATH" for kvgraftd.ops.readiness when TLS is on; "": none
+    counter: CallCounter = field(default_factory=CallCounter)
+    telemetry: Telemetry = field(default_factory=Telemetry)
+
+
+def _aborter(counter: CallCounter) -> Callable[[grpc.ServicerContext, str, KvgraftError], NoReturn]:
+    """How the access interceptor ends a call it refuses: counted, with the error's code."""
+
+    def abort(context: grpc.ServicerContext, method: str, exc: KvgraftError) -> NoReturn:
+        code, message = _status(exc)
+        counter.add(method.removeprefix(f"/{SERVICE_NAME}/").lstrip("/"), code)
+        context.abort(code, message)
+        raise AssertionError("context.abort returns only by raising")
+
+    return abort
+
+
+def create_server(
+    services: Services,
+    listen: str,
+    *,
+    workers: int = 16,
+    settings: ServerSettings | None = None,
+) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """Build (not start) the server; returns it, the bound port and the health servicer."""
+    settings = settings or ServerSettings()
+    limiter = settings.limiter
+    counter = settings.counter
+    server = grpc.server(
+        futures.ThreadPoolExecutor(
+            max_workers=limiter.pool_threads() if limiter else workers, thread_name_prefix="rpc"
+        ),
+        options=settings.options,
+        interceptors=[
+            Lanes(),  # first: it moves the final behavior, refusals included
+            AccessInterceptor(
+                settings.token_check, _aborter(counter), probe_socket=bool(settings.probe_socket)
+            ),
+        ],
+    )
+    table = _method_table(services, counter, limiter)
+    instrumented = {name: settings.telemetry.instrument(name, h) for name, h in table.items()}
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE_NAME, instrumented),)
+    )
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    set_serving(health_servicer, False)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    try:
+        if settings.credentials is not None:
+            port = server.add_secure_port(listen, settings.credentials)
+        else:
+            port = server.add_insecure_port(listen)
+        if settings.probe_socket and not server.add_insecure_port(settings.probe_socket):
+            raise OSError(f"cannot open the health probe socket {settings.probe_socket}")
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}: the address is in use or not local")
+    return server, port, health_servicer
+
+
+def set_serving(health_servicer: health.HealthServicer, serving: bool) -> None:
+    """Health of the whole server ("") and of the kvgraft service."""
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else (health_pb2.HealthCheckResponse.NOT_SERVING)
+    )
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, status)

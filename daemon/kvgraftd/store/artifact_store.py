@@ -1,0 +1,443 @@
+"""The artifact store: an LMDB index and segment files of content-addressed pages.
+
+Sub-databases (docs/architecture.md, "The store"):
+  page_locations  sha256 -> xxh3-128 || segment, offset, length   the bytes: segments/
+  refs       sha256 -> u64 reference count                   pages referenced by artifacts
+  staged     sha256 -> u64 unix ms, u64 disk bytes           uploads not finished (store.staging)
+  artifacts  artifact id (32 bytes) -> record header || canonical manifest
+  log        u64 sequence (big-endian) -> ChangeRecord        the replication feed
+  chains     chain key -> chain entry                        prefix lookup (engine)
+  meta       name -> value                         format version, counters, segment tail
+  provenance artifact id -> Provenance             why it is trusted (kvgraftd.store.trust_index)
+  vouchers   chain key || artifact id -> ""       trusted artifacts holding a chain page
+
+Invariants:
+* An artifact's pages, reference counts, manifest and log record commit in
+  one write transaction; a reader sees an artifact whole or not at all.
+  Page bytes are appended to the segment files and synced before that
+  transaction commits (kvgraftd.store.segments), so an index record never names
+  bytes that are not durable; bytes whose transaction failed are cut off.
+* Every page read is checked against its xxh3-128 after the copy (in place
+  for `verified_pages`); a mismatch raises DataLoss and no byte of the page
+  is returned.
+* Pages received before their manifest may be staged (persisted but
+  referenced by nothing, invisible to readers of artifacts) so a cut transfer
+  resumes; staged pages nobody claims are collected after a grace period.
+* A write that would eat into `min_free_bytes` of the disk is refused with
+  ResourceExhausted before it starts; a full disk fails the write cleanly,
+  never the process (kvgraftd.store.lmdb_env keeps the environment: transactions,
+  map growth, the disk reserve).
+
+This module keeps artifacts, references and the change log; the pages are
+kvgraftd.store.page_store's. Only this module, kvgraftd.store.lmdb_env, kvgraftd.store.page_store,
+kvgraftd.store.page_records and kvgraftd.store.migration import lmdb; none of them
+knows about gRPC.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import shutil
+import struct
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import lmdb
+import numpy as np
+
+from kvgraft.artifact import canonical_bytes, page_sizes
+from kvgraft.errors import FailedPrecondition, NotFound
+from kvgraft.page_buffers import block_aligned
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.store import catalog, page_records, staging, trust_index
+from kvgraftd.store import migration as store_migration
+from kvgraftd.store.catalog import (
+    SEQUENCE_KEY,
+    ArtifactRecord,
+    decode_record,
+    encode_record,
+    now_ms,
+)
+from kvgraftd.store.lmdb_env import LmdbEnv
+from kvgraftd.store.page_records import PageRecord
+from kvgraftd.store.page_store import PageStore
+from kvgraftd.store.segments import DEFAULT_SEGMENT_BYTES, Location
+from kvgraftd.store.trust_index import ChainMatch
+
+log = logging.getLogger(__name__)
+
+_U64 = struct.Struct("<Q")
+INDEX_BYTES_PER_PAGE = 256  # what a page's records cost LMDB, with room to spare
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    artifact_id: str
+    already_present: bool
+    pages_written: int
+    bytes_written: int
+    sequence: int
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    artifacts: int
+    pages: int
+    page_bytes: int
+    staged_pages: int
+    map_size_bytes: int
+    map_used_bytes: int
+    segment_disk_bytes: int
+    disk_free_bytes: int
+    last_sequence: int
+
+
+class Store:
+    """A kvgraft store in directory `path` (created if missing)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        initial_map_bytes: int = 1 << 30,
+        min_free_bytes: int = 256 << 20,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    ) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lmdb = LmdbEnv(
+            self.path,
+            (
+                "page_locations",
+                "refs",
+                "staged",
+                "artifacts",
+                "log",
+                "chains",
+                "meta",
+                "provenance",
+                "vouchers",
+            ),
+            initial_map_bytes=initial_map_bytes,
+            min_free_bytes=min_free_bytes,
+        )
+        self._db = self._lmdb.db
+        self._read = self._lmdb.read
+        self._write = self._lmdb.write
+        self._pages = PageStore(self._lmdb, self.path / "segments", segment_bytes=segment_bytes)
+        self._changed = threading.Condition()
+        try:
+            version = store_migration.check_format(self._lmdb, self.path)
+            self._pages.open(version)
+            if version < store_migration.STORE_FORMAT_VERSION:
+                store_migration.migrate_v2(self._lmdb)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self._lmdb.close()
+        self._pages.close()
+
+    # ------------------------------------------------------------------
+    # pages
+
+    def missing_pages(self, digests: Sequence[bytes]) -> list[bytes]:
+        """The digests whose pages are not stored (staged pages count as stored)."""
+        return self._pages.missing(digests)
+
+    def read_pages_into(self, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:
+        """Copy each page into its uint8 destination and verify it there."""
+        self._pages.read_into(digests, dests)
+
+    @contextmanager
+    def verified_pages(self, digests: Sequence[bytes]) -> Iterator[list[np.ndarray]]:
+        """The pages as read-only uint8 views of their segments, each verified in place (the
+        cheapest read: one pass, the check's). Valid inside the `with` block only: after it,
+        a deleted page's space may be given back."""
+        with self._pages.verified(digests) as views:
+            yield views
+
+    @contextmanager
+    def pages_to_check(self, digests: Sequence[bytes]) -> Iterator[list[tuple[bytes, np.ndarray]]]:
+        """(xxh3-128, unchecked read-only view) of each page: the caller checks each one."""
+        with self._pages.unchecked(digests) as pages:
+            yield pages
+
+    def read_page(self, digest: bytes) -> tuple[bytes, bytes]:
+        """One page's bytes and xxh3-128, verified."""
+        checksum: list[bytes] = []
+        data = self.read_pages_framed(
+            [digest], lambda i, d, xxh3, size: checksum.append(xxh3) or b""
+        )
+        return data, checksum[0]
+
+    def read_pages_framed(self, digests: Sequence[bytes], frame: page_records.Framer) -> bytes:
+        """frame(0, ...) + page 0 + frame(1, ...) + ..., every page verified: `frame(index,
+        sha256, xxh3, size)` gives the bytes before page `index` (the wire, one copy)."""
+        return self._pages.read_framed(digests, frame)
+
+    def stage_pages(self, records: Mapping[bytes, PageRecord], limit_bytes: int = 0) -> int:
+        """Persist received pages ahead of their manifest; returns pages written. All staged
+        pages together stay within `limit_bytes` of disk (0: no limit; kvgraftd.store.staging)."""
+
+        def body(txn: lmdb.Transaction) -> int:
+            new = staging.stage(txn, self._db, self._pages, records, limit_bytes)
+            self._add_page_bytes(txn, sum(len(record.data) for record in new.values()))
+            return len(new)
+
+        return self._pages.write(*_needs(records.values()), body)
+
+    def collect_staged(self, older_than_s: float) -> int:
+        """Delete staged pages older than `older_than_s` that nothing references."""
+        limit = now_ms() - int(older_than_s * 1000)
+
+        def body(txn: lmdb.Transaction) -> tuple[int, list[Location]]:
+            doomed = staging.staged_before(txn, self._db, limit)
+            freed: list[Location] = []
+            for digest in doomed:
+                staging.unstage(txn, self._db, digest)
+                if txn.get(digest, db=self._db["refs"]) is not None:
+                    continue  # claimed by an artifact since: keep it
+                freed += self._drop_page(txn, digest)
+            return len(doomed), freed
+
+        collected, freed = self._write(0, body)
+        self._pages.free(freed)
+        if collected:
+            log.info("collected %d staged pages older than %.0f s", collected, older_than_s)
+        return collected
+
+    # ------------------------------------------------------------------
+    # artifacts
+
+    def commit_artifact(
+        self,
+        manifest: pb.Manifest,
+        records: Mapping[bytes, PageRecord],
+        provenance: pb.Provenance = trust_index.UNRECORDED,
+    ) -> CommitResult:
+        """Store a validated manifest with the page records not yet stored.
+
+        Every page the manifest names must be stored, staged or in `records`
+        (whose sizes the caller checked); otherwise nothing is written. The
+        provenance is kept (merged with an earlier one for an artifact already
+        present); the artifact's pages enter the chain index only when trusted.
+        """
+        canonical = canonical_bytes(manifest)
+        aid = hashlib.sha256(canonical).digest()
+        sizes = page_sizes(manifest)
+        index_bytes, file_bytes = _needs(records[d] for d in sizes if d in records)
+
+        def body(txn: lmdb.Transaction) -> CommitResult:
+            found = txn.get(aid, db=self._db["artifacts"])
+            if found is not None:
+                trust_index.record(txn, self._db, aid, manifest, provenance)
+                sequence = decode_record(found).sequence
+                return CommitResult(aid.hex(), True, 0, 0, sequence)
+            new = self._pages.new_pages(txn, sizes, records)
+            self._pages.append(txn, new)
+            for digest in sizes:
+                self._reference_page(txn, digest)
+            written_bytes = sum(len(record.data) for record in new.values())
+            self._add_page_bytes(txn, written_bytes)
+            written = len(new)
+            trust_index.record(txn, self._db, aid, manifest, provenance)
+            sequence = catalog.append_change(txn, self._db["log"], pb.ChangeRecord.KIND_ADDED, aid)
+            record = ArtifactRecord(now_ms(), sequence, False, canonical)
+            txn.put(aid, encode_record(record), db=self._db["artifacts"])
+            return CommitResult(aid.hex(), False, written, written_bytes, sequence)
+
+        result = self._pages.write(index_bytes + len(canonical), file_bytes, body)
+        if not result.already_present:
+            self._notify_change()
+            log.info(  # one logfmt line per artifact written: machines read it
+                "event=artifact_written artifact_id=%s sequence=%d pages_written=%d "
+                "bytes_written=%d tokens=%d",
+                result.artifact_id,
+                result.sequence,
+                result.pages_written,
+                result.bytes_written,
+                len(manifest.token_ids),
+            )
+        return result
+
+    def _reference_page(self, txn, digest: bytes) -> None:
+        """Add one reference to a stored page (a staged page is staged no more)."""
+        refs = self._db["refs"]
+        count = txn.get(digest, db=refs)
+        if count is None:
+            staging.unstage(txn, self._db, digest)
+        txn.put(digest, _U64.pack(1 if count is None else _U64.unpack(count)[0] + 1), db=refs)
+
+    def _drop_page(self, txn, digest: bytes) -> list[Location]:
+        """Remove a page; its location, for the segments to free after the commit."""
+        location = self._pages.drop(txn, digest)
+        if location is None:
+            return []
+        self._add_page_bytes(txn, -location.length)
+        return [location]
+
+    def longest_chain(
+        self,
+        fingerprint: bytes,
+        profile: pb.ComputeProfile,
+        layout: pb.KvLayout,
+        token_ids: Sequence[int],
+        max_pages: int,
+    ) -> ChainMatch:
+        """The longest run of trusted whole pages starting `token_ids`, and the artifact
+        that vouches for it."""
+        with self._read() as txn:
+            return trust_index.longest_trusted_run(
+                txn, self._db, fingerprint, profile, layout, token_ids, max_pages
+            )
+
+    def withdraw_trust(self, keys: frozenset[bytes]) -> int:
+        """Trust only `keys` from now on (a key removed from [trust] keys): see
+        trust_index.withdraw. Returns how many artifacts became untrusted."""
+
+        def body(txn: lmdb.Transaction) -> int:
+            def manifest_of(aid: bytes) -> pb.Manifest:
+                return decode_record(txn.get(aid, db=self._db["artifacts"])).manifest()
+
+            return trust_index.withdraw(txn, self._db, keys, manifest_of)
+
+        return self._write(0, body)
+
+    def provenance(self, artifact_id: str) -> pb.Provenance:
+        with self._read() as txn:
+            return trust_index.read(txn, self._db, catalog.parse_full_id(artifact_id))
+
+    def trust_artifact(self, artifact_id: str, provenance: pb.Provenance) -> pb.Provenance:
+        """Record more trust in a stored artifact (a Verify, a trusted signature); returns
+        the provenance it now has. Its pages enter the chain index when it becomes trusted."""
+        aid = catalog.parse_full_id(artifact_id)
+
+        def body(txn: lmdb.Transaction) -> pb.Provenance:
+            found = txn.get(aid, db=self._db["artifacts"])
+            if found is None:
+                raise NotFound(f"artifact {artifact_id} is not in the store")
+            trust_index.record(txn, self._db, aid, decode_record(found).manifest(), provenance)
+            return trust_index.read(txn, self._db, aid)
+
+        return self._write(0, body)
+
+    def _add_page_bytes(self, txn, delta: int) -> None:
+        catalog.add_counter(txn, self._db["meta"], b"page_bytes", delta)
+
+    def delete_artifact(self, artifact_id: str) -> tuple[int, int]:
+        """Remove an artifact; returns (pages freed, bytes freed)."""
+        aid = catalog.parse_full_id(artifact_id)
+
+        def body(txn: lmdb.Transaction) -> tuple[int, int]:
+            found = txn.get(aid, db=self._db["artifacts"])
+            if found is None:
+                raise NotFound(
+                    f"artifact {artifact_id} is not in the store (kvgraft ls lists them)"
+                )
+            record = decode_record(found)
+            if record.pinned:
+                raise FailedPrecondition(
+                    f"artifact {artifact_id} is pinned; unpin it first (kvgraft pin --off ID)"
+                )
+            locations: list[Location] = []
+            for digest in page_sizes(record.manifest()):
+                count = _U64.unpack(txn.get(digest, db=self._db["refs"]))[0] - 1
+                if count:
+                    txn.put(digest, _U64.pack(count), db=self._db["refs"])
+                    continue
+                txn.delete(digest, db=self._db["refs"])
+                locations += self._drop_page(txn, digest)
+            trust_index.forget(txn, self._db, aid, record.manifest())
+            txn.delete(aid, db=self._db["artifacts"])
+            catalog.append_change(txn, self._db["log"], pb.ChangeRecord.KIND_DELETED, aid)
+            return locations
+
+        locations = self._write(0, body)
+        self._pages.free(locations)
+        freed, freed_bytes = len(locations), sum(location.length for location in locations)
+        self._notify_change()
+        log.info(  # one logfmt line per artifact deleted
+            "event=artifact_deleted artifact_id=%s pages_freed=%d bytes_freed=%d",
+            artifact_id,
+            freed,
+            freed_bytes,
+        )
+        return freed, freed_bytes
+
+    def set_pinned(self, artifact_id: str, pinned: bool) -> ArtifactRecord:
+        aid = catalog.parse_full_id(self.resolve(artifact_id))
+
+        def body(txn: lmdb.Transaction) -> ArtifactRecord:
+            found = txn.get(aid, db=self._db["artifacts"])
+            if found is None:  # deleted since resolve()
+                raise NotFound(f"artifact {artifact_id} was deleted")
+            record = dataclasses.replace(decode_record(found), pinned=pinned)
+            txn.put(aid, encode_record(record), db=self._db["artifacts"])
+            return record
+
+        return self._write(0, body)
+
+    def resolve(self, id_or_prefix: str) -> str:
+        """The full id of the one artifact whose id starts with `id_or_prefix`."""
+        with self._read() as txn:
+            return catalog.resolve(txn, self._db["artifacts"], id_or_prefix)
+
+    def get_record(self, artifact_id: str) -> ArtifactRecord:
+        aid = catalog.parse_full_id(self.resolve(artifact_id))
+        with self._read() as txn:
+            found = txn.get(aid, db=self._db["artifacts"])
+            if found is None:
+                raise NotFound(f"artifact {artifact_id} was deleted")
+            return decode_record(found)
+
+    def list_records(self, after: bytes, limit: int) -> list[tuple[str, ArtifactRecord]]:
+        """Up to `limit` artifacts with ids greater than `after`, in id order."""
+        with self._read() as txn:
+            return catalog.records_after(txn, self._db["artifacts"], after, limit)
+
+    # ------------------------------------------------------------------
+    # change feed and counters
+
+    def changes_since(self, sequence: int, limit: int = 1000) -> list[pb.ChangeRecord]:
+        with self._read() as txn:
+            return catalog.changes_since(txn, self._db["log"], sequence, limit)
+
+    def _notify_change(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_for_change(self, timeout_s: float) -> None:
+        """Block until an artifact is added or deleted, or `timeout_s` passes."""
+        with self._changed:
+            self._changed.wait(timeout_s)
+
+    def stats(self) -> StoreStats:
+        with self._read() as txn:
+            last = txn.cursor(db=self._db["log"])
+            page_bytes = txn.get(b"page_bytes", db=self._db["meta"])
+            stats = StoreStats(
+                artifacts=txn.stat(self._db["artifacts"])["entries"],
+                pages=self._pages.count(txn),
+                page_bytes=_U64.unpack(page_bytes)[0] if page_bytes is not None else 0,
+                staged_pages=txn.stat(self._db["staged"])["entries"],
+                map_size_bytes=0,
+                map_used_bytes=0,
+                segment_disk_bytes=self._pages.disk_bytes(),
+                disk_free_bytes=shutil.disk_usage(self.path).free,
+                last_sequence=SEQUENCE_KEY.unpack(last.key())[0] if last.last() else 0,
+            )
+        map_size, map_used = self._lmdb.map_bytes()
+        return dataclasses.replace(stats, map_size_bytes=map_size, map_used_bytes=map_used)
+
+
+def _needs(records: Iterable[PageRecord]) -> tuple[int, int]:
+    """(bytes of the index, bytes of the segments) that writing `records` takes."""
+    sizes = [len(record.data) for record in records]
+    return INDEX_BYTES_PER_PAGE * len(sizes), sum(block_aligned(size) for size in sizes)

@@ -1,0 +1,311 @@
+"""The store RPCs: what each call does, independent of gRPC.
+
+Each method takes a request message (or, for the bulk RPCs, raw wire bytes)
+and returns a response message (or raw wire bytes). Failures raise the
+kvgraft.errors taxonomy; kvgraftd.server.grpc_server maps them to status codes. Every
+request is validated here before it touches the store.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import closing
+from dataclasses import dataclass
+
+from kvgraft import __version__, wire
+from kvgraft.artifact import DIGEST_BYTES, artifact_id, page_sizes, parse_manifest
+from kvgraft.errors import DataLoss, InvalidArgument, KvgraftError, Unavailable
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.store.artifact_store import Store, StoreStats
+from kvgraftd.store.catalog import artifact_info
+from kvgraftd.store.intake import PageIntake
+from kvgraftd.store.migration import STORE_FORMAT_VERSION
+from kvgraftd.store.read_ahead import read_ahead
+from kvgraftd.store.signing import Signer, TrustPolicy
+
+MAX_MISSING_QUERY = 100_000
+MAX_LIST_PAGE = 1000
+DEFAULT_LIST_PAGE = 100
+WATCH_POLL_S = 0.5
+READ_AHEAD_MESSAGES = 2  # PutArtifact messages taken ahead of the one being stored
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    spill_bytes: int = 256 << 20  # held page bytes per PutArtifact before staging them
+    staged_max_bytes: int = 16 << 30  # disk of all staged pages together (0: no limit)
+    block_payload_bytes: int = wire.BLOCK_PAYLOAD_BYTES
+
+
+class StoreService:
+    """Info, PutArtifact, GetArtifact, MissingPages, List, Stat, Delete, Pin, Stats, Watch."""
+
+    def __init__(
+        self,
+        store: Store,
+        limits: ServiceLimits = ServiceLimits(),
+        trust: TrustPolicy | None = None,
+    ) -> None:
+        self._store = store
+        self._limits = limits
+        # Decides what arriving artifacts are worth (kvgraftd.store.signing); tests that build a
+        # service alone get a key of their own.
+        self.trust = trust or TrustPolicy(Signer.generate())
+        self._stopping = threading.Event()
+        # Drawn per daemon start: replication tells a source that is its own target by it.
+        self.instance_id = secrets.token_hex(16)
+
+    def stop_watches(self) -> None:
+        """End follow Watch streams (shutdown): they never finish by themselves, so a
+        drain would otherwise wait its whole grace period for them."""
+        self._stopping.set()
+
+    # ------------------------------------------------------------------
+    def info(self, request: pb.InfoRequest) -> pb.InfoResponse:
+        return pb.InfoResponse(
+            version=__version__,
+            store_format_version=STORE_FORMAT_VERSION,
+            instance_id=self.instance_id,
+            signing_key=self.trust.signer.public_key,
+            tiers=[self._lmdb_tier(self._store.stats())],
+        )
+
+    @staticmethod
+    def _lmdb_tier(stats: StoreStats) -> pb.TierInfo:
+        return pb.TierInfo(
+            name="lmdb",
+            capacity_bytes=stats.segment_disk_bytes + stats.map_used_bytes + stats.disk_free_bytes,
+            used_bytes=stats.page_bytes,
+            holding_bytes=stats.page_bytes,
+            peak_bytes=stats.segment_disk_bytes + stats.map_used_bytes,
+        )
+
+    def stats(self, request: pb.StatsRequest) -> pb.StatsResponse:
+        s = self._store.stats()
+        return pb.StatsResponse(
+            artifacts=s.artifacts,
+            pages=s.pages,
+            page_bytes=s.page_bytes,
+            staged_pages=s.staged_pages,
+            map_size_bytes=s.map_size_bytes,
+            map_used_bytes=s.map_used_bytes,
+            segment_disk_bytes=s.segment_disk_bytes,
+            disk_free_bytes=s.disk_free_bytes,
+            last_sequence=s.last_sequence,
+            tiers=[self._lmdb_tier(s)],
+        )
+
+    # ------------------------------------------------------------------
+    def put_artifact(self, messages: Iterable[bytes]) -> pb.PutArtifactResponse:
+        """PutArtifact from its raw PutArtifactRequest messages (see put_parts)."""
+        return self.put_parts(map(wire.decode_put, messages))
+
+    def put_parts(
+        self, parts: Iterable[wire.PutPart], origin: str = "upload", source: str = ""
+    ) -> pb.PutArtifactResponse:
+        """Receive pages then a manifest; commit them together. The artifact is trusted
+        if it carries a valid signature by a trusted key, else stored untrusted (`origin`
+        says how it arrived).
+
+        Verified pages of a stream that is cut (the iterator raises something
+        other than a kvgraft error) are staged so a retry need not resend them;
+        so are those of a manifest that does not hash to the sender's
+        expected_artifact_id (altered on the way: DATA_LOSS).
+        """
+        intake = PageIntake(self._store, self._limits.spill_bytes, self._limits.staged_max_bytes)
+        try:
+            # Taken off the connection while the previous message is hashed and
+            # stored; what was taken survives a cut call (kvgraftd.store.read_ahead).
+            with closing(read_ahead(parts, READ_AHEAD_MESSAGES)) as received:
+                manifest, expected_id, signatures = _receive(received, intake)
+        except KvgraftError:
+            raise
+        except Exception:
+            intake.stage()
+            raise
+        if manifest is None:
+            intake.stage()
+            raise InvalidArgument(
+                "PutArtifact ended without a manifest; no artifact was stored (the pages sent "
+                "are kept for a retry): send the manifest as the last message"
+            )
+        if expected_id and artifact_id(manifest) != expected_id:
+            intake.stage()  # the pages were verified; only the manifest is in doubt
+            raise DataLoss(
+                f"the manifest arrived altered: it hashes to {artifact_id(manifest)[:16]}, not "
+                f"to the expected {expected_id[:16]}; no artifact was stored: resend it"
+            )
+        intake.check_against(manifest)
+        provenance = self.trust.received(artifact_id(manifest), signatures, origin)
+        if source:  # a pull or a follower: a delete from there will apply to it
+            provenance.replicated_from.append(source)
+        result = self._store.commit_artifact(manifest, intake.records, provenance)
+        return pb.PutArtifactResponse(
+            artifact_id=result.artifact_id,
+            already_present=result.already_present,
+            pages_written=result.pages_written,
+            bytes_written=result.bytes_written,
+        )
+
+    def get_artifact(self, request: pb.GetArtifactRequest) -> Iterator[bytes]:
+        """The manifest, then the requested pages, framed as GetArtifactResponse bytes."""
+        record = self._store.get_record(request.artifact_id)
+        manifest = record.manifest()
+        sizes = page_sizes(manifest)
+        wanted = list(sizes)  # distinct pages in manifest order
+        if request.only_pages:
+            unknown = [d for d in request.only_pages if d not in sizes]
+            if unknown:
+                raise InvalidArgument(
+                    f"page {bytes(unknown[0]).hex()[:16]} is not part of artifact "
+                    f"{request.artifact_id}"
+                )
+            asked = set(request.only_pages)
+            wanted = [d for d in wanted if d in asked]
+        signatures = self._store.provenance(artifact_id(manifest)).signatures
+        yield wire.encode_submessage(wire.GET_MANIFEST, record.canonical) + wire.encode_signatures(
+            wire.GET_SIGNATURES, signatures
+        )
+        if request.manifest_only:
+            return
+        yield from self._page_messages(wanted, sizes)
+
+    def _page_messages(self, digests: list[bytes], sizes: dict[bytes, int]) -> Iterator[bytes]:
+        budget = self._limits.block_payload_bytes
+        batch: list[bytes] = []
+        used = 0
+        for digest in digests:
+            size = sizes[digest]
+            cost = wire.chunk_overhead_bytes(size) + size
+            if batch and used + cost > budget:
+                yield self._framed(batch, sizes)
+                batch, used = [], 0
+            if cost > budget:  # a page larger than one message travels in pieces
+                data, checksum = self._store.read_page(digest)
+                for chunks in wire.split_pages([(digest, data)], budget, {digest: checksum}):
+                    yield wire.encode_page_block(wire.GET_PAGES, chunks)
+                continue
+            batch.append(digest)
+            used += cost
+        if batch:
+            yield self._framed(batch, sizes)
+
+    def _framed(self, digests: list[bytes], sizes: dict[bytes, int]) -> bytes:
+        """One GetArtifactResponse holding whole pages, framed as they are read."""
+        placeholder = b"\0" * 16  # xxh3 is read with the page; its length is fixed
+        prefixes = [wire.chunk_prefix(d, 0, sizes[d], sizes[d], placeholder) for d in digests]
+        block_bytes = sum(map(len, prefixes)) + sum(sizes[d] for d in digests)
+        head = wire.envelope_prefix(wire.GET_PAGES, block_bytes)
+
+        def frame(index: int, digest: bytes, checksum: bytes, size: int) -> bytes:
+            prefix = wire.chunk_prefix(digest, 0, size, size, checksum)
+            return head + prefix if index == 0 else prefix
+
+        return self._store.read_pages_framed(digests, frame)
+
+    def missing_pages(self, request: pb.MissingPagesRequest) -> pb.MissingPagesResponse:
+        if len(request.sha256) > MAX_MISSING_QUERY:
+            raise InvalidArgument(
+                f"MissingPages takes at most {MAX_MISSING_QUERY} hashes per call; split the query"
+            )
+        if any(len(d) != DIGEST_BYTES for d in request.sha256):
+            raise InvalidArgument("MissingPages hashes must be 32-byte SHA-256 digests")
+        return pb.MissingPagesResponse(missing=self._store.missing_pages(list(request.sha256)))
+
+    # ------------------------------------------------------------------
+    def list(self, request: pb.ListRequest) -> pb.ListResponse:
+        size = request.page_size or DEFAULT_LIST_PAGE
+        if size > MAX_LIST_PAGE:
+            raise InvalidArgument(f"List page_size is at most {MAX_LIST_PAGE}")
+        after = _decode_page_token(request.page_token)
+        selector = dict(request.label_selector)
+        response = pb.ListResponse()
+        while len(response.artifacts) < size:
+            batch = self._store.list_records(after, size)
+            if not batch:
+                after = b""
+                break
+            for aid, record in batch:
+                after = bytes.fromhex(aid)
+                manifest = record.manifest()
+                if all(manifest.labels.get(k) == v for k, v in selector.items()):
+                    response.artifacts.append(self._info(aid, record, manifest))
+                    if len(response.artifacts) == size:
+                        break
+        response.next_page_token = after.hex() if len(response.artifacts) == size else ""
+        return response
+
+    def stat(self, request: pb.StatRequest) -> pb.StatResponse:
+        aid = self._store.resolve(request.artifact_id)
+        record = self._store.get_record(aid)
+        manifest = record.manifest()
+        response = pb.StatResponse(info=self._info(aid, record, manifest))
+        if request.include_manifest:
+            response.manifest.CopyFrom(manifest)
+        return response
+
+    def delete(self, request: pb.DeleteRequest) -> pb.DeleteResponse:
+        freed, freed_bytes = self._store.delete_artifact(request.artifact_id)
+        return pb.DeleteResponse(pages_freed=freed, bytes_freed=freed_bytes)
+
+    def pin(self, request: pb.PinRequest) -> pb.PinResponse:
+        aid = self._store.resolve(request.artifact_id)
+        record = self._store.set_pinned(aid, request.pinned)
+        return pb.PinResponse(info=self._info(aid, record, record.manifest()))
+
+    def _info(self, aid: str, record, manifest: pb.Manifest) -> pb.ArtifactInfo:
+        info = artifact_info(aid, record, manifest)
+        info.provenance.CopyFrom(self._store.provenance(aid))
+        return info
+
+    def watch(
+        self, request: pb.WatchRequest, is_active: Callable[[], bool]
+    ) -> Iterator[pb.ChangeRecord]:
+        """Change records from `from_sequence` on; with `follow`, wait for new ones."""
+        sequence = max(request.from_sequence, 1)
+        while is_active():
+            records = self._store.changes_since(sequence)
+            yield from records
+            if records:
+                sequence = records[-1].sequence + 1
+                continue
+            if not request.follow:
+                return
+            if self._stopping.is_set():
+                raise Unavailable(
+                    f"kvgraftd is shutting down; watch again from sequence {sequence} "
+                    "once it is back"
+                )
+            self._store.wait_for_change(WATCH_POLL_S)
+
+
+def _receive(
+    parts: Iterable[wire.PutPart], intake: PageIntake
+) -> tuple[pb.Manifest | None, str, tuple[pb.ArtifactSignature, ...]]:
+    """Pages into `intake`; the manifest (the last part), its expected id and its
+    signatures, if sent."""
+    manifest: pb.Manifest | None = None
+    expected_id = ""
+    signatures: tuple[pb.ArtifactSignature, ...] = ()
+    for chunks, manifest_bytes, expected, signed in parts:
+        if manifest is not None:
+            raise InvalidArgument("the manifest must be the last message of PutArtifact")
+        if manifest_bytes is not None:
+            manifest = parse_manifest(manifest_bytes)
+            expected_id, signatures = expected, signed
+        intake.add(chunks)
+    return manifest, expected_id, signatures
+
+
+def _decode_page_token(token: str) -> bytes:
+    if not token:
+        return b""
+    try:
+        after = bytes.fromhex(token)
+    except ValueError:
+        after = b""
+    if len(after) != DIGEST_BYTES:
+        raise InvalidArgument("List page_token is not one this daemon returned; start from ''")
+    return after

@@ -1,0 +1,70 @@
+"""Staged pages: the pages of uploads not finished yet, kept on disk for a resume.
+
+Sub-database `staged` (inside the store's transactions): page SHA-256 -> u64 unix
+ms when staged || u64 the disk it takes (whole 4 KiB blocks). Format-2 stores
+kept only the time (8 bytes); such entries count nothing on the way out.
+The meta counter `staged_bytes` is the disk all staged pages take; `stage`
+refuses, writing nothing, pages that would take it past the daemon's limit, so
+an upload of many tiny pages cannot fill the disk (a 4-byte page takes 4 KiB).
+
+A staged page is staged no more when an artifact claims it (kvgraftd.store.artifact_store's
+reference count) or when it is collected after `staged_ttl_s`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+
+import lmdb
+
+from kvgraft.errors import ResourceExhausted
+from kvgraft.page_buffers import block_aligned
+from kvgraftd.store.catalog import add_counter, counter, now_ms
+from kvgraftd.store.page_records import PageRecord
+from kvgraftd.store.page_store import PageStore
+
+_STAGED = struct.Struct("<QQ")  # when a page was staged (unix ms), the disk it takes
+STAGED_BYTES = b"staged_bytes"
+
+
+def stage(
+    txn: lmdb.Transaction,
+    dbs,
+    pages: PageStore,
+    records: Mapping[bytes, PageRecord],
+    limit_bytes: int,
+) -> dict[bytes, PageRecord]:
+    """Append the records not stored yet and mark them staged; returns them. Refused
+    (ResourceExhausted) when they would take the staged disk past `limit_bytes` (0: none)."""
+    new = {d: r for d, r in records.items() if not pages.is_stored(txn, d)}
+    disk = {d: block_aligned(len(r.data)) for d, r in new.items()}
+    staged = counter(txn, dbs["meta"], STAGED_BYTES)
+    if limit_bytes and staged + sum(disk.values()) > limit_bytes:
+        raise ResourceExhausted(
+            f"pages of unfinished uploads take {staged} bytes of disk; these "
+            f"{sum(disk.values())} would pass the daemon's limit (staged_max_bytes = "
+            f"{limit_bytes}): finish or abandon uploads, or wait for staged_ttl_s"
+        )
+    pages.append(txn, new)
+    now = now_ms()
+    for digest in new:
+        txn.put(digest, _STAGED.pack(now, disk[digest]), db=dbs["staged"])
+    add_counter(txn, dbs["meta"], STAGED_BYTES, sum(disk.values()))
+    return new
+
+
+def unstage(txn: lmdb.Transaction, dbs, digest: bytes) -> None:
+    """A page is staged no more (claimed or collected): its disk leaves the count."""
+    found = txn.pop(digest, db=dbs["staged"])
+    if found is not None and len(found) == _STAGED.size:
+        add_counter(txn, dbs["meta"], STAGED_BYTES, -_STAGED.unpack(found)[1])
+
+
+def staged_before(txn: lmdb.Transaction, dbs, unix_ms: int) -> list[bytes]:
+    """The pages staged at or before `unix_ms`."""
+    cursor = txn.cursor(db=dbs["staged"])
+    return [bytes(key) for key, value in cursor if _U64.unpack(value[:8])[0] <= unix_ms]
+
+
+_U64 = struct.Struct("<Q")

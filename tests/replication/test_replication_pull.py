@@ -1,0 +1,166 @@
+"""One-shot pulls (the Replicate RPC, `kvgraft replicate --pull`): the target daemon copies
+straight from the source, two real daemons in their own processes.
+
+* 30 artifacts pulled: the replica holds exactly them, whole (store audit), every exported
+  bundle byte-identical to the source's; a second pull moves nothing; a delete on the
+  source propagates with the next pull.
+* A caller that goes away ends the pull: the target stops copying, holds only whole
+  artifacts, and the next pull completes the copy.
+* A target stopped (SIGTERM) in the middle of a pull exits cleanly, its caller hears
+  UNAVAILABLE, and restarted it holds only whole artifacts; the next pull completes.
+* The CLI prints the pull's summary (--json and text) and refuses --pull with --follow.
+* Bad input is refused with a clear error and changes nothing: a source that is not
+  host:port (INVALID_ARGUMENT), one the operator did not allow (FAILED_PRECONDITION: the
+  daemon would present its own credentials there), one the target cannot reach
+  (UNAVAILABLE, saying so).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from kvgraft import Artifact, Client
+from kvgraft.cli.main import main as cli_main
+from kvgraft.errors import FailedPrecondition, InvalidArgument, KvgraftError, Unavailable
+from kvgraft.v1 import kvgraft_pb2 as pb
+from tests.support.factory import random_artifact
+from tests.support.replica_audit import export_digests, ids
+from tests.support.store_audit import audit_store, distinct_page_sizes, multi_mib_artifact
+
+
+class Progress:
+    """tqdm's `total` and `update(n)`, recorded."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.done = 0
+
+    def update(self, n: int) -> None:
+        self.done += n
+
+
+def _source_and_replica(start_daemon, artifacts: list[Artifact]):
+    """A source daemon holding `artifacts`, and an empty replica allowed to pull from it."""
+    source = start_daemon()
+    with Client(source.address) as a:
+        for artifact in artifacts:
+            a.put_artifact(artifact)
+    return source, start_daemon(extra_args=["--replication-pull-from", source.address])
+
+
+def _whole_then_completed(b: Client, source, expected: dict[str, Artifact]) -> None:
+    """After a cut pull, `b` holds whole artifacts only (the pages of those in flight staged
+    for the next pull), and the next pull completes the copy."""
+    staged = b.stats().staged_pages
+    audit_store(b, {aid: expected[aid] for aid in ids(b)}, staged_pages=staged)
+    summary = b.pull_from(source.address)
+    assert summary.artifacts_added + summary.artifacts_present == len(expected)
+    audit_store(b, expected)
+
+
+def test_a_pull_copies_straight_from_the_source(start_daemon, rng, tmp_path) -> None:
+    artifacts = [random_artifact(rng) for _ in range(30)]
+    source, replica = _source_and_replica(start_daemon, artifacts)
+    with Client(source.address) as a, Client(replica.address) as b:
+        progress = Progress()
+        summary = b.pull_from(source.address, progress=progress)
+        assert (summary.artifacts_added, summary.artifacts_failed) == (30, 0)
+        assert summary.bytes_moved == sum(distinct_page_sizes(artifacts).values())
+        assert (summary.source, summary.target) == (source.address, replica.address)
+        assert summary.last_sequence == 30
+        assert progress.done == progress.total == summary.bytes_moved
+        expected = {artifact.id: artifact for artifact in artifacts}
+        audit_store(b, expected)
+        on_source = export_digests(a, set(expected), tmp_path / "a")
+        assert export_digests(b, set(expected), tmp_path / "b") == on_source
+
+        again = b.pull_from(source.address)
+        assert (again.artifacts_added, again.artifacts_present, again.bytes_moved) == (0, 30, 0)
+        a.delete(artifacts[0].id)
+        after = b.pull_from(source.address, from_sequence=31)
+        assert (after.artifacts_deleted, after.last_sequence) == (1, 31)
+        assert ids(b) == ids(a)
+
+
+def test_a_pull_ends_when_its_caller_goes_away(start_daemon, rng) -> None:
+    artifacts = [multi_mib_artifact(rng) for _ in range(120)]
+    source, replica = _source_and_replica(start_daemon, artifacts)
+    with Client(replica.address) as b:
+        call = b._stub.Replicate(pb.ReplicateRequest(source=source.address))
+        for progress in call:  # about every 0.5 s
+            if 0 < progress.bytes_done < progress.bytes_planned:
+                break
+        call.cancel()
+        replica.wait_for_log("ended early: its caller went away", timeout_s=30)
+        held = b.stats().artifacts
+        time.sleep(1.0)
+        assert b.stats().artifacts == held < len(artifacts)  # it stopped copying
+        _whole_then_completed(b, source, {artifact.id: artifact for artifact in artifacts})
+    # Regression: the pass's threads, whose client was closed under them, logged a
+    # "Cannot invoke RPC on closed channel" traceback.
+    assert "Traceback" not in replica.log() and "closed channel" not in replica.log()
+
+
+def test_a_target_stopped_during_a_pull_exits_cleanly(start_daemon, rng) -> None:
+    artifacts = [multi_mib_artifact(rng) for _ in range(120)]
+    source, replica = _source_and_replica(start_daemon, artifacts)
+    errors: list[Exception] = []
+
+    def pull() -> None:
+        with Client(replica.address) as b:
+            try:
+                b.pull_from(source.address)
+            except KvgraftError as exc:
+                errors.append(exc)
+
+    puller = threading.Thread(target=pull)
+    puller.start()
+    with Client(replica.address) as b:
+        deadline = time.monotonic() + 60
+        while b.stats().artifacts == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert replica.terminate(60) == 0, replica.log()
+    puller.join(60)
+    assert len(errors) == 1 and isinstance(errors[0], Unavailable), errors
+    replica.launch()
+    with Client(replica.address) as b:
+        assert 0 < len(ids(b)) < len(artifacts)
+        _whole_then_completed(b, source, {artifact.id: artifact for artifact in artifacts})
+
+
+def test_cli_pull_prints_a_summary(start_daemon, rng, capsys) -> None:
+    artifacts = [random_artifact(rng) for _ in range(3)]
+    source, replica = _source_and_replica(start_daemon, artifacts)
+    with Client(source.address) as a, Client(replica.address) as b:
+        argv = ["--json", "replicate", "--from", source.address, "--to", replica.address]
+        assert cli_main([*argv, "--pull"]) == 0
+        document = json.loads(capsys.readouterr().out)
+        assert (document["artifacts_added"], document["target"]) == (3, replica.address)
+        assert ids(b) == ids(a)
+        argv = ["replicate", "--from", source.address, "--to", replica.address, "--pull"]
+        assert cli_main(argv) == 0
+        assert "0 added, 3 already there" in capsys.readouterr().out
+        with pytest.raises(SystemExit):
+            cli_main([*argv, "--follow"])
+        assert "--pull copies once" in capsys.readouterr().err
+
+
+def test_a_pull_from_a_bad_source_is_refused_and_changes_nothing(start_daemon) -> None:
+    source = start_daemon()
+    with Client(start_daemon().address) as strict:  # no [replication] pull_from
+        with pytest.raises(FailedPrecondition, match=r"add it to \[replication\] pull_from"):
+            strict.pull_from(source.address)
+        assert not ids(strict)
+    replica = start_daemon(extra_args=["--replication-pull-from", "*"])
+    with Client(replica.address) as b:
+        for bad in ("", "no-port", "host:port"):
+            with pytest.raises(InvalidArgument, match="host:port"):
+                b.pull_from(bad)
+        with pytest.raises(Unavailable, match=r"could not reach the source 127\.0\.0\.1:9 "):
+            b.pull_from("127.0.0.1:9")  # the discard port: nothing listens
+        assert not ids(b)
+        assert b.stats().last_sequence == 0
