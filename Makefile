@@ -10,7 +10,7 @@ DATA ?= ./kvgraft-data
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install serve test test-slow check lint proto proto-check bench bench-long clean
+.PHONY: help install serve test test-slow check lint layers proto proto-check bench bench-long clean
 .PHONY: install-service service-config
 
 help: ## list the targets
@@ -40,6 +40,9 @@ lint: $(STAMP) ## ruff
 	$(BIN)/ruff check client daemon tests bench
 	$(BIN)/ruff format --check client daemon tests bench
 
+layers: $(STAMP) ## check the import contracts: each layer imports only those below it, no cycles
+	$(BIN)/lint-imports --no-cache
+
 proto: $(STAMP) ## regenerate the Python stubs from proto/
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=client --pyi_out=client \
 		--grpc_python_out=client proto/kvgraft/v1/kvgraft.proto
@@ -52,7 +55,7 @@ proto-check: $(STAMP) ## fail when the committed stubs differ from the proto
 		{ echo "client/kvgraft/v1/$$f is stale: run 'make proto' and commit"; rm -rf $$tmp; exit 1; }; \
 	done; rm -rf $$tmp; echo "generated stubs are fresh"
 
-check: lint proto-check test ## lint, stale generated code, tests
+check: lint layers proto-check test ## lint, import contracts, stale generated code, tests
 
 bench: $(STAMP) ## run the benchmarks (each ends with one JSON line; ~15 min)
 	$(BIN)/python bench/store_bench.py

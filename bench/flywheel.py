@@ -2,7 +2,7 @@
 
 What: the seed's two claims on the real default model (SmolLM2-135M-Instruct,
 float32, CPU), through a real daemon over gRPC, with problem sets this
-project generates itself (tests/flywheel_problems.py: arithmetic word
+project generates itself (kvgraftd/testing/flywheel_problems.py: arithmetic word
 problems and unit conversions whose answers Python computes, and facts about
 invented islands that no model can know). Nothing is tuned to the model: the
 sets come from fixed seeds and are reported whatever the model does.

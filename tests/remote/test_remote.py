@@ -392,3 +392,12 @@ def test_remote_section_of_the_config_file(tmp_path) -> None:
     bad = _kvgraftd(tmp_path / "data", ["--config", str(config)], {})
     assert bad.returncode == 2
     assert "remote_write 'sometimes': use through or back" in bad.stderr
+
+
+def test_the_remote_view_offers_the_whole_store_interface() -> None:
+    """RemoteBackedStore spells out every public method of Store (no __getattr__ forwarding):
+    one it lacks would fail only where a remote tier is configured."""
+    public = {name for name in vars(Store) if not name.startswith("_")}
+    missing = sorted(name for name in public if name not in vars(RemoteBackedStore))
+    assert not missing, f"RemoteBackedStore does not pass on {missing}"
+    assert not hasattr(RemoteBackedStore, "__getattr__")

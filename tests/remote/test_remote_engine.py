@@ -1,7 +1,7 @@
 """Two daemons with a model sharing one bucket (real SeaweedFS), and remote faults on reads.
 
 Daemon A talks to SeaweedFS directly; daemon B, with an empty store, through
-a TCP proxy (tests/tcp_proxy.py) so the test can take the server away from
+a TCP proxy (tests/support/tcp_proxy.py) so the test can take the server away from
 B alone. Both serve the tiny test model (same weights: same fingerprint).
 
 * Shared bucket: what A deposits, B grafts: Generate on B reuses A's pages

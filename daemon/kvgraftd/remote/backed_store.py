@@ -1,7 +1,8 @@
 """The local store seen through the remote tier: the seam between LMDB and the bucket.
 
-`RemoteBackedStore` wraps a kvgraftd.store.artifact_store.Store and passes every call
-through, except four:
+`RemoteBackedStore` wraps a kvgraftd.store.artifact_store.Store and offers the
+store's whole interface, each method spelled out (a test holds it to every
+public method of Store); it passes every call through, except these:
 
 * `commit_artifact` commits locally first, then, in write-through mode,
   uploads the artifact before returning (kvgraftd.remote.transfer); an upload
@@ -35,15 +36,19 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+
+import numpy as np
 
 from kvgraft.artifact import parse_manifest
 from kvgraft.errors import KvgraftError, NotFound, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.remote.tier import RemoteTier
 from kvgraftd.remote.transfer import find_remote, import_artifact, push_artifact
-from kvgraftd.store.artifact_store import CommitResult, Store
+from kvgraftd.store.artifact_store import CommitResult, Store, StoreStats
+from kvgraftd.store.catalog import ArtifactRecord
 from kvgraftd.store.chains import ChainEntry, chain_keys, manifest_entries
-from kvgraftd.store.page_records import PageRecord, page_records_of
+from kvgraftd.store.page_records import Framer, PageRecord, page_records_of
 from kvgraftd.store.signing import TrustPolicy
 from kvgraftd.store.trust_index import UNRECORDED, ChainMatch, is_trusted
 
@@ -73,9 +78,67 @@ class RemoteBackedStore:
             OrderedDict()
         )
         self._lock = threading.Lock()
+        self.path = store.path
 
-    def __getattr__(self, name: str):
-        return getattr(self._store, name)
+    # ------------------------------------------------------------------
+    # the Store's interface, passed through
+
+    def close(self) -> None:
+        self._store.close()
+
+    def missing_pages(self, digests: Sequence[bytes]) -> list[bytes]:
+        return self._store.missing_pages(digests)
+
+    def read_pages_into(self, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:
+        self._store.read_pages_into(digests, dests)
+
+    def verified_pages(self, digests: Sequence[bytes]) -> AbstractContextManager:
+        return self._store.verified_pages(digests)
+
+    def pages_to_check(self, digests: Sequence[bytes]) -> AbstractContextManager:
+        return self._store.pages_to_check(digests)
+
+    def read_page(self, digest: bytes) -> tuple[bytes, bytes]:
+        return self._store.read_page(digest)
+
+    def read_pages_framed(self, digests: Sequence[bytes], frame: Framer) -> bytes:
+        return self._store.read_pages_framed(digests, frame)
+
+    def stage_pages(self, records: Mapping[bytes, PageRecord], limit_bytes: int = 0) -> int:
+        return self._store.stage_pages(records, limit_bytes)
+
+    def collect_staged(self, older_than_s: float) -> int:
+        return self._store.collect_staged(older_than_s)
+
+    def withdraw_trust(self, keys: frozenset[bytes]) -> int:
+        return self._store.withdraw_trust(keys)
+
+    def provenance(self, artifact_id: str) -> pb.Provenance:
+        return self._store.provenance(artifact_id)
+
+    def trust_artifact(self, artifact_id: str, provenance: pb.Provenance) -> pb.Provenance:
+        return self._store.trust_artifact(artifact_id, provenance)
+
+    def delete_artifact(self, artifact_id: str) -> tuple[int, int]:
+        return self._store.delete_artifact(artifact_id)
+
+    def set_pinned(self, artifact_id: str, pinned: bool) -> ArtifactRecord:
+        return self._store.set_pinned(artifact_id, pinned)
+
+    def get_record(self, artifact_id: str) -> ArtifactRecord:
+        return self._store.get_record(artifact_id)
+
+    def list_records(self, after: bytes, limit: int) -> list[tuple[str, ArtifactRecord]]:
+        return self._store.list_records(after, limit)
+
+    def changes_since(self, sequence: int, limit: int = 1000) -> list[pb.ChangeRecord]:
+        return self._store.changes_since(sequence, limit)
+
+    def wait_for_change(self, timeout_s: float) -> None:
+        self._store.wait_for_change(timeout_s)
+
+    def stats(self) -> StoreStats:
+        return self._store.stats()
 
     # ------------------------------------------------------------------
     # writes

@@ -1,6 +1,6 @@
 /*
  * kvgraftd's native decode-step attention (loaded with ctypes by
- * kvgraftd.decode_attention): the portable build of the kernel, the AVX-512
+ * kvgraftd.engine.decode_attention): the portable build of the kernel, the AVX-512
  * one where the CPU has it, and the merge of per-block partial results.
  *
  * kvg_block_partial: see attend_kernel.h.

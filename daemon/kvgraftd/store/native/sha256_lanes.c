@@ -1,6 +1,6 @@
 /*
  * SHA-256 of up to 16 messages of one length at once, one message per 32-bit
- * lane of AVX-512 registers (loaded with ctypes by kvgraftd.sha256_lanes).
+ * lane of AVX-512 registers (loaded with ctypes by kvgraftd.store.sha256_lanes).
  *
  * A page received from a peer is accepted only once its SHA-256 matches its
  * name, and a message of pages holds dozens of them: hashing 16 side by side
