@@ -43,8 +43,8 @@ if [ -z "$DESTDIR" ]; then
     chown root:kvgraft /etc/kvgraft /etc/kvgraft/kvgraftd.toml
 fi
 
-sed "s|/opt/kvgraft/|$PREFIX/|g" "$here/kvgraftd.store.service" > "$DESTDIR/etc/systemd/system/kvgraftd.store.service"
-chmod 0644 "$DESTDIR/etc/systemd/system/kvgraftd.store.service"
+sed "s|/opt/kvgraft/|$PREFIX/|g" "$here/kvgraftd.service" > "$DESTDIR/etc/systemd/system/kvgraftd.service"
+chmod 0644 "$DESTDIR/etc/systemd/system/kvgraftd.service"
 
 if [ -z "$DESTDIR" ] && [ -d /run/systemd/system ]; then
     systemctl daemon-reload

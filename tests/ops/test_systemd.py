@@ -46,7 +46,7 @@ from kvgraftd.ops.readiness import Readiness
 from tests.support.store_audit import audit_store, multi_mib_artifact
 
 ROOT = Path(__file__).resolve().parents[2]
-UNIT = ROOT / "daemon" / "systemd" / "kvgraftd.store.service"
+UNIT = ROOT / "daemon" / "systemd" / "kvgraftd.service"
 SERVICE_TOML = ROOT / "daemon" / "systemd" / "kvgraftd.toml"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
@@ -211,13 +211,13 @@ def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     # verify checks that ExecStart's program exists: point it at this checkout's kvgraftd.
     kvgraftd = Path(sys.executable).parent / "kvgraftd"
     assert kvgraftd.is_file()
-    unit = tmp_path / "kvgraftd.store.service"
+    unit = tmp_path / "kvgraftd.service"
     unit.write_text(UNIT.read_text().replace("/opt/kvgraft/bin/kvgraftd", str(kvgraftd)))
     result = subprocess.run(
         [tool, "verify", str(unit)], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
-    complaints = [line for line in result.stderr.splitlines() if "kvgraftd.store.service" in line]
+    complaints = [line for line in result.stderr.splitlines() if "kvgraftd.service" in line]
     assert complaints == []
 
 
@@ -276,7 +276,7 @@ def test_install_script_stages_unit_config_and_user(tmp_path: Path) -> None:
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    unit = (stage / "etc/systemd/system/kvgraftd.store.service").read_text()
+    unit = (stage / "etc/systemd/system/kvgraftd.service").read_text()
     assert "ExecStart=/srv/kv/bin/kvgraftd --config /etc/kvgraft/kvgraftd.toml" in unit
     config = stage / "etc/kvgraft/kvgraftd.toml"
     assert config.read_text() == SERVICE_TOML.read_text()
