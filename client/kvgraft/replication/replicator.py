@@ -10,10 +10,11 @@ daemons' ordinary gRPC API:
   is healed by the next pass. The source is the truth: an artifact is copied
   when the source holds it, and deleted on the target only when the source,
   asked again, does not.
-* Copying one artifact. Fetch its manifest (its SHA-256 must be the id), ask
-  the target MissingPages, and stream just those pages from the source's
-  GetArtifact into the target's PutArtifact as they arrive (a message or two
-  in memory per worker), the manifest last with its expected id. Pages are
+* Copying one artifact (kvgraft.replication.artifact_copy). Fetch its
+  manifest (its SHA-256 must be the id), ask the target MissingPages, and
+  stream just those pages from the source's GetArtifact into the target's
+  PutArtifact as they arrive (a message or two in memory per worker), the
+  manifest last with its expected id. Pages are
   checked here on arrival (the xxh3-128 the source sends) and again, SHA-256,
   by the target, which commits pages and manifest in one transaction: a
   partial artifact is never visible and a wrong byte is never accepted.
@@ -40,26 +41,15 @@ two daemons given as clients or addresses. This module must not import the daemo
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from kvgraft import wire
-from kvgraft.artifact import page_sizes, parse_manifest
-from kvgraft.errors import (
-    DataLoss,
-    FailedPrecondition,
-    KvgraftError,
-    NotFound,
-    ResourceExhausted,
-    Unauthenticated,
-    Unavailable,
-)
+from kvgraft.errors import DataLoss, KvgraftError, Unavailable
+from kvgraft.replication.artifact_copy import ArtifactCopier, Retries, retry_cannot_fix
 from kvgraft.replication.endpoint import Endpoint
 from kvgraft.replication.feed import ADDED, DELETED, check_record, read_feed, read_listing
-from kvgraft.replication.page_relay import PageRelay, manifest_of
 from kvgraft.replication.stream_guard import StreamGuard
 from kvgraft.replication.summary import ReplicationLedger, ReplicationSummary
 from kvgraft.replication.target import Target
@@ -67,14 +57,6 @@ from kvgraft.v1 import kvgraft_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-# Errors a retry cannot fix; anything else (a cut, a corrupt byte) is retried.
-# UNIMPLEMENTED is retried too: a request damaged on the way reads as one (gRPC answers
-# "requires exactly one request message"); a daemon that really lacks the RPC still
-# fails the artifact after max_attempts, with the same message.
-FATAL_ERRORS = (FailedPrecondition, ResourceExhausted, Unauthenticated)
-# ... except a message "larger than max": replication frames every message under the
-# limit, so the daemon read a length prefix damaged on the way.
-_DAMAGED_LENGTH = "Received message larger than max"
 FOLLOW_MIN_BACKOFF_S = 0.5  # follow mode reconnects after 0.5 s, 1 s, 2 s, ... 30 s
 FOLLOW_MAX_BACKOFF_S = 30.0
 
@@ -104,9 +86,7 @@ class Replicator:
         self.source = source
         self.target = target
         self.workers = max(1, workers)
-        self.max_attempts = max(1, max_attempts)
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
+        self.retries = Retries(max(1, max_attempts), backoff_s, max_backoff_s)
         self.probe_interval_s = probe_interval_s
         self.summary = ReplicationSummary(source=source.address)
         self._ledger = ReplicationLedger(self.summary, progress, on_change)
@@ -119,6 +99,9 @@ class Replicator:
             f"replication from {source.address}",
         )
         self._opened = self._guard.opened
+        self._copier = ArtifactCopier(
+            source, target, self._ledger, self._opened, lambda: self._stop.is_set(), self.retries
+        )
 
     # ------------------------------------------------------------------
     # modes
@@ -129,18 +112,16 @@ class Replicator:
         done = threading.Event()
         self._guard.watch(done)
         try:
-            for attempt in range(1, self.max_attempts + 1):
+            for attempt in range(1, self.retries.max_attempts + 1):
                 try:
                     position, _ = self._catch_up(from_sequence)
                     self._ledger.position(position)
                     break
                 except KvgraftError as exc:
-                    if _retry_cannot_fix(exc):
-                        raise
-                    if attempt == self.max_attempts:
+                    if retry_cannot_fix(exc) or attempt == self.retries.max_attempts:
                         raise
                     self._ledger.retry("the feed", exc)
-                    time.sleep(self._backoff(attempt))
+                    time.sleep(self.retries.delay(attempt))
         finally:
             done.set()
         self.summary.elapsed_s = round(time.monotonic() - began, 3)
@@ -258,9 +239,9 @@ class Replicator:
 
     def _apply(self, record: pb.ChangeRecord) -> None:
         if record.kind == ADDED:
-            outcome = self.copy_artifact(record.artifact_id)
+            outcome = self._copier.copy(record.artifact_id)
         else:
-            outcome = self.apply_delete(record.artifact_id)
+            outcome = self._copier.delete(record.artifact_id)
         if outcome in ("vanished", "absent"):
             # Usual after quick changes on the source; also what a record whose id was
             # altered in transit looks like: read it again before moving past it.
@@ -270,10 +251,10 @@ class Replicator:
                 raise DataLoss(f"change record {record.sequence} differs when read again")
 
     def _copy_job(self, artifact_id: str, planned_bytes: int) -> bool:
-        return self._job(lambda: self.copy_artifact(artifact_id, planned_bytes), artifact_id)
+        return self._job(lambda: self._copier.copy(artifact_id, planned_bytes), artifact_id)
 
     def _delete_job(self, artifact_id: str, _: int) -> bool:
-        return self._job(lambda: self.apply_delete(artifact_id), artifact_id)
+        return self._job(lambda: self._copier.delete(artifact_id), artifact_id)
 
     def _job(self, run: Callable[[], str], artifact_id: str) -> bool:
         try:
@@ -282,133 +263,6 @@ class Replicator:
             if not self._stop.is_set():  # stopped: the calls were ended on purpose
                 log.warning("artifact %s was not replicated: %s", artifact_id[:16], exc)
             self._ledger.failed(artifact_id, exc)
-            return False
-        return True
-
-    # ------------------------------------------------------------------
-    # one artifact
-
-    def copy_artifact(self, artifact_id: str, planned_bytes: int = 0) -> str:
-        """Make the target hold the artifact: "added", "present" or "vanished".
-
-        Retries up to max_attempts, then raises the last error.
-        """
-        sent: set[bytes] = set()  # pages forwarded by earlier attempts
-        moved = [0]  # page bytes forwarded for this artifact
-        for attempt in range(1, self.max_attempts + 1):
-            try:
-                outcome = self._copy_once(artifact_id, sent, moved)
-                break
-            except NotFound as exc:
-                if not self._source_has(artifact_id):
-                    outcome = "vanished"
-                    break
-                error: KvgraftError = exc
-            except KvgraftError as exc:
-                if _retry_cannot_fix(exc):
-                    raise
-                error = exc
-            if attempt == self.max_attempts or self._stop.is_set():
-                raise error
-            self._ledger.retry(artifact_id, error)
-            time.sleep(self._backoff(attempt))
-        self._ledger.skipped(planned_bytes - moved[0])
-        counter = {"added": "artifacts_added", "present": "artifacts_present"}
-        self._ledger.count(**{counter.get(outcome, "artifacts_vanished"): 1})
-        self._ledger.changed(outcome, artifact_id)
-        return outcome
-
-    def _copy_once(self, artifact_id: str, sent: set[bytes], moved: list[int]) -> str:
-        manifest_bytes, signatures = self._fetch_manifest(artifact_id)
-        sizes = page_sizes(parse_manifest(manifest_bytes))
-        missing = self.target.missing_pages(list(sizes))
-        if not set(missing) <= sizes.keys():
-            raise DataLoss("MissingPages answered hashes that were not asked; asking again")
-        stream = (
-            self.source.get_artifact_messages(artifact_id, only_pages=missing) if missing else None
-        )
-
-        def forwarded(data_bytes: int, done: list[bytes]) -> None:
-            again = [digest for digest in done if digest in sent]
-            sent.update(done)
-            moved[0] += data_bytes
-            self._ledger.moved(data_bytes, len(done), len(again), sum(sizes[d] for d in again))
-
-        relay = PageRelay(
-            artifact_id, manifest_bytes, signatures, sizes, missing, stream, forwarded
-        )
-        try:
-            with self._opened(stream):
-                response = self.target.put_parts(relay.parts())
-        except KvgraftError:
-            if relay.source_error is not None:
-                raise relay.source_error from None  # the cause; the put only ended early
-            raise
-        if relay.source_error is not None:
-            raise relay.source_error
-        if response.artifact_id != artifact_id:
-            raise DataLoss(
-                f"the target stored {response.artifact_id[:16]} for {artifact_id[:16]}; "
-                "the put response was altered on the way"
-            )
-        self._ledger.count(
-            pages_written=response.pages_written, bytes_written=response.bytes_written
-        )
-        return "present" if response.already_present else "added"
-
-    def _fetch_manifest(self, artifact_id: str) -> tuple[bytes, list[pb.ArtifactSignature]]:
-        """The artifact's manifest bytes (checked against its id) and its signatures."""
-        with self._opened(self.source.get_artifact_messages(artifact_id, manifest_only=True)) as s:
-            first = next(s, None)
-        manifest = manifest_of(first, artifact_id)
-        return manifest, wire.decode_signatures(first, wire.GET_SIGNATURES)
-
-    def apply_delete(self, artifact_id: str) -> str:
-        """Delete the artifact on the target, if the source no longer holds it.
-
-        Returns "deleted", "absent", "kept-pinned", or what copy_artifact
-        returns when the source holds it after all.
-        """
-        for attempt in range(1, self.max_attempts + 1):
-            try:
-                if self._source_has(artifact_id):  # re-added since, or the record was altered
-                    return self.copy_artifact(artifact_id)
-                outcome = self.target.delete_artifact(artifact_id)
-                kept = outcome in ("pinned", "foreign")
-                if not kept and self.target.has_artifact(artifact_id):
-                    raise DataLoss(f"artifact {artifact_id[:16]} is still on the target")
-                break
-            except KvgraftError as exc:
-                if _retry_cannot_fix(exc):
-                    raise
-                if attempt == self.max_attempts or self._stop.is_set():
-                    raise
-                self._ledger.retry(artifact_id, exc)
-                time.sleep(self._backoff(attempt))
-        if outcome == "pinned":
-            outcome = "kept-pinned"
-            log.info("artifact %s was deleted on the source but is pinned here: kept", artifact_id)
-        elif outcome == "foreign":  # a source may delete only what came from it
-            outcome = "kept-foreign"
-            log.info(
-                "artifact %s was deleted on %s, which it did not come from: kept",
-                artifact_id,
-                self.source.address,
-            )
-        counter = {
-            "deleted": "artifacts_deleted",
-            "kept-pinned": "deletes_kept_pinned",
-            "kept-foreign": "deletes_kept_foreign",
-        }
-        if outcome in counter:
-            self._ledger.count(**{counter[outcome]: 1})
-        self._ledger.changed(outcome, artifact_id)
-        return outcome
-
-    def _source_has(self, artifact_id: str) -> bool:
-        try:
-            self.source.stat(artifact_id)
-        except NotFound:
             return False
         return True
 
@@ -434,12 +288,3 @@ class Replicator:
             + s.deletes_kept_foreign
             + s.artifacts_failed,
         )
-
-    def _backoff(self, attempt: int) -> float:
-        base = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
-        return base * (0.5 + random.random())
-
-
-def _retry_cannot_fix(exc: KvgraftError) -> bool:
-    """Whether a retry cannot fix `exc` (FATAL_ERRORS, bar damage on the way)."""
-    return isinstance(exc, FATAL_ERRORS) and _DAMAGED_LENGTH not in str(exc)
