@@ -1,11 +1,11 @@
-"""The native parts of kvgraftd: decode-step attention (daemon/kvgraftd/engine/native), and
-SHA-256 of 16 pages at once (daemon/kvgraftd/store/native).
+"""The native parts of kvgraftd: attention and the row-invariant linear product
+(daemon/kvgraftd/engine/native), and SHA-256 of 16 pages at once (daemon/kvgraftd/store/native).
 
 Everything else about the package is in pyproject.toml. Each extension is a
 plain shared library that kvgraftd loads with ctypes (kvgraftd.engine.decode_attention,
-kvgraftd.store.sha256_lanes); both are optional: where they cannot be built (no C
-compiler), the daemon attends with torch alone and says so in its compute
-profile, and hashes pages with hashlib.
+kvgraftd.engine.linear, kvgraftd.store.sha256_lanes); all are optional: where they
+cannot be built (no C compiler), the daemon computes with torch alone on its fixed
+schedule and says so in its compute profile, and hashes pages with hashlib.
 """
 
 from setuptools import Extension, setup
@@ -21,6 +21,20 @@ setup(
             depends=[f"{ENGINE_NATIVE}/attend_kernel.h", f"{ENGINE_NATIVE}/xxhash.h"],
             include_dirs=[ENGINE_NATIVE],
             extra_compile_args=["-O3", "-Wno-psabi"],
+            libraries=["m"],
+            optional=True,
+        ),
+        Extension(
+            "kvgraftd.engine._linear",
+            sources=[
+                f"{ENGINE_NATIVE}/linear.c",
+                f"{ENGINE_NATIVE}/linear_avx2.c",
+                f"{ENGINE_NATIVE}/linear_avx512.c",
+            ],
+            depends=[f"{ENGINE_NATIVE}/linear_kernel.h"],
+            include_dirs=[ENGINE_NATIVE],
+            # every sum is an explicit FMA chain: nothing for the compiler to reorder or fuse
+            extra_compile_args=["-O3", "-ffp-contract=off", "-Wno-psabi"],
             libraries=["m"],
             optional=True,
         ),

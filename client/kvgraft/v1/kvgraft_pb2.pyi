@@ -42,20 +42,22 @@ class KvLayout(_message.Message):
     def __init__(self, num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., kv_dtype: _Optional[_Union[KvDtype, str]] = ...) -> None: ...
 
 class ComputeProfile(_message.Message):
-    __slots__ = ("torch_version", "device_kind", "device_name", "compute_dtype", "attention", "page_tokens")
+    __slots__ = ("torch_version", "device_kind", "device_name", "compute_dtype", "attention", "page_tokens", "products")
     TORCH_VERSION_FIELD_NUMBER: _ClassVar[int]
     DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
     DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCTS_FIELD_NUMBER: _ClassVar[int]
     torch_version: str
     device_kind: str
     device_name: str
     compute_dtype: str
     attention: str
     page_tokens: int
-    def __init__(self, torch_version: _Optional[str] = ..., device_kind: _Optional[str] = ..., device_name: _Optional[str] = ..., compute_dtype: _Optional[str] = ..., attention: _Optional[str] = ..., page_tokens: _Optional[int] = ...) -> None: ...
+    products: str
+    def __init__(self, torch_version: _Optional[str] = ..., device_kind: _Optional[str] = ..., device_name: _Optional[str] = ..., compute_dtype: _Optional[str] = ..., attention: _Optional[str] = ..., page_tokens: _Optional[int] = ..., products: _Optional[str] = ...) -> None: ...
 
 class Receipt(_message.Message):
     __slots__ = ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256", "generated_token_ids", "reused_tokens", "computed_tokens", "model_fingerprint", "profile", "grafted_artifact_id", "grafted")

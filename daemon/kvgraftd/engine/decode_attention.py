@@ -1,4 +1,4 @@
-"""Decode-step attention on CPU: one native pass per block, partial results merged in order.
+"""Attention on CPU through the native kernel: one pass per block, partials merged in order.
 
 A forward pass of one token (decoding) gives each KV head a few query rows
 (the heads of its group) against every key of the context: a scan of
@@ -20,6 +20,11 @@ Contract:
 * `merge` folds partials in the order given; callers merge in block order
   (`OrderedPartials`), so the logits never depend on which thread computed
   which block or how blocks were batched (docs/architecture.md, contract 5).
+* `RowsSoftmax` attends the rows of a forward pass of several tokens: each
+  token's partial over a block is the kernel's for the keys up to its own
+  position, and its partials merge in block order, so every row's bits are
+  those of a decode step at that position, whatever the chunk (the exactness
+  contract for any schedule, docs/architecture.md).
 * `kernel_for(heads, kv_heads, dim)` names the kernel that decodes a model of
   that geometry, for the compute profile: "native-avx512", "native-generic",
   or "torch" where the library is not built or does not take the geometry
@@ -54,6 +59,11 @@ def _load() -> ctypes.CDLL | None:
     library.kvg_blocks_partial.restype = ctypes.c_int
     library.kvg_merge_blocks.argtypes = [ctypes.c_int32] * 3 + [_P] * 6
     library.kvg_merge_blocks.restype = None
+    library.kvg_rows_partial.argtypes = [ctypes.c_int32, _P, _P, ctypes.c_int64, ctypes.c_int32]
+    library.kvg_rows_partial.argtypes += [_P] * 2 + [ctypes.c_int32] * 3 + [_P] * 6
+    library.kvg_rows_partial.restype = ctypes.c_int
+    library.kvg_rows_merge.argtypes = [ctypes.c_int32] * 4 + [_P] * 7
+    library.kvg_rows_merge.restype = None
     library.kvg_kernel_name.restype = ctypes.c_char_p
     return library
 
@@ -73,15 +83,16 @@ def kernel_for(heads: int, kv_heads: int, dim: int) -> str:
 
 @dataclass(frozen=True)
 class Block:
-    """K and V of `tokens` positions: head h, position j at address `keys` + (h *
-    head_stride + j * D) floats (V the same from `values`), and the xxh3-128 a
-    whole stored page is checked against (None: checked before)."""
+    """K and V of `tokens` positions from `begin`: head h, position begin + j at
+    address `keys` + (h * head_stride + j * D) floats (V the same from `values`),
+    and the xxh3-128 a whole stored page is checked against (None: checked before)."""
 
     keys: int
     values: int
     head_stride: int
     tokens: int
     checksum: bytes | None = None
+    begin: int = 0
 
 
 class CorruptBlock(Exception):
@@ -118,17 +129,18 @@ class DecodeSoftmax:
         self._acc = np.zeros((heads, dim), np.float32)
         self._scratch = threading.local()
 
-    def page_block(self, page: np.ndarray, checksum: bytes | None) -> Block:
-        """A whole stored page (uint8, K then V of every head), checked against `checksum`."""
+    def page_block(self, page: np.ndarray, checksum: bytes | None, begin: int = 0) -> Block:
+        """A whole stored page (uint8, K then V of every head) of positions from `begin`,
+        checked against `checksum`."""
         tokens = page.nbytes // (2 * self._kv_heads * self._dim * 4)
         keys = page.ctypes.data
-        return Block(keys, keys + page.nbytes // 2, tokens * self._dim, tokens, checksum)
+        return Block(keys, keys + page.nbytes // 2, tokens * self._dim, tokens, checksum, begin)
 
     @staticmethod
-    def slot_block(slot: torch.Tensor, tokens: int) -> Block:
-        """The first `tokens` positions of a slot [2, kv_heads, capacity, D]."""
+    def slot_block(slot: torch.Tensor, tokens: int, begin: int = 0) -> Block:
+        """The first `tokens` positions of a slot [2, kv_heads, capacity, D], from `begin`."""
         assert slot.stride(3) == 1 and slot.stride(2) == slot.shape[3], "a slot is contiguous"
-        return Block(slot[0].data_ptr(), slot[1].data_ptr(), slot.stride(1), tokens)
+        return Block(slot[0].data_ptr(), slot[1].data_ptr(), slot.stride(1), tokens, None, begin)
 
     def partials(self, blocks: Sequence[Block]) -> Partials:
         """Each block's partial, computed in one call of the kernel; raises CorruptBlock."""
@@ -167,6 +179,71 @@ class DecodeSoftmax:
     def result(self) -> torch.Tensor:
         """[1, heads, D]."""
         return torch.from_numpy(self._acc / self._sum[:, None]).unsqueeze(0)
+
+
+class RowsSoftmax(DecodeSoftmax):
+    """Attention of the tokens q [heads, n, D] at positions [first, first + n), each row as
+    the decode step at its position attends (see the module docstring)."""
+
+    @staticmethod
+    def takes(q: torch.Tensor, kv_heads: int) -> bool:
+        heads, _, dim = q.shape
+        on_cpu = q.device.type == "cpu" and q.dtype == torch.float32
+        return on_cpu and takes_geometry(heads, kv_heads, dim)
+
+    def __init__(self, q: torch.Tensor, kv_heads: int, first: int, scaling: float) -> None:
+        heads, n, dim = q.shape
+        self._kv_heads, self._group, self._dim = kv_heads, heads // kv_heads, dim
+        self._first, self._count = first, n
+        # per token, as DecodeSoftmax scales its one token: [n, kv_heads, group, D]
+        rows = q.transpose(0, 1).reshape(n, kv_heads, self._group, dim)
+        self._q = (rows * scaling).contiguous().numpy()
+        self._max = np.full((n, heads), -np.inf, np.float32)
+        self._sum = np.zeros((n, heads), np.float32)
+        self._acc = np.zeros((n, heads, dim), np.float32)
+        self._scratch = threading.local()
+
+    def partials(self, blocks: Sequence[Block]) -> Partials:
+        """Each block's partial for every token that sees it; raises CorruptBlock."""
+        n, count, rows, dim = len(blocks), self._count, self._kv_heads * self._group, self._dim
+        longest = max(block.tokens for block in blocks)
+        scores = getattr(self._scratch, "scores", None)
+        if scores is None or scores.size < rows * longest:
+            scores = self._scratch.scores = np.empty(rows * longest, np.float32)
+        shape = np.array(
+            [(b.keys, b.values, b.head_stride, b.tokens, b.begin) for b in blocks], np.int64
+        )
+        checksums = b"".join(b.checksum or _NO_CHECKSUM for b in blocks)
+        checked = bytes(b.checksum is not None for b in blocks)
+        maximum, total = (
+            np.empty((n, count, rows), np.float32),
+            np.empty((n, count, rows), np.float32),
+        )
+        acc = np.empty((n, count, rows, dim), np.float32)
+        used = np.empty((n, count), np.uint8)
+        failed = ctypes.c_int32(-1)
+        status = _library.kvg_rows_partial(
+            n, self._q.ctypes.data, shape.ctypes.data, self._first, count, checksums, checked,
+            self._kv_heads, self._group, dim, scores.ctypes.data, maximum.ctypes.data,
+            total.ctypes.data, acc.ctypes.data, used.ctypes.data, ctypes.byref(failed),
+        )  # fmt: skip
+        if status == _MISMATCH:
+            raise CorruptBlock(failed.value)
+        if status:
+            raise ValueError(f"the native kernel refused block {failed.value} of a batch")
+        return maximum, total, acc, used
+
+    def merge(self, partials) -> None:
+        maximum, total, acc, used = partials
+        _library.kvg_rows_merge(
+            len(maximum), self._count, self._kv_heads * self._group, self._dim,
+            self._max.ctypes.data, self._sum.ctypes.data, self._acc.ctypes.data,
+            maximum.ctypes.data, total.ctypes.data, acc.ctypes.data, used.ctypes.data,
+        )  # fmt: skip
+
+    def result(self) -> torch.Tensor:
+        """[n, heads, D]."""
+        return torch.from_numpy(self._acc / self._sum[:, :, None])
 
 
 class OrderedPartials:

@@ -88,7 +88,9 @@ class Engine:
         self.block_tokens = block_tokens
         self.max_context_tokens = max_context_tokens
         self.fingerprint = adapter.fingerprint
-        self.profile = compute_profile(page_tokens, block_tokens, g, self.tiers.pool.device)
+        self.profile = compute_profile(
+            page_tokens, block_tokens, g, self.tiers.pool.device, adapter.row_invariant
+        )
         self.layout = pb.KvLayout(
             num_layers=g.num_layers,
             kv_heads=g.kv_heads,
@@ -100,7 +102,13 @@ class Engine:
     # the one compute path
 
     def _context(self) -> KvContext:
-        return KvContext(self.adapter.geometry, self.page_tokens, self.block_tokens, self.tiers)
+        return KvContext(
+            self.adapter.geometry,
+            self.page_tokens,
+            self.block_tokens,
+            self.tiers,
+            rows=self.adapter.row_invariant,
+        )
 
     def _forward(self, context: KvContext, chunk: list[int]) -> torch.Tensor:
         return compute_thread.run(self._forward_here, context, chunk)

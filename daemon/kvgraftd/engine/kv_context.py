@@ -53,10 +53,16 @@ class KvContext:
     """Token ids, segments and per-layer KV of one context."""
 
     def __init__(
-        self, geometry: ModelGeometry, page_tokens: int, block_tokens: int, tiers: Tiers
+        self,
+        geometry: ModelGeometry,
+        page_tokens: int,
+        block_tokens: int,
+        tiers: Tiers,
+        rows: bool = False,
     ) -> None:
         if block_tokens % page_tokens:
             raise ValueError("block_tokens must be a multiple of page_tokens")
+        self.rows = rows  # every row attends as a decode step at its position (RowsSoftmax)
         self.geometry = geometry
         self.page_tokens = page_tokens
         self.block_tokens = block_tokens
@@ -138,7 +144,7 @@ class KvContext:
         self._keys[layer][:, live : live + n] = k.to(self._keys[layer].device)
         self._values[layer][:, live : live + n] = v.to(self._values[layer].device)
         total = start + n
-        softmax = softmax_for(q, self.geometry.kv_heads, start, scaling)
+        softmax = softmax_for(q, self.geometry.kv_heads, start, scaling, self.rows)
         # A stored region larger than the pool is a scan: its blocks pass through
         # transient slots instead of evicting each other from the cache.
         cache = self._stored_blocks < (self.tiers.pool.capacity or 1 << 62)
@@ -191,7 +197,7 @@ class KvContext:
         """The blocks after the first `in_place`, in batches of slots that this thread fills
         while the workers attend the last ones (no fetch ahead, no waiting on itself)."""
         size = self.tiers.attention_batch(-(-total // self.block_tokens) - in_place, slots=True)
-        batch: list[tuple[Slot, int]] = []
+        batch: list[tuple[Slot, int, int]] = []
 
         def submit() -> None:  # handed over before submit can raise an earlier batch's error
             if batch:
@@ -200,20 +206,22 @@ class KvContext:
                 partials.submit(self._slots_partial, softmax, handed)
 
         try:
-            for slot, needed, _ in self._slots(layer, in_place, total, cache, False, submit):
-                batch.append((slot, needed))
+            for slot, needed, begin in self._slots(layer, in_place, total, cache, False, submit):
+                batch.append((slot, needed, begin))
                 if len(batch) == size:
                     submit()
             submit()
         finally:  # an error: the slots of a batch not handed over are let go here
-            for slot, _ in batch:
+            for slot, _, _ in batch:
                 self.tiers.pool.release(slot)
 
-    def _slots_partial(self, softmax: DecodeSoftmax, batch: list[tuple[Slot, int]]) -> Partials:
+    def _slots_partial(
+        self, softmax: DecodeSoftmax, batch: list[tuple[Slot, int, int]]
+    ) -> Partials:
         try:
-            return softmax.partials([softmax.slot_block(s.tensor, n) for s, n in batch])
+            return softmax.partials([softmax.slot_block(s.tensor, n, b) for s, n, b in batch])
         finally:
-            for slot, _ in batch:
+            for slot, _, _ in batch:
                 self.tiers.pool.release(slot)
 
     def _decode_in_place(
@@ -232,16 +240,23 @@ class KvContext:
                         raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
                 for first in range(0, blocks, size):
                     part = slice(first, first + size)
-                    partials.submit(self._pages_partial, softmax, digests[part], pages[part], admit)
+                    partials.submit(
+                        self._pages_partial, softmax, first, digests[part], pages[part], admit
+                    )
                 partials.drain()
             finally:  # an earlier batch's error, raised while handing over a later one
                 partials.settle()
 
     def _pages_partial(
-        self, softmax: DecodeSoftmax, digests: list[bytes], pages: list, admit: bool
+        self, softmax: DecodeSoftmax, first: int, digests: list[bytes], pages: list, admit: bool
     ) -> Partials:
+        """Partials of the one-page blocks from block `first`, each checked as it is read."""
         try:
-            partials = softmax.partials([softmax.page_block(*page) for page in pages])
+            blocks = [
+                softmax.page_block(page, checksum, (first + i) * self.block_tokens)
+                for i, (page, checksum) in enumerate(pages)
+            ]
+            partials = softmax.partials(blocks)
         except CorruptBlock as corrupt:
             raise DataLoss(corrupt_message(digests[corrupt.index])) from None
         for digest, (page, checksum) in zip(digests, pages, strict=True):

@@ -7,11 +7,15 @@ fingerprint once per model source, and runs one forward pass of a chunk of
 tokens at explicit positions with kvgraft's own attention: transformers
 computes projections, RoPE, norms and MLPs; attention and the KV it reads are
 delegated to the `KvContext` passed in (registered as the attention
-implementation "kvgraft", with no mask: the context applies causality).
+implementation "kvgraft", with no mask: the context applies causality). On
+CPU, a model kvgraftd.engine.native_forward supports runs there instead, with
+row-invariant products (`row_invariant`): then a position's bits depend on
+the tokens up to it alone, not on how the passes were cut.
 
-Contract: `forward` returns the float32 logits of the chunk's last position;
-the same tokens, positions and context bytes give the same logits bits.
-It must not keep state between calls: everything lives in the context.
+Contract: `forward` returns the float32 logits of the chunk's last position
+(or of every position); the same tokens, positions and context bytes give the
+same logits bits. It must not keep state between calls: everything lives in
+the context.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
 from transformers.masking_utils import AttentionMaskInterface
 
 from kvgraft.errors import FailedPrecondition, InvalidArgument
+from kvgraftd.engine import native_forward
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +97,12 @@ class ModelAdapter:
         )
         self.eos_token_ids = _eos_ids(config, tokenizer)
         self.device = torch.device("cpu")
+        self.native: native_forward.NativeForward | None = None
+
+    @property
+    def row_invariant(self) -> bool:
+        """Whether forward passes run with row-invariant products (any schedule is exact)."""
+        return self.native is not None
 
     # ------------------------------------------------------------------
     @classmethod
@@ -109,6 +120,8 @@ class ModelAdapter:
             adapter = cls._load_path(path, cache_dir)
         if device != "cpu":
             adapter.model.to(device)
+        elif native_forward.supports(adapter.model):
+            adapter.native = native_forward.NativeForward(adapter.model)
         adapter.device = torch.device(device)
         log.info("model %s loaded in %.1f s", adapter.name, time.monotonic() - started)
         return adapter
@@ -173,8 +186,15 @@ class ModelAdapter:
         return cls(model, tokenizer, name, fingerprint)
 
     # ------------------------------------------------------------------
-    def forward(self, token_ids: list[int], start: int, context: Any) -> torch.Tensor:
-        """Logits [vocab] (float32) at the last of `token_ids`, placed at positions start..."""
+    def forward(
+        self, token_ids: list[int], start: int, context: Any, every_row: bool = False
+    ) -> torch.Tensor:
+        """Logits [vocab] (float32) at the last of `token_ids`, placed at positions start...
+        (`every_row`: [n, vocab], on the row-invariant path only)."""
+        if self.native is not None:
+            return self.native.forward(token_ids, start, context, every_row)
+        if every_row:
+            raise FailedPrecondition("logits of every row need the row-invariant forward")
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + len(token_ids), device=self.device).unsqueeze(0)
         with torch.inference_mode():

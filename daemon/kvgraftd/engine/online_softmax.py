@@ -13,15 +13,20 @@ from __future__ import annotations
 
 import torch
 
-from kvgraftd.engine.decode_attention import DecodeSoftmax
+from kvgraftd.engine.decode_attention import DecodeSoftmax, RowsSoftmax
 
 
 def softmax_for(
-    q: torch.Tensor, kv_heads: int, q_start: int, scaling: float
+    q: torch.Tensor, kv_heads: int, q_start: int, scaling: float, rows: bool = False
 ) -> OnlineSoftmax | DecodeSoftmax:
-    """The softmax a forward pass of q [heads, n, D] at positions [q_start, ...) attends with."""
+    """The softmax a forward pass of q [heads, n, D] at positions [q_start, ...) attends with.
+
+    `rows`: every row as a decode step at its position (RowsSoftmax), where the
+    native kernel takes the geometry: the row-invariant forward's attention."""
     if DecodeSoftmax.takes(q, kv_heads):
         return DecodeSoftmax(q, kv_heads, scaling)
+    if rows and RowsSoftmax.takes(q, kv_heads):
+        return RowsSoftmax(q, kv_heads, q_start, scaling)
     return OnlineSoftmax(q, kv_heads, q_start, scaling)
 
 

@@ -51,10 +51,15 @@ def cpu_name() -> str:
 
 
 _CPU = torch.device("cpu")
+ROW_INVARIANT_PRODUCTS = "row-invariant-fma"  # kvgraftd.engine.linear
 
 
 def compute_profile(
-    page_tokens: int, block_tokens: int, geometry: ModelGeometry, device: torch.device = _CPU
+    page_tokens: int,
+    block_tokens: int,
+    geometry: ModelGeometry,
+    device: torch.device = _CPU,
+    row_invariant: bool = False,
 ) -> pb.ComputeProfile:
     on_cuda = device.type == "cuda"
     shape = geometry.num_heads, geometry.kv_heads, geometry.head_dim
@@ -66,6 +71,7 @@ def compute_profile(
         compute_dtype="float32",
         attention=f"{ATTENTION} block={block_tokens} decode={decode}",
         page_tokens=page_tokens,
+        products=ROW_INVARIANT_PRODUCTS if row_invariant else "",
     )
 
 

@@ -17,6 +17,17 @@
  *   A state with max = -inf holds nothing yet.
  * kvg_merge_blocks(n, rows, D, max, sum, acc, pmax, psum, pacc): kvg_merge of n
  *   partials laid out as kvg_blocks_partial writes them, in index order.
+ * kvg_rows_partial(n, q, blocks, first, count, checksums, checked, H, R, D, scores,
+ *   out_max, out_sum, out_acc, used, failed): the partials of `count` query tokens at
+ *   positions first, first + 1, ... (q: [count][H][R][D]) over n blocks, each token's
+ *   exactly the one a decode step at its position computes: block i is
+ *   blocks[5i..5i+4] = {K, V, head_stride, tokens, first position}, and token t sees
+ *   its first min(tokens, first + t + 1 - block's first position) keys. used[i*count + t]
+ *   says whether it saw any (a token before the block has no partial there). Partial
+ *   (i, t) goes to out_max + (i*count + t)*H*R, ... A checked block (a whole stored
+ *   page, before every token) is hashed once, with token 0's pass.
+ * kvg_rows_merge(n, count, rows, D, max, sum, acc, pmax, psum, pacc, used): kvg_merge of
+ *   each token's partials in block order, into its state (max + t*rows, ...).
  * kvg_kernel_name(): which build kvg_block_partial runs ("avx512", "generic").
  */
 #include <math.h>
@@ -96,4 +107,49 @@ void kvg_merge_blocks(int32_t n, int32_t rows, int32_t D, float *max, float *sum
     for (int32_t i = 0; i < n; i++)
         kvg_merge(rows, D, max, sum, acc, pmax + (int64_t)i * rows, psum + (int64_t)i * rows,
                   pacc + (int64_t)i * rows * D);
+}
+
+int kvg_rows_partial(int32_t n, const float *q, const int64_t *blocks, int64_t first,
+                     int32_t count, const uint8_t *checksums, const uint8_t *checked, int32_t H,
+                     int32_t R, int32_t D, float *scores, float *out_max, float *out_sum,
+                     float *out_acc, uint8_t *used, int32_t *failed) {
+    const int64_t rows = (int64_t)H * R;
+    for (int32_t i = 0; i < n; i++) {
+        const int64_t *block = blocks + 5 * (int64_t)i;
+        const int64_t tokens = block[3], begin = block[4];
+        if (tokens < 1 || tokens > INT32_MAX || (checked[i] && begin + tokens > first + 1)) {
+            *failed = i;
+            return KVG_BAD_ARGS;
+        }
+        for (int32_t t = 0; t < count; t++) {
+            const int64_t seen = first + t + 1 - begin;
+            const int64_t T = seen < tokens ? seen : tokens;
+            const int64_t at = (int64_t)i * count + t;
+            used[at] = T >= 1;
+            if (T < 1) continue;
+            int status = kvg_block_partial(
+                q + (int64_t)t * rows * D, (const float *)(uintptr_t)block[0],
+                (const float *)(uintptr_t)block[1], block[2], H, R, D, (int32_t)T, scores,
+                out_max + at * rows, out_sum + at * rows, out_acc + at * rows * D,
+                checked[i] && t == 0 ? checksums + 16 * (int64_t)i : NULL);
+            if (status) {
+                *failed = i;
+                return status;
+            }
+        }
+    }
+    return 0;
+}
+
+void kvg_rows_merge(int32_t n, int32_t count, int32_t rows, int32_t D, float *max, float *sum,
+                    float *acc, const float *pmax, const float *psum, const float *pacc,
+                    const uint8_t *used) {
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t t = 0; t < count; t++) {
+            const int64_t at = (int64_t)i * count + t;
+            if (!used[at]) continue;
+            kvg_merge(rows, D, max + (int64_t)t * rows, sum + (int64_t)t * rows,
+                      acc + (int64_t)t * rows * D, pmax + at * rows, psum + at * rows,
+                      pacc + at * rows * D);
+        }
 }

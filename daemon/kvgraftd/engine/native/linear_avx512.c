@@ -1,0 +1,16 @@
+/* The AVX-512 build of the row-invariant linear product (see linear.c for the contract). */
+#pragma GCC target("avx512f,avx2,fma")
+#include <immintrin.h>
+#include <stdint.h>
+
+#define LANES 16
+typedef __m512 vec;
+#define VZERO() _mm512_setzero_ps()
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSET1(x) _mm512_set1_ps(x)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VSTORE(p, v) _mm512_storeu_ps(p, v)
+#define VSTORE_FIRST(p, v, n) _mm512_mask_storeu_ps(p, (__mmask16)((1u << (n)) - 1u), v)
+#define VLOAD_FIRST(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1u), p)
+#define KVG_BUILD avx512
+#include "linear_kernel.h"

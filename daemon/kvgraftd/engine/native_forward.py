@@ -1,0 +1,107 @@
+"""The CPU forward pass with row-invariant matrix products (kvgraftd.engine.linear).
+
+A Llama-family decoder (attention q/k/v/o projections, a gated MLP, RMS norms,
+rotary positions, no biases) computed layer by layer: the model's own
+embedding, norms, rotary embedding and activation (elementwise, or one
+reduction per row), kvgraftd.engine.linear for every product (q, k and v as one
+product, the gate and up projections as one, the logits), and the context
+(kvgraftd.engine.kv_context) for attention and the KV it keeps.
+
+Contract: a row's bits depend on its token, its position and the KV it attends,
+never on how many rows share the pass. Each product sums every output in one
+fixed order; the elementwise and per-row operations are checked to be the same
+for any number of rows by the real-model tests (tests/engine/test_native_forward.py).
+`forward` returns the float32 logits of the last row, or of every row.
+
+Weights are packed once when the model loads, next to the model's own (which
+the CUDA path and the fingerprint still read).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from kvgraftd.engine import linear
+from kvgraftd.engine.linear import PackedWeight
+
+SUPPORTED_TYPES = frozenset({"llama"})
+
+
+def supports(model) -> bool:
+    """Whether `model` is a decoder this forward computes exactly as its own modules do."""
+    config = model.config
+    return (
+        linear.available()
+        and config.model_type in SUPPORTED_TYPES
+        and not getattr(config, "attention_bias", False)
+        and not getattr(config, "mlp_bias", False)
+    )
+
+
+class _Layer:
+    def __init__(self, layer) -> None:
+        attention, mlp = layer.self_attn, layer.mlp
+        self.input_norm = layer.input_layernorm
+        self.post_norm = layer.post_attention_layernorm
+        self.qkv = PackedWeight.of(
+            torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
+        )
+        self.splits = [
+            attention.q_proj.out_features,
+            attention.k_proj.out_features,
+            attention.v_proj.out_features,
+        ]
+        self.out = PackedWeight.of(attention.o_proj.weight)
+        self.gate_up = PackedWeight.of(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        self.intermediate = mlp.gate_proj.out_features
+        self.down = PackedWeight.of(mlp.down_proj.weight)
+        self.act = mlp.act_fn
+        self.scaling = attention.scaling
+
+
+class NativeForward:
+    def __init__(self, model) -> None:
+        config = model.config
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        decoder = model.model
+        self.embed = decoder.embed_tokens
+        self.rotary = decoder.rotary_emb
+        self.norm = decoder.norm
+        self.layers = [_Layer(layer) for layer in decoder.layers]
+        self.logits = PackedWeight.of(model.lm_head.weight)
+
+    @torch.inference_mode()
+    def forward(
+        self, token_ids: list[int], start: int, context: Any, every_row: bool = False
+    ) -> torch.Tensor:
+        """Logits (float32) of the last of `token_ids` at positions start..., or of every row."""
+        n = len(token_ids)
+        hidden = self.embed(torch.tensor(token_ids, dtype=torch.long))  # [n, hidden]
+        positions = torch.arange(start, start + n).unsqueeze(0)
+        cos, sin = self.rotary(hidden.unsqueeze(0), positions)  # [1, n, head_dim]
+        for index, layer in enumerate(self.layers):
+            hidden = hidden + self._attention(index, layer, hidden, cos, sin, context)
+            hidden = hidden + self._mlp(layer, hidden)
+        rows = hidden if every_row else hidden[-1:]
+        return linear.linear(self.norm(rows), self.logits)[slice(None) if every_row else -1]
+
+    def _attention(self, index: int, layer: _Layer, hidden, cos, sin, context) -> torch.Tensor:
+        n, dim = hidden.shape[0], self.head_dim
+        q, k, v = linear.linear(layer.input_norm(hidden), layer.qkv).split(layer.splits, dim=-1)
+        q = q.view(n, self.heads, dim).transpose(0, 1).unsqueeze(0)  # [1, heads, n, D]
+        k = k.view(n, self.kv_heads, dim).transpose(0, 1).unsqueeze(0)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        v = v.view(n, self.kv_heads, dim).transpose(0, 1)
+        out = context.attend(index, q[0], k[0], v, layer.scaling)  # [n, heads, D]
+        return linear.linear(out.reshape(n, self.heads * dim), layer.out)
+
+    def _mlp(self, layer: _Layer, hidden: torch.Tensor) -> torch.Tensor:
+        gate, up = linear.linear(layer.post_norm(hidden), layer.gate_up).split(
+            layer.intermediate, dim=-1
+        )
+        return linear.linear(layer.act(gate) * up, layer.down)

@@ -1,0 +1,82 @@
+"""The row-invariant linear kernel (kvgraftd.engine.linear): every build, every blocking and
+thread count gives the bits of the scalar fmaf reference, row by row."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from kvgraftd.engine import linear
+from kvgraftd.engine.linear import PackedWeight
+
+pytestmark = pytest.mark.skipif(not linear.available(), reason="the native kernel is not built")
+
+SHAPES = 24  # random shapes per build
+
+
+def random_shape(rng: random.Random) -> tuple[int, int, int]:
+    """Rows 1-300; k and n mostly not multiples of the vector width."""
+    return rng.randint(1, 300), rng.randint(1, 200), rng.randint(1, 150)
+
+
+@pytest.mark.parametrize("build", ["generic", "avx2", "avx512"])
+def test_every_build_gives_the_reference_bits(build: str, rng: random.Random) -> None:
+    if build not in linear.builds():
+        pytest.skip(f"this CPU does not run the {build} build")
+    generator = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    for _ in range(SHAPES):
+        m, k, n = random_shape(rng)
+        x = torch.randn(m, k, generator=generator)
+        weight = torch.randn(n, k, generator=generator)
+        packed = PackedWeight.of(weight)
+        expected = linear.reference(x, weight)
+        for threads in (1, 2):
+            got = linear.linear(x, packed, threads=threads, build=build)
+            assert torch.equal(got, expected), (build, m, k, n, threads)
+        assert torch.allclose(expected, x @ weight.T, rtol=1e-4, atol=1e-4)
+
+
+def test_a_row_has_the_same_bits_in_any_batch(rng: random.Random) -> None:
+    """Row i computed alone, or among 1-300 other rows, at any offset: the same bytes."""
+    k, n = 576, 1536 + 7
+    generator = torch.Generator().manual_seed(7)
+    weight = torch.randn(n, k, generator=generator)
+    packed = PackedWeight.of(weight)
+    rows = torch.randn(300, k, generator=generator)
+    alone = torch.cat([linear.linear(rows[i : i + 1], packed) for i in range(rows.shape[0])])
+    for _ in range(12):
+        lo = rng.randrange(rows.shape[0])
+        hi = rng.randint(lo + 1, rows.shape[0])
+        batched = linear.linear(rows[lo:hi], packed, threads=rng.choice([1, 2]))
+        assert torch.equal(batched, alone[lo:hi]), (lo, hi)
+
+
+def test_nan_and_inf_propagate_as_in_the_reference(rng: random.Random) -> None:
+    generator = torch.Generator().manual_seed(3)
+    m, k, n = 13, 37, 45
+    x = torch.randn(m, k, generator=generator)
+    weight = torch.randn(n, k, generator=generator)
+    x[2, 5] = math.nan
+    x[4, 0] = math.inf
+    x[4, 1] = -math.inf  # inf - inf: NaN
+    x[7, 3] = math.inf
+    weight[9, 11] = -math.inf
+    weight[10, 0] = 0.0  # 0 * inf: NaN in row 4
+    expected = linear.reference(x, weight)
+    assert expected.isnan().any() and expected.isinf().any()
+    for build in linear.builds():
+        got = linear.linear(x, PackedWeight.of(weight), build=build)
+        same_nan = torch.equal(got.isnan(), expected.isnan())
+        finite = ~expected.isnan()
+        assert same_nan and torch.equal(got[finite], expected[finite]), build
+
+
+def test_shapes_are_checked() -> None:
+    packed = PackedWeight.of(torch.ones(4, 8))
+    with pytest.raises(ValueError, match="takes 8"):
+        linear.linear(torch.ones(2, 7), packed)
+    assert linear.linear(torch.ones(0, 8), packed).shape == (0, 4)
+    assert linear.linear(torch.ones(2, 3, 8), packed).shape == (2, 3, 4)

@@ -1,0 +1,112 @@
+"""The row-invariant forward on the real model: a position's bits depend on the tokens up to it,
+not on how the passes were cut.
+
+A prompt of the default model (SmolLM2-135M-Instruct, float32, CPU) runs through
+kvgraftd's own forward (kvgraftd.engine.native_forward) under several schedules:
+one pass, 64-token chunks, random chunkings (1-300 tokens a pass), token by token,
+and with 1 and 2 threads for the products. The logits at every position and the
+bytes of every KV page must be SHA-256-equal across them all. Separately, the
+engine's logits agree with a plain transformers forward (same argmax; the small
+difference, another summation order, is reported).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from kvgraftd.engine import linear
+from kvgraftd.engine.engine import Engine
+from kvgraftd.engine.kv_context import KvContext
+from kvgraftd.store.artifact_store import Store
+
+PROMPT_TOKENS = 1000
+RANDOM_CHUNKINGS = 20
+PAGE = 64
+
+pytestmark = pytest.mark.skipif(not linear.available(), reason="the native kernels are not built")
+
+
+@pytest.fixture(scope="module")
+def engine(real_model, tmp_path_factory):
+    if not real_model.row_invariant:
+        pytest.skip("the default model does not run on the row-invariant forward here")
+    store = Store(tmp_path_factory.mktemp("store"))
+    try:
+        yield Engine(real_model, store, page_tokens=PAGE, block_tokens=256)
+    finally:
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def prompt(real_model) -> list[int]:
+    text = " ".join(
+        f"Item {i}: the {['red', 'blue', 'green'][i % 3]} box holds {i * 7 % 13} stones."
+        for i in range(200)
+    )
+    ids = real_model.encode(text)
+    assert len(ids) >= PROMPT_TOKENS
+    return ids[:PROMPT_TOKENS]
+
+
+def run(engine: Engine, prompt: list[int], sizes: Callable[[int], int]) -> tuple[str, str]:
+    """SHA-256 of the logits at every position and of every layer's KV, under one schedule
+    (`sizes(done)` is the next pass's length)."""
+    logits = hashlib.sha256()
+    with engine._context() as context:
+        done = 0
+        while done < len(prompt):
+            chunk = prompt[done : done + sizes(done)]
+            context.begin_chunk(done, chunk)
+            rows = engine.adapter.forward(chunk, done, context, every_row=True)
+            context.end_chunk(chunk)
+            logits.update(rows.numpy().tobytes())
+            done += len(chunk)
+        kv = hashlib.sha256()
+        for layer in range(engine.adapter.geometry.num_layers):
+            kv.update(live_kv(context, layer, len(prompt)))
+    return logits.hexdigest(), kv.hexdigest()
+
+
+def live_kv(context: KvContext, layer: int, tokens: int) -> bytes:
+    keys, values = context._keys[layer], context._values[layer]
+    return keys[:, :tokens].contiguous().numpy().tobytes() + values[:, :tokens].numpy().tobytes()
+
+
+def test_every_schedule_gives_the_same_bits(engine, prompt) -> None:
+    one_pass = run(engine, prompt, lambda done: len(prompt))
+    assert run(engine, prompt, lambda done: PAGE) == one_pass
+    rng = random.Random(23)
+    for _ in range(RANDOM_CHUNKINGS):
+        assert run(engine, prompt, lambda done: rng.randint(1, 300)) == one_pass
+
+
+def test_token_by_token_and_threads_give_the_same_bits(engine, prompt, monkeypatch) -> None:
+    short = prompt[:300]
+    one_pass = run(engine, short, lambda done: len(short))
+    assert run(engine, short, lambda done: 1) == one_pass
+    monkeypatch.setattr(linear, "THREADS", 1)
+    assert run(engine, short, lambda done: 37) == one_pass
+
+
+def test_the_logits_agree_with_transformers(real_model, engine, prompt) -> None:
+    ids = prompt[:200]
+    with engine._context() as context:
+        context.begin_chunk(0, ids)
+        ours = real_model.forward(ids, 0, context, every_row=True)
+    model = real_model.model
+    previous = model.config._attn_implementation
+    try:
+        model.set_attn_implementation("sdpa")
+        with torch.inference_mode():
+            theirs = model(torch.tensor([ids])).logits[0]
+    finally:
+        model.set_attn_implementation(previous)
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+    delta = (ours - theirs).abs().max().item()
+    print(f"max |logit delta| vs transformers over {len(ids)} positions: {delta:.2e}")
+    assert delta < 1e-2  # another summation order; the argmax above is what must hold
