@@ -93,6 +93,41 @@ def test_token_by_token_and_threads_give_the_same_bits(engine, prompt, monkeypat
     assert run(engine, short, lambda done: 37) == one_pass
 
 
+def test_rows_batched_with_other_contexts_keep_their_bits(engine, prompt) -> None:
+    """The prompt's rows in passes shared with 1-7 other contexts at other positions (each
+    with its own KV): the same logits and KV as the prompt alone in one pass."""
+    short = prompt[:300]
+    alone = run(engine, short, lambda done: len(short))
+    rng = random.Random(5)
+    others = [engine._context() for _ in range(7)]
+    logits = hashlib.sha256()
+    try:
+        with engine._context() as context:
+            done = 0
+            while done < len(short):
+                chunk = short[done : done + rng.randint(1, 40)]
+                parts = [(context, chunk, done)]
+                for other in rng.sample(others, rng.randint(1, 7)):
+                    start = other.length
+                    parts.append(
+                        (other, prompt[start + 300 : start + 300 + rng.randint(1, 9)], start)
+                    )
+                for part_context, ids, start in parts:
+                    part_context.begin_chunk(start, ids)
+                rows = engine.adapter.native.forward_many(parts, every_row=True)
+                for part_context, ids, _ in parts:
+                    part_context.end_chunk(ids)
+                logits.update(rows[0].numpy().tobytes())
+                done += len(chunk)
+            kv = hashlib.sha256()
+            for layer in range(engine.adapter.geometry.num_layers):
+                kv.update(live_kv(context, layer, len(short)))
+    finally:
+        for other in others:
+            other.close()
+    assert (logits.hexdigest(), kv.hexdigest()) == alone
+
+
 def test_the_logits_agree_with_transformers(real_model, engine, prompt) -> None:
     ids = prompt[:200]
     with engine._context() as context:

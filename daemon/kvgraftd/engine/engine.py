@@ -52,6 +52,7 @@ from kvgraftd.tiers.host_cache import HostCache
 from kvgraftd.tiers.stack import Tiers
 
 VERIFIED = pb.Provenance.TRUST_VERIFIED
+MAX_PASS_TOKENS = 512  # rows of one forward pass on the row-invariant forward
 
 
 def choose_token(logits: torch.Tensor, options: DecodeOptions, generator: torch.Generator) -> int:
@@ -120,12 +121,36 @@ class Engine:
         context.end_chunk(chunk)
         return logits
 
+    def forward_batch(self, items: Sequence[tuple[KvContext, list[int]]]) -> list[torch.Tensor]:
+        """One forward pass over the rows of several contexts (the row-invariant forward
+        only): each context's tokens appended at its own length, attending its own KV.
+        Returns each context's logits at its last token: the bits it would have alone."""
+        if not self.adapter.row_invariant:
+            raise FailedPrecondition("a batch of contexts needs the row-invariant forward")
+        return compute_thread.run(self._forward_batch_here, items)
+
+    def _forward_batch_here(self, items: Sequence[tuple[KvContext, list[int]]]) -> list:
+        for context, chunk in items:
+            context.begin_chunk(context.length, chunk)
+        parts = [(context, chunk, context.length) for context, chunk in items]
+        logits = self.adapter.native.forward_many(parts)
+        for context, chunk in items:
+            context.end_chunk(chunk)
+        return logits
+
+    def _pass_tokens(self, context: KvContext) -> int:
+        """How many tokens the next pass may take: any number on the row-invariant forward
+        (up to MAX_PASS_TOKENS), else up to the next page boundary (the fixed schedule)."""
+        if self.adapter.row_invariant:
+            return MAX_PASS_TOKENS
+        return self.page_tokens - context.length % self.page_tokens
+
     def _append(self, context: KvContext, token_ids: Sequence[int]) -> torch.Tensor:
-        """Append one segment, split at page boundaries; logits at its last token."""
+        """Append one segment in passes (`_pass_tokens`); logits at its last token."""
         ids = list(token_ids)
         logits = None
         while ids:
-            room = self.page_tokens - context.length % self.page_tokens
+            room = self._pass_tokens(context)
             logits = self._forward(context, ids[:room])
             ids = ids[room:]
         context.segment_ends.append(context.length)

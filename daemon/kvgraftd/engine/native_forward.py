@@ -11,7 +11,9 @@ Contract: a row's bits depend on its token, its position and the KV it attends,
 never on how many rows share the pass. Each product sums every output in one
 fixed order; the elementwise and per-row operations are checked to be the same
 for any number of rows by the real-model tests (tests/engine/test_native_forward.py).
-`forward` returns the float32 logits of the last row, or of every row.
+`forward` returns the float32 logits of the last row, or of every row;
+`forward_many` runs the rows of several contexts, each at its own positions and
+attending its own KV, in one pass (the engine's batch).
 
 Weights are packed once when the model loads, next to the model's own (which
 the CUDA path and the fingerprint still read).
@@ -75,29 +77,52 @@ class NativeForward:
         self.layers = [_Layer(layer) for layer in decoder.layers]
         self.logits = PackedWeight.of(model.lm_head.weight)
 
-    @torch.inference_mode()
     def forward(
         self, token_ids: list[int], start: int, context: Any, every_row: bool = False
     ) -> torch.Tensor:
         """Logits (float32) of the last of `token_ids` at positions start..., or of every row."""
-        n = len(token_ids)
-        hidden = self.embed(torch.tensor(token_ids, dtype=torch.long))  # [n, hidden]
-        positions = torch.arange(start, start + n).unsqueeze(0)
-        cos, sin = self.rotary(hidden.unsqueeze(0), positions)  # [1, n, head_dim]
-        for index, layer in enumerate(self.layers):
-            hidden = hidden + self._attention(index, layer, hidden, cos, sin, context)
-            hidden = hidden + self._mlp(layer, hidden)
-        rows = hidden if every_row else hidden[-1:]
-        return linear.linear(self.norm(rows), self.logits)[slice(None) if every_row else -1]
+        return self.forward_many([(context, token_ids, start)], every_row)[0]
 
-    def _attention(self, index: int, layer: _Layer, hidden, cos, sin, context) -> torch.Tensor:
+    @torch.inference_mode()
+    def forward_many(
+        self, parts: list[tuple[Any, list[int], int]], every_row: bool = False
+    ) -> list[torch.Tensor]:
+        """One pass over the rows of several contexts: each part is (context, token ids, first
+        position); every product takes all the rows at once, each context attends its own.
+        Returns each part's logits (its last row's, or every row's)."""
+        sizes = [len(ids) for _, ids, _ in parts]
+        ids = [token for _, part_ids, _ in parts for token in part_ids]
+        positions = [p for _, part_ids, start in parts for p in range(start, start + len(part_ids))]
+        hidden = self.embed(torch.tensor(ids, dtype=torch.long))  # [rows, hidden]
+        cos, sin = self.rotary(hidden.unsqueeze(0), torch.tensor([positions]))
+        contexts = [context for context, _, _ in parts]
+        for index, layer in enumerate(self.layers):
+            hidden = hidden + self._attention(index, layer, hidden, cos, sin, contexts, sizes)
+            hidden = hidden + self._mlp(layer, hidden)
+        ends = torch.tensor(sizes).cumsum(0)
+        rows = hidden if every_row else hidden[ends - 1]
+        logits = linear.linear(self.norm(rows), self.logits)
+        return list(logits.split(sizes)) if every_row else list(logits)
+
+    def _attention(self, index: int, layer: _Layer, hidden, cos, sin, contexts, sizes):
         n, dim = hidden.shape[0], self.head_dim
         q, k, v = linear.linear(layer.input_norm(hidden), layer.qkv).split(layer.splits, dim=-1)
-        q = q.view(n, self.heads, dim).transpose(0, 1).unsqueeze(0)  # [1, heads, n, D]
+        q = q.view(n, self.heads, dim).transpose(0, 1).unsqueeze(0)  # [1, heads, rows, D]
         k = k.view(n, self.kv_heads, dim).transpose(0, 1).unsqueeze(0)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         v = v.view(n, self.kv_heads, dim).transpose(0, 1)
-        out = context.attend(index, q[0], k[0], v, layer.scaling)  # [n, heads, D]
+        out = torch.cat(
+            [
+                context.attend(index, q_part, k_part, v_part, layer.scaling)  # [rows, heads, D]
+                for context, q_part, k_part, v_part in zip(
+                    contexts,
+                    q[0].split(sizes, 1),
+                    k[0].split(sizes, 1),
+                    v.split(sizes, 1),
+                    strict=True,
+                )
+            ]
+        )
         return linear.linear(out.reshape(n, self.heads * dim), layer.out)
 
     def _mlp(self, layer: _Layer, hidden: torch.Tensor) -> torch.Tensor:
