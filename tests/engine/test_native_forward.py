@@ -145,3 +145,23 @@ def test_the_logits_agree_with_transformers(real_model, engine, prompt) -> None:
     delta = (ours - theirs).abs().max().item()
     print(f"max |logit delta| vs transformers over {len(ids)} positions: {delta:.2e}")
     assert delta < 1e-2  # another summation order; the argmax above is what must hold
+
+
+def test_a_short_deposit_is_grafted_by_a_prompt_that_extends_it(engine, prompt) -> None:
+    """14 tokens deposited (less than a page) are reused by a later generate that extends them,
+    and the result is byte-identical to a fresh run."""
+    from kvgraftd.engine.decoding import DecodeOptions, ResultEvent
+
+    def result(ids, new_tokens=3, **options) -> ResultEvent:
+        events = list(engine.generate(ids, DecodeOptions(max_new_tokens=new_tokens, **options)))
+        return events[-1]
+
+    short = prompt[:14]
+    deposited = result(short, new_tokens=0, deposit=True)
+    assert deposited.artifact_id
+    longer = prompt[:14] + prompt[500:540]
+    grafted, fresh = result(longer), result(longer, no_cache=True)
+    assert grafted.receipt.reused_tokens == 14
+    assert fresh.receipt.reused_tokens == 0
+    for name in ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256"):
+        assert getattr(grafted.receipt, name) == getattr(fresh.receipt, name), name

@@ -191,9 +191,11 @@ class Engine:
                 "fresh run here: recompute it (Generate with no_cache and deposit)"
             )
 
-    def lookup(self, token_ids: Sequence[int]) -> int:
-        """Trusted whole stored pages matching the start of `token_ids`."""
-        return len(self._matched_pages(token_ids, len(token_ids) // self.page_tokens).entries)
+    def lookup(self, token_ids: Sequence[int]) -> tuple[int, int]:
+        """Trusted stored pages matching the start of `token_ids`: (tokens, whole pages)."""
+        match = self._matched_pages(token_ids, len(token_ids) // self.page_tokens)
+        tokens = sum(len(entry.token_ids) for entry in match.entries)
+        return tokens, tokens // self.page_tokens
 
     def _matched_pages(self, token_ids: Sequence[int], max_pages: int) -> ChainMatch:
         return self.store.longest_chain(
@@ -206,7 +208,9 @@ class Engine:
     def generate(
         self, prompt_ids: Sequence[int], options: DecodeOptions
     ) -> Iterator[TokenEvent | ResultEvent]:
-        """Run a prompt as one segment, grafting its longest stored whole-page prefix."""
+        """Run a prompt as one segment, grafting its longest stored prefix: whole pages, and
+        with row-invariant products a partial tail page too (at least one token is left to
+        compute, for the logits)."""
         prompt = list(prompt_ids)
         if not prompt:
             raise InvalidArgument("the prompt is empty: give text or at least one token id")
@@ -215,9 +219,9 @@ class Engine:
         with self._context() as context:
             reused, grafted = 0, []
             if not options.no_cache:
-                match = self._matched_pages(prompt, (len(prompt) - 1) // self.page_tokens)
+                match = self._matched_pages(prompt[:-1], (len(prompt) - 1) // self.page_tokens)
                 if match.entries:
-                    reused = len(match.entries) * self.page_tokens
+                    reused = sum(len(entry.token_ids) for entry in match.entries)
                     hashes = [digest for entry in match.entries for digest in entry.page_sha256]
                     context.attach(prompt[:reused], hashes)
                     grafted = match.grafted

@@ -191,9 +191,9 @@ class EngineService:
             if tokens:
                 raise InvalidArgument("give token_ids or prompt, not both")
             tokens = self._tokens(request.prompt, "prompt")
-        pages = engine.lookup(tokens)
+        matched, pages = engine.lookup(tokens)
         return pb.LookupResponse(
-            matched_tokens=pages * engine.page_tokens,
+            matched_tokens=matched,
             matched_pages=pages,
             model_fingerprint=engine.fingerprint,
         )

@@ -193,8 +193,10 @@ class RemoteBackedStore:
         max_pages: int,
     ) -> ChainMatch:
         found = self._store.longest_chain(fingerprint, profile, layout, token_ids, max_pages)
+        ends_in_tail = found.entries and len(found.entries[-1].token_ids) < profile.page_tokens
         if (
             not self._read_through
+            or ends_in_tail  # the bucket is searched for whole pages only
             or len(found.entries) >= max_pages
             or not self._remote.breaker.available()
         ):

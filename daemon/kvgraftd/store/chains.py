@@ -12,10 +12,16 @@ The root binds the model fingerprint, compute profile (page size included)
 and KV layout: pages of another model or profile are never found. Every hit
 is confirmed by comparing the stored token ids with the requested ones.
 
-A page of an artifact gets a chain entry only if it and every page before it
-were computed whole: all pages before the artifact's first segment end that
-is not a multiple of page_tokens. Pages written by generation (one token per
-forward) or after a mid-page append never qualify.
+On the fixed schedule (a profile whose products are torch's), a page of an
+artifact gets a chain entry only if it and every page before it were computed
+whole: all pages before the artifact's first segment end that is not a
+multiple of page_tokens. Pages written by generation (one token per forward)
+or after a mid-page append never qualify. With row-invariant products
+(profile.products set), a position's bits depend on the tokens up to it
+alone, so every page qualifies, the partial tail page too: its key hashes its
+fewer tokens, and a lookup that misses a whole page tries the tails that
+begin the rest of the prompt, longest first (a 14-token deposit is found by a
+prompt that extends it).
 
 Entry value: count (u32, artifacts that registered it) | page index (u64) |
 token count (u32) | token ids (u32 each) | one 32-byte page hash per layer.
@@ -103,10 +109,17 @@ def chain_keys(
         yield page, key
 
 
+def row_invariant(profile: pb.ComputeProfile) -> bool:
+    return bool(profile.products)
+
+
 def whole_pages(manifest: pb.Manifest) -> int:
-    """How many leading pages of the artifact were computed whole (chain-eligible)."""
+    """How many leading pages of the artifact are chain-eligible: on the fixed schedule,
+    those computed whole; with row-invariant products, every page, the tail included."""
     page_tokens = manifest.profile.page_tokens
     limit = len(manifest.token_ids)
+    if row_invariant(manifest.profile):
+        return -(-limit // page_tokens)
     for end in manifest.segment_ends:
         if end % page_tokens:
             limit = min(limit, end)
@@ -159,15 +172,48 @@ def longest_run(
     token_ids: Sequence[int],
     max_pages: int,
 ) -> list[ChainEntry]:
-    """Entries of the longest run of registered whole pages starting `token_ids`."""
+    """Entries of the longest run of registered pages starting `token_ids`: whole pages (at
+    most `max_pages`), then, with row-invariant products, the longest partial tail page
+    that begins the tokens left (within `token_ids`)."""
     page_tokens = profile.page_tokens
     found: list[ChainEntry] = []
+    parent = chain_root(fingerprint, profile, layout)
     for page, key in chain_keys(fingerprint, profile, layout, token_ids, max_pages):
-        raw = txn.get(key, db=db)
-        if raw is None:
+        entry = _entry(txn, db, key, token_ids[page * page_tokens : (page + 1) * page_tokens])
+        if entry is None:
             break
-        entry = ChainEntry.decode(raw)
-        if entry.token_ids != tuple(token_ids[page * page_tokens : (page + 1) * page_tokens]):
-            break  # a hash collision would land here: the stored tokens decide
         found.append(entry)
+        parent = key
+    if row_invariant(profile):
+        begin = len(found) * page_tokens
+        rest = token_ids[begin : begin + page_tokens - 1]
+        for length in range(len(rest), 0, -1):
+            key = chain_key(parent, fingerprint, rest[:length], len(found))
+            entry = _entry(txn, db, key, rest[:length])
+            if entry is not None:
+                found.append(entry)
+                break
     return found
+
+
+def entry_keys(
+    fingerprint: bytes,
+    profile: pb.ComputeProfile,
+    layout: pb.KvLayout,
+    entries: Sequence[ChainEntry],
+) -> list[bytes]:
+    """The chain keys of a run of entries (as `longest_run` found them)."""
+    keys, key = [], chain_root(fingerprint, profile, layout)
+    for entry in entries:
+        key = chain_key(key, fingerprint, entry.token_ids, entry.page_index)
+        keys.append(key)
+    return keys
+
+
+def _entry(txn, db, key: bytes, token_ids: Sequence[int]) -> ChainEntry | None:
+    raw = txn.get(key, db=db)
+    if raw is None:
+        return None
+    entry = ChainEntry.decode(raw)
+    # a hash collision would land here: the stored tokens decide
+    return entry if entry.token_ids == tuple(token_ids) else None

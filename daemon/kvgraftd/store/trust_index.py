@@ -146,22 +146,22 @@ def longest_trusted_run(
     token_ids: Sequence[int],
     max_pages: int,
 ) -> ChainMatch:
-    """The chain entries of the longest run of whole pages starting `token_ids` (only
-    trusted artifacts' pages are indexed), and the artifact vouching for the last one:
-    it holds every page before it too."""
+    """The chain entries of the longest run of pages starting `token_ids` (only trusted
+    artifacts' pages are indexed; see chains.longest_run), and the artifact vouching
+    for the last one: it holds every page before it too."""
     entries = chains.longest_run(
         txn, dbs["chains"], fingerprint, profile, layout, token_ids, max_pages
     )
     if not entries:
         return ChainMatch([], [])
-    *_, (_, last_key) = chains.chain_keys(fingerprint, profile, layout, token_ids, len(entries))
+    last_key = chains.entry_keys(fingerprint, profile, layout, entries)[-1]
     aid = voucher(txn, dbs, last_key)
     if aid is None:  # an entry is registered only with a voucher
         return ChainMatch([], [])
     provenance = read(txn, dbs, aid)
     grafted = pb.GraftedArtifact(
         artifact_id=aid.hex(),
-        tokens=len(entries) * profile.page_tokens,
+        tokens=sum(len(entry.token_ids) for entry in entries),
         trust=provenance.trust,
         vouched_by=provenance.vouched_by,
     )

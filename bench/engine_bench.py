@@ -1,0 +1,200 @@
+"""Engine bench: prefill and decode speed of the row-invariant forward against the torch path
+and plain transformers.
+
+What, on the real default model (SmolLM2-135M-Instruct, float32, CPU), in one process:
+
+* prefill: a 2,048-token prompt computed from nothing (no graft).
+* decode: 128 tokens generated greedily after a 512-token prompt; the rate is
+  counted from the first generated token to the last (the prompt's pass is
+  not in it).
+
+Three variants, alternated round by round (the machine is shared and noisy;
+medians of the rounds are reported):
+
+* native: the engine (kvgraftd.engine.engine.Engine) on the row-invariant
+  forward (kvgraftd.engine.native_forward: the native linear kernel, prefill
+  rows attended as decode steps, passes of up to 512 tokens);
+* torch path: the same engine with the native forward switched off (the
+  transformers modules, torch's products, the fixed schedule: 64-token passes
+  split at page boundaries);
+* transformers: `model(ids)` in one pass for prefill and `model.generate`
+  (greedy, its own KV cache, SDPA attention) for decode, on the same weights.
+
+Also, where llama-cpp-python is installed (optional), llama.cpp decoding the
+same GGUF with 2 threads. The native and torch engine runs are checked to
+generate the same tokens as transformers' greedy decode for the first steps
+(a fast wrong answer is not a result).
+
+What bounds the figures: decode reads all 538 MB of fp32 weights per token
+(about 36 GB/s is what two cores stream: ~15 ms a token), plus the
+interpreter's overhead per layer; prefill is the products' FLOPs (~0.55 TFLOP
+for 2,048 tokens) and attention's (quadratic in the prompt).
+
+Run: .venv/bin/python bench/engine_bench.py [--rounds 2] [--prefill 2048] [--decode 128]
+Last stdout line: one JSON object with prefill_vs_hf, decode_vs_hf,
+prefill_vs_torch_path, decode_vs_torch_path (ratios of speed: > 1 means the
+native engine is faster) and the raw figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from kvgraftd.engine.decoding import DecodeOptions, ResultEvent, TokenEvent
+from kvgraftd.engine.engine import Engine
+from kvgraftd.engine.model_adapter import ModelAdapter, default_model_path
+from kvgraftd.store.artifact_store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_CACHE = ROOT / ".cache" / "models"
+CHECKED_TOKENS = 8  # greedy tokens compared with transformers'
+
+
+def prompt_tokens(adapter: ModelAdapter, count: int) -> list[int]:
+    text = " ".join(
+        f"Record {i}: the {['north', 'south', 'east', 'west'][i % 4]} gate opened at {i % 24} "
+        f"o'clock and {i * 13 % 97} carts passed."
+        for i in range(count)
+    )
+    ids = adapter.encode(text)
+    assert len(ids) >= count
+    return ids[:count]
+
+
+def engine_prefill(engine: Engine, prompt: list[int]) -> float:
+    started = time.perf_counter()
+    events = list(engine.generate(prompt, DecodeOptions(max_new_tokens=0, no_cache=True)))
+    assert isinstance(events[-1], ResultEvent)
+    return time.perf_counter() - started
+
+
+def engine_decode(engine: Engine, prompt: list[int], steps: int) -> tuple[float, list[int]]:
+    """Tokens per second from the first generated token to the last, and the tokens."""
+    first, tokens = None, []
+    options = DecodeOptions(max_new_tokens=steps, no_cache=True)
+    for event in engine.generate(prompt, options):
+        if isinstance(event, TokenEvent):
+            tokens.append(event.token_id)
+            if first is None:
+                first = time.perf_counter()
+    elapsed = time.perf_counter() - first
+    return (len(tokens) - 1) / elapsed, tokens
+
+
+def hf_prefill(model, prompt: list[int]) -> float:
+    with torch.inference_mode():
+        started = time.perf_counter()
+        model(torch.tensor([prompt]), use_cache=False, logits_to_keep=1)
+        return time.perf_counter() - started
+
+
+def hf_decode(model, prompt: list[int], steps: int) -> tuple[float, list[int]]:
+    ids = torch.tensor([prompt])
+
+    def generate(new: int):
+        started = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(
+                ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
+            )
+        return time.perf_counter() - started, out[0, len(prompt) :].tolist()
+
+    one, _ = generate(1)
+    many, tokens = generate(steps)
+    return (steps - 1) / (many - one), tokens
+
+
+def llamacpp_decode(prompt: list[int], steps: int) -> float | None:
+    """llama.cpp's decode rate on the same GGUF (2 threads), or None where not installed."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None
+    from llama_cpp import Llama
+
+    llm = Llama(str(default_model_path()), n_ctx=2048, n_threads=2, verbose=False)
+    llm.eval(prompt)
+    started = time.perf_counter()
+    for _ in range(steps):
+        token = llm.sample(temp=0.0)
+        llm.eval([token])
+    return steps / (time.perf_counter() - started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2, help="alternated rounds (default 2)")
+    parser.add_argument("--prefill", type=int, default=2048, help="prefill prompt tokens")
+    parser.add_argument("--decode-prompt", type=int, default=512, help="decode's prompt tokens")
+    parser.add_argument("--decode", type=int, default=128, help="tokens decoded")
+    args = parser.parse_args(argv)
+
+    adapter = ModelAdapter.load(None, MODEL_CACHE)
+    if not adapter.row_invariant:
+        print("engine_bench: the native kernels are not built here", file=sys.stderr)
+        return 1
+    torch_adapter = copy.copy(adapter)
+    torch_adapter.native = None  # the transformers modules, on the fixed schedule
+    model = adapter.model
+    long_prompt = prompt_tokens(adapter, args.prefill)
+    short_prompt = long_prompt[: args.decode_prompt]
+    figures: dict[str, list[float]] = {key: [] for key in ("native", "torch", "hf")}
+    rates: dict[str, list[float]] = {key: [] for key in ("native", "torch", "hf")}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "store")
+        engines = {
+            "native": Engine(adapter, store, max_context_tokens=1 << 16),
+            "torch": Engine(torch_adapter, store, max_context_tokens=1 << 16),
+        }
+        hf_tokens: list[int] = []
+        for round_index in range(args.rounds):
+            for name in ("native", "torch", "hf"):
+                if name == "hf":
+                    model.set_attn_implementation("sdpa")
+                    try:
+                        figures[name].append(hf_prefill(model, long_prompt))
+                        rate, hf_tokens = hf_decode(model, short_prompt, args.decode)
+                    finally:
+                        model.set_attn_implementation("kvgraft")
+                else:
+                    figures[name].append(engine_prefill(engines[name], long_prompt))
+                    rate, tokens = engine_decode(engines[name], short_prompt, args.decode)
+                    if hf_tokens:
+                        assert tokens[:CHECKED_TOKENS] == hf_tokens[:CHECKED_TOKENS], name
+                rates[name].append(rate)
+                print(
+                    f"round {round_index + 1} {name:7s} prefill {args.prefill} tokens "
+                    f"{figures[name][-1]:6.2f} s   decode {rates[name][-1]:6.1f} tokens/s",
+                    flush=True,
+                )
+        store.close()
+    prefill = {name: statistics.median(values) for name, values in figures.items()}
+    decode = {name: statistics.median(values) for name, values in rates.items()}
+    llamacpp = llamacpp_decode(short_prompt, args.decode)
+    result = {
+        "prefill_vs_hf": round(prefill["hf"] / prefill["native"], 2),
+        "decode_vs_hf": round(decode["native"] / decode["hf"], 2),
+        "prefill_vs_torch_path": round(prefill["torch"] / prefill["native"], 2),
+        "decode_vs_torch_path": round(decode["native"] / decode["torch"], 2),
+        "decode_vs_llamacpp": round(decode["native"] / llamacpp, 2) if llamacpp else None,
+        "prefill_s": {name: round(value, 2) for name, value in prefill.items()},
+        "decode_tokens_per_s": {name: round(value, 1) for name, value in decode.items()},
+        "llamacpp_decode_tokens_per_s": round(llamacpp, 1) if llamacpp else None,
+        "prefill_tokens": args.prefill,
+        "decode_tokens": args.decode,
+        "rounds": args.rounds,
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
