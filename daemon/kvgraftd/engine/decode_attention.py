@@ -283,3 +283,15 @@ class OrderedPartials:
                 self.drain()
         finally:  # a task that failed, or the caller's error: let every other task end
             self.settle()
+
+
+class InlinePartials(OrderedPartials):
+    """OrderedPartials that computes each batch on the calling thread, at once: for a step of
+    one batch, where handing it to a worker would only add the hand-off (the same merge
+    order, so the same bits)."""
+
+    def __init__(self, merge: Callable[[Partials], None]) -> None:
+        super().__init__(None, 0, merge)
+
+    def submit(self, compute: Callable[..., Partials], *args: object) -> None:
+        self._merge(compute(*args))

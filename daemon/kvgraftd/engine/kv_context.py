@@ -36,7 +36,13 @@ import numpy as np
 import torch
 
 from kvgraft.errors import DataLoss
-from kvgraftd.engine.decode_attention import CorruptBlock, DecodeSoftmax, OrderedPartials, Partials
+from kvgraftd.engine.decode_attention import (
+    CorruptBlock,
+    DecodeSoftmax,
+    InlinePartials,
+    OrderedPartials,
+    Partials,
+)
 from kvgraftd.engine.model_adapter import ModelGeometry
 from kvgraftd.engine.online_softmax import OnlineSoftmax, softmax_for
 from kvgraftd.store.page_records import corrupt_message
@@ -150,7 +156,7 @@ class KvContext:
         cache = self._stored_blocks < (self.tiers.pool.capacity or 1 << 62)
         in_place = 0 if cache else self._stored_blocks_read_in_place()
         if isinstance(softmax, DecodeSoftmax):
-            with self._ordered_partials(softmax.merge) as partials:
+            with self._ordered_partials(softmax.merge, total) as partials:
                 self._decode_in_place(layer, in_place, softmax, partials)
                 self._decode_slots(layer, in_place, total, cache, softmax, partials)
         else:
@@ -163,8 +169,12 @@ class KvContext:
                     self.tiers.pool.release(slot)
         return softmax.result()
 
-    def _ordered_partials(self, merge: Callable[[Partials], None]) -> OrderedPartials:
-        """Decode-step partials on the tiers' attention workers, merged in block order."""
+    def _ordered_partials(self, merge: Callable[[Partials], None], total: int) -> OrderedPartials:
+        """Block partials on the tiers' attention workers, merged in block order; computed
+        on this thread when the step over `total` positions is one batch."""
+        blocks = -(-total // self.block_tokens)
+        if blocks <= self.tiers.attention_batch(blocks, slots=True):
+            return InlinePartials(merge)
         return OrderedPartials(self.tiers.attention_workers, self.tiers.attention_window, merge)
 
     def _slots(self, layer: int, in_place: int, total: int, cache: bool, ahead: bool = True,

@@ -130,7 +130,7 @@ void kvg_linear_reference(const float *x, int64_t M, int64_t K, const float *W, 
 /* ---- the workers of kvg_linear_parallel ---- */
 
 #define MAX_WORKERS 63
-#define SPIN_ROUNDS 4000 /* pauses (~0.1-0.5 ms) a worker waits for the next product, then sleeps */
+#define SPIN_ROUNDS 50000 /* pauses (~1-5 ms) a worker waits for the next product, then sleeps */
 
 struct product {
     int build;
