@@ -57,9 +57,10 @@ proto-check: $(STAMP) ## fail when the committed stubs differ from the proto
 
 check: lint layers proto-check test ## lint, import contracts, stale generated code, tests
 
-bench: $(STAMP) ## run the benchmarks (each ends with one JSON line; ~15 min)
+bench: $(STAMP) ## run the benchmarks (each ends with one JSON line; ~18 min)
 	$(BIN)/python bench/store_bench.py
 	$(BIN)/python bench/graft_bench.py
+	$(BIN)/python bench/engine_bench.py
 	$(BIN)/python bench/replication_bench.py
 	$(BIN)/python bench/remote_bench.py
 
