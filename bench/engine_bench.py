@@ -155,8 +155,11 @@ def main(argv: list[str] | None = None) -> int:
             "torch": Engine(torch_adapter, store, max_context_tokens=1 << 16),
         }
         hf_tokens: list[int] = []
+        cores = torch.get_num_threads()
         for round_index in range(args.rounds):
             for name in ("native", "torch", "hf"):
+                # as the daemon runs each: torch's threads off beside the native kernels
+                torch.set_num_threads(1 if name == "native" else cores)
                 if name == "hf":
                     model.set_attn_implementation("sdpa")
                     try:

@@ -35,16 +35,18 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future, wait
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 MAX_ROWS = 8  # query rows per KV head the kernel takes (group size x tokens)
+ROW_THREADS = max(1, len(os.sched_getaffinity(0)))  # a prefill's rows are split between them
 _MISMATCH, _BAD_ARGS = 1, 2
 _P = ctypes.c_void_p
 
@@ -59,8 +61,9 @@ def _load() -> ctypes.CDLL | None:
     library.kvg_blocks_partial.restype = ctypes.c_int
     library.kvg_merge_blocks.argtypes = [ctypes.c_int32] * 3 + [_P] * 6
     library.kvg_merge_blocks.restype = None
-    library.kvg_rows_partial.argtypes = [ctypes.c_int32, _P, _P, ctypes.c_int64, ctypes.c_int32]
-    library.kvg_rows_partial.argtypes += [_P] * 2 + [ctypes.c_int32] * 3 + [_P] * 6
+    library.kvg_rows_partial.argtypes = [ctypes.c_int32, _P, _P, ctypes.c_int64]
+    library.kvg_rows_partial.argtypes += [ctypes.c_int32] * 3 + [_P] * 2 + [ctypes.c_int32] * 3
+    library.kvg_rows_partial.argtypes += [_P] * 6
     library.kvg_rows_partial.restype = ctypes.c_int
     library.kvg_rows_merge.argtypes = [ctypes.c_int32] * 4 + [_P] * 7
     library.kvg_rows_merge.restype = None
@@ -69,6 +72,17 @@ def _load() -> ctypes.CDLL | None:
 
 
 _library = _load()
+_row_workers: ThreadPoolExecutor | None = None
+_row_workers_lock = threading.Lock()
+
+
+def _row_pool() -> ThreadPoolExecutor:
+    """Workers for a prefill's rows (their own: the rows may be split on an attention worker)."""
+    global _row_workers
+    with _row_workers_lock:
+        if _row_workers is None:
+            _row_workers = ThreadPoolExecutor(max(1, ROW_THREADS - 1), thread_name_prefix="rows")
+        return _row_workers
 
 
 def takes_geometry(heads: int, kv_heads: int, dim: int) -> bool:
@@ -207,30 +221,39 @@ class RowsSoftmax(DecodeSoftmax):
         """Each block's partial for every token that sees it; raises CorruptBlock."""
         n, count, rows, dim = len(blocks), self._count, self._kv_heads * self._group, self._dim
         longest = max(block.tokens for block in blocks)
-        scores = getattr(self._scratch, "scores", None)
-        if scores is None or scores.size < rows * longest:
-            scores = self._scratch.scores = np.empty(rows * longest, np.float32)
         shape = np.array(
             [(b.keys, b.values, b.head_stride, b.tokens, b.begin) for b in blocks], np.int64
         )
         checksums = b"".join(b.checksum or _NO_CHECKSUM for b in blocks)
         checked = bytes(b.checksum is not None for b in blocks)
-        maximum, total = (
-            np.empty((n, count, rows), np.float32),
-            np.empty((n, count, rows), np.float32),
-        )
+        maximum = np.empty((n, count, rows), np.float32)
+        total = np.empty((n, count, rows), np.float32)
         acc = np.empty((n, count, rows, dim), np.float32)
         used = np.empty((n, count), np.uint8)
-        failed = ctypes.c_int32(-1)
-        status = _library.kvg_rows_partial(
-            n, self._q.ctypes.data, shape.ctypes.data, self._first, count, checksums, checked,
-            self._kv_heads, self._group, dim, scores.ctypes.data, maximum.ctypes.data,
-            total.ctypes.data, acc.ctypes.data, used.ctypes.data, ctypes.byref(failed),
-        )  # fmt: skip
-        if status == _MISMATCH:
-            raise CorruptBlock(failed.value)
-        if status:
-            raise ValueError(f"the native kernel refused block {failed.value} of a batch")
+        outputs = (maximum, total, acc, used)
+
+        def compute(t0: int, t1: int) -> tuple[int, int]:
+            scratch = getattr(self._scratch, "scores", None)
+            if scratch is None or scratch.size < rows * longest:
+                scratch = self._scratch.scores = np.empty(rows * longest, np.float32)
+            failed = ctypes.c_int32(-1)
+            status = _library.kvg_rows_partial(
+                n, self._q.ctypes.data, shape.ctypes.data, self._first, count, t0, t1,
+                checksums, checked, self._kv_heads, self._group, dim, scratch.ctypes.data,
+                *(array.ctypes.data for array in outputs), ctypes.byref(failed),
+            )  # fmt: skip
+            return status, failed.value
+
+        # the rows are independent: split them between this thread and the row workers
+        parts = min(ROW_THREADS, count)
+        bounds = [count * i // parts for i in range(parts + 1)]
+        futures = [_row_pool().submit(compute, bounds[i], bounds[i + 1]) for i in range(1, parts)]
+        results = [compute(bounds[0], bounds[1]), *(future.result() for future in futures)]
+        for status, failed in results:
+            if status == _MISMATCH:
+                raise CorruptBlock(failed)
+            if status:
+                raise ValueError(f"the native kernel refused block {failed} of a batch")
         return maximum, total, acc, used
 
     def merge(self, partials) -> None:

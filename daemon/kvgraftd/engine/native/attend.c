@@ -17,15 +17,17 @@
  *   A state with max = -inf holds nothing yet.
  * kvg_merge_blocks(n, rows, D, max, sum, acc, pmax, psum, pacc): kvg_merge of n
  *   partials laid out as kvg_blocks_partial writes them, in index order.
- * kvg_rows_partial(n, q, blocks, first, count, checksums, checked, H, R, D, scores,
- *   out_max, out_sum, out_acc, used, failed): the partials of `count` query tokens at
+ * kvg_rows_partial(n, q, blocks, first, count, t0, t1, checksums, checked, H, R, D,
+ *   scores, out_max, out_sum, out_acc, used, failed): the partials of tokens [t0, t1) of
+ *   `count` query tokens at
  *   positions first, first + 1, ... (q: [count][H][R][D]) over n blocks, each token's
  *   exactly the one a decode step at its position computes: block i is
  *   blocks[5i..5i+4] = {K, V, head_stride, tokens, first position}, and token t sees
  *   its first min(tokens, first + t + 1 - block's first position) keys. used[i*count + t]
  *   says whether it saw any (a token before the block has no partial there). Partial
  *   (i, t) goes to out_max + (i*count + t)*H*R, ... A checked block (a whole stored
- *   page, before every token) is hashed once, with token 0's pass.
+ *   page, before every token) is hashed once, with token t0's pass. Calls for disjoint
+ *   token ranges may run at once (each with its own scores).
  * kvg_rows_merge(n, count, rows, D, max, sum, acc, pmax, psum, pacc, used): kvg_merge of
  *   each token's partials in block order, into its state (max + t*rows, ...).
  * kvg_kernel_name(): which build kvg_block_partial runs ("avx512", "generic").
@@ -110,9 +112,10 @@ void kvg_merge_blocks(int32_t n, int32_t rows, int32_t D, float *max, float *sum
 }
 
 int kvg_rows_partial(int32_t n, const float *q, const int64_t *blocks, int64_t first,
-                     int32_t count, const uint8_t *checksums, const uint8_t *checked, int32_t H,
-                     int32_t R, int32_t D, float *scores, float *out_max, float *out_sum,
-                     float *out_acc, uint8_t *used, int32_t *failed) {
+                     int32_t count, int32_t t0, int32_t t1, const uint8_t *checksums,
+                     const uint8_t *checked, int32_t H, int32_t R, int32_t D, float *scores,
+                     float *out_max, float *out_sum, float *out_acc, uint8_t *used,
+                     int32_t *failed) {
     const int64_t rows = (int64_t)H * R;
     for (int32_t i = 0; i < n; i++) {
         const int64_t *block = blocks + 5 * (int64_t)i;
@@ -121,7 +124,7 @@ int kvg_rows_partial(int32_t n, const float *q, const int64_t *blocks, int64_t f
             *failed = i;
             return KVG_BAD_ARGS;
         }
-        for (int32_t t = 0; t < count; t++) {
+        for (int32_t t = t0; t < t1; t++) {
             const int64_t seen = first + t + 1 - begin;
             const int64_t T = seen < tokens ? seen : tokens;
             const int64_t at = (int64_t)i * count + t;
@@ -131,7 +134,7 @@ int kvg_rows_partial(int32_t n, const float *q, const int64_t *blocks, int64_t f
                 q + (int64_t)t * rows * D, (const float *)(uintptr_t)block[0],
                 (const float *)(uintptr_t)block[1], block[2], H, R, D, (int32_t)T, scores,
                 out_max + at * rows, out_sum + at * rows, out_acc + at * rows * D,
-                checked[i] && t == 0 ? checksums + 16 * (int64_t)i : NULL);
+                checked[i] && t == t0 ? checksums + 16 * (int64_t)i : NULL);
             if (status) {
                 *failed = i;
                 return status;
