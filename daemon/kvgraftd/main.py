@@ -123,10 +123,6 @@ def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engi
     cache = Path(config.model_cache) if config.model_cache else config.data / "models"
     # Loaded on the thread that runs every forward pass (kvgraftd.engine.compute_thread).
     adapter = compute_thread.run(ModelAdapter.load, config.model or None, cache, device=device)
-    if adapter.row_invariant:
-        # The native kernels run their own threads; torch's would only spin against them
-        # (its ops here are elementwise and small). Measured: prefill products 3.3 s -> 2.1 s.
-        torch.set_num_threads(1)
     geometry = adapter.geometry
     pool = DevicePool(
         config.device_budget_bytes,

@@ -79,4 +79,23 @@ def test_shapes_are_checked() -> None:
     with pytest.raises(ValueError, match="takes 8"):
         linear.linear(torch.ones(2, 7), packed)
     assert linear.linear(torch.ones(0, 8), packed).shape == (0, 4)
+    empty = PackedWeight.of(torch.ones(4, 0))  # k = 0: an empty sum, +0.0 on every build
+    for build in linear.builds():
+        got = linear.linear(torch.ones(3, 0), empty, build=build)
+        assert got.numpy().tobytes() == bytes(3 * 4 * 4), build
     assert linear.linear(torch.ones(2, 3, 8), packed).shape == (2, 3, 4)
+
+
+def test_products_of_any_thread_count_follow_each_other_safely() -> None:
+    """Products handed to fewer threads than the library has workers, back to back: every
+    one complete and right (regression: a worker without a part was not waited for, and
+    could read the next product's description half-written)."""
+    generator = torch.Generator().manual_seed(11)
+    weights = [torch.randn(n, 64, generator=generator) for n in (16, 48, 80)]
+    packed = [PackedWeight.of(w) for w in weights]
+    x = torch.randn(5, 64, generator=generator)
+    expected = [linear.reference(x, w) for w in weights]
+    for round_index in range(300):
+        which = round_index % 3
+        got = linear.linear(x, packed[which], threads=2 + round_index % 3)
+        assert torch.equal(got, expected[which]), round_index

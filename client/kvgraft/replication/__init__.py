@@ -4,3 +4,7 @@ between two daemons.
 
 May import the core modules of kvgraft; never kvgraft.client (a Client is an endpoint).
 """
+
+from kvgraft.replication.replicator import Replicator
+
+__all__ = ["Replicator"]

@@ -2,5 +2,6 @@
 attended block by block through the tiers, receipts, the native attention kernel
 (engine/native), and the engine service behind Generate, Graft, Deposit, Lookup and Verify.
 
-May import kvgraftd.tiers and kvgraftd.store; only model_adapter imports transformers.
+May import kvgraftd.tiers and kvgraftd.store; only model_adapter and native_forward import
+transformers.
 """

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import math
 import os
 from dataclasses import dataclass
 
@@ -121,7 +122,7 @@ def linear(
     """x [..., K] times W^T: [..., N], each element one ascending FMA chain (see above)."""
     if x.shape[-1] != weight.k:
         raise ValueError(f"x has {x.shape[-1]} columns; the weight takes {weight.k}")
-    rows = x.reshape(-1, weight.k).to(torch.float32).contiguous()
+    rows = x.reshape(math.prod(x.shape[:-1]), weight.k).to(torch.float32).contiguous()
     out = torch.empty(rows.shape[0], weight.n, dtype=torch.float32)
     if rows.shape[0]:
         _run(rows, weight, out, max(1, min(threads, weight.panels)), BUILDS[build])

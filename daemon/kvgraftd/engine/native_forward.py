@@ -8,7 +8,8 @@ product, the gate and up projections as one, the logits), and the context
 (kvgraftd.engine.kv_context) for attention and the KV it keeps.
 
 Contract: a row's bits depend on its token, its position and the KV it attends,
-never on how many rows share the pass. Each product sums every output in one
+never on how many rows share the pass. It runs torch's own ops on one thread
+(set at every pass): see `forward_many`. Each product sums every output in one
 fixed order; the elementwise and per-row operations are checked to be the same
 for any number of rows by the real-model tests (tests/engine/test_native_forward.py).
 `forward` returns the float32 logits of the last row, or of every row;
@@ -26,17 +27,23 @@ from typing import Any
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from kvgraftd.engine import linear
+from kvgraftd.engine import decode_attention, linear
 from kvgraftd.engine.linear import PackedWeight
 
 SUPPORTED_TYPES = frozenset({"llama"})
 
 
 def supports(model) -> bool:
-    """Whether `model` is a decoder this forward computes exactly as its own modules do."""
+    """Whether `model` is a decoder this forward computes exactly as its own modules do,
+    with every row's attention in the native kernel (else a pass's rows would attend
+    through torch's products, whose bits depend on the number of rows)."""
     config = model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return (
         linear.available()
+        and decode_attention.takes_geometry(heads, kv_heads, head_dim)
         and config.model_type in SUPPORTED_TYPES
         and not getattr(config, "attention_bias", False)
         and not getattr(config, "mlp_bias", False)
@@ -90,6 +97,11 @@ class NativeForward:
         """One pass over the rows of several contexts: each part is (context, token ids, first
         position); every product takes all the rows at once, each context attends its own.
         Returns each part's logits (its last row's, or every row's)."""
+        if torch.get_num_threads() != 1:
+            # torch's elementwise ops must run on one thread: with more, a pass is cut into
+            # chunks whose ends fall mid-row, and the elements at a chunk's end take a scalar
+            # path with other last bits. (The products have their own threads.)
+            torch.set_num_threads(1)
         sizes = [len(ids) for _, ids, _ in parts]
         ids = [token for _, part_ids, _ in parts for token in part_ids]
         positions = [p for _, part_ids, start in parts for p in range(start, start + len(part_ids))]

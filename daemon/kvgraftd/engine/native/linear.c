@@ -103,6 +103,11 @@ int kvg_linear(int build, const float *x, int64_t M, int64_t K, int64_t ldx,
                int64_t ldy) {
     if (build == BEST) build = best_build();
     if (!(kvg_linear_builds() & (1 << build))) return -1;
+    if (K == 0) { /* an empty sum: +0.0, as every build's first accumulator */
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = p_begin * PANEL; n < p_end * PANEL && n < N; n++) y[m * ldy + n] = 0.0f;
+        return 0;
+    }
 #if defined(__x86_64__)
     if (build == AVX512) {
         kvg_linear_avx512(x, M, K, ldx, packed, N, p_begin, p_end, y, ldy);
@@ -176,10 +181,10 @@ static void *worker(void *arg) {
         }
         seen = now;
         const struct product p = job;
-        if (index + 1 < p.parts) {
-            run_part(&p, index + 1);
-            atomic_fetch_sub_explicit(&unfinished, 1, memory_order_release);
-        }
+        if (index + 1 < p.parts) run_part(&p, index + 1);
+        /* every worker acknowledges every product, part or none: the caller hands out the
+         * next one (and overwrites `job`) only once all of them are done with this one */
+        atomic_fetch_sub_explicit(&unfinished, 1, memory_order_release);
     }
     return NULL;
 }
@@ -210,7 +215,7 @@ int kvg_linear_parallel(int build, const float *x, int64_t M, int64_t K, int64_t
     job = (struct product){build, x, packed, y, M, K, ldx, N, ldy, panels, threads};
     atomic_store(&status, 0);
     /* every worker wakes for every product; those past the parts only acknowledge */
-    atomic_store(&unfinished, threads - 1 < workers ? threads - 1 : workers);
+    atomic_store(&unfinished, workers);
     pthread_mutex_lock(&sleep_lock);
     atomic_fetch_add_explicit(&generation, 1, memory_order_release);
     pthread_cond_broadcast(&wake);

@@ -1,5 +1,6 @@
 /* The AVX2 + FMA build of the row-invariant linear product (see linear.c for the contract).
  * A panel of 16 columns is two registers of 8. */
+#if defined(__x86_64__) /* the vector builds; elsewhere the portable one alone */
 #pragma GCC target("avx2,fma")
 #include <immintrin.h>
 #include <stdint.h>
@@ -19,3 +20,4 @@ typedef __m256 vec;
                        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)))
 #define KVG_BUILD avx2
 #include "linear_kernel.h"
+#endif

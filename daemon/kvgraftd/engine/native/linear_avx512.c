@@ -1,4 +1,5 @@
 /* The AVX-512 build of the row-invariant linear product (see linear.c for the contract). */
+#if defined(__x86_64__) /* the vector builds; elsewhere the portable one alone */
 #pragma GCC target("avx512f,avx2,fma")
 #include <immintrin.h>
 #include <stdint.h>
@@ -14,3 +15,4 @@ typedef __m512 vec;
 #define VLOAD_FIRST(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1u), p)
 #define KVG_BUILD avx512
 #include "linear_kernel.h"
+#endif
