@@ -24,7 +24,7 @@ from kvgraftd.engine.engine import Engine
 from kvgraftd.engine.model_adapter import ModelAdapter
 from kvgraftd.engine.online_softmax import blockwise_attention
 from kvgraftd.store.artifact_store import Store
-from kvgraftd.store.chains import whole_pages
+from kvgraftd.store.chains import chain_pages
 from kvgraftd.store.page_records import page_record
 from tests.support.factory import random_artifact
 from tests.support.on_disk import flip_stored_page
@@ -250,7 +250,7 @@ def test_chain_eligibility_follows_segments() -> None:
     for ends, pages in (([40], 5), ([16, 40], 5), ([13, 40], 1), ([20, 21, 22], 2), ([7, 40], 0)):
         manifest.ClearField("segment_ends")
         manifest.segment_ends.extend(ends)
-        assert whole_pages(manifest) == pages, ends
+        assert chain_pages(manifest) == pages, ends
 
 
 def test_sampling_is_seeded(engine: Engine, rng: random.Random) -> None:

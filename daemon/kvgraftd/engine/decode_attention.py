@@ -159,14 +159,9 @@ class DecodeSoftmax:
     def partials(self, blocks: Sequence[Block]) -> Partials:
         """Each block's partial, computed in one call of the kernel; raises CorruptBlock."""
         n, rows, dim = len(blocks), self._kv_heads * self._group, self._dim
-        longest = max(block.tokens for block in blocks)
-        scores = getattr(self._scratch, "scores", None)
-        if scores is None or scores.size < rows * longest:
-            scores = self._scratch.scores = np.empty(rows * longest, np.float32)
+        scores = self._scores(blocks)
         shape = np.array([(b.keys, b.values, b.head_stride, b.tokens) for b in blocks], np.int64)
-        checksums = b"".join(b.checksum or _NO_CHECKSUM for b in blocks)
-        checked = bytes(b.checksum is not None for b in blocks)
-        assert len(checksums) == 16 * n, "a checksum is an xxh3-128 digest (16 bytes)"
+        checksums, checked = _checks(blocks)
         out = np.empty((n, rows), np.float32), np.empty((n, rows), np.float32)
         acc = np.empty((n, rows, dim), np.float32)
         failed = ctypes.c_int32(-1)
@@ -175,11 +170,16 @@ class DecodeSoftmax:
             self._group, dim, scores.ctypes.data, out[0].ctypes.data, out[1].ctypes.data,
             acc.ctypes.data, ctypes.byref(failed),
         )  # fmt: skip
-        if status == _MISMATCH:
-            raise CorruptBlock(failed.value)
-        if status:
-            raise ValueError(f"the native kernel refused block {failed.value} of a batch")
+        _check_status(status, failed.value)
         return out[0], out[1], acc
+
+    def _scores(self, blocks: Sequence[Block]) -> np.ndarray:
+        """This thread's scratch for the kernel's scores: every row of the longest block."""
+        size = self._kv_heads * self._group * max(block.tokens for block in blocks)
+        scores = getattr(self._scratch, "scores", None)
+        if scores is None or scores.size < size:
+            scores = self._scratch.scores = np.empty(size, np.float32)
+        return scores
 
     def merge(self, partials: Partials) -> None:
         """Fold the partials into the result, in their order."""
@@ -220,12 +220,10 @@ class RowsSoftmax(DecodeSoftmax):
     def partials(self, blocks: Sequence[Block]) -> Partials:
         """Each block's partial for every token that sees it; raises CorruptBlock."""
         n, count, rows, dim = len(blocks), self._count, self._kv_heads * self._group, self._dim
-        longest = max(block.tokens for block in blocks)
         shape = np.array(
             [(b.keys, b.values, b.head_stride, b.tokens, b.begin) for b in blocks], np.int64
         )
-        checksums = b"".join(b.checksum or _NO_CHECKSUM for b in blocks)
-        checked = bytes(b.checksum is not None for b in blocks)
+        checksums, checked = _checks(blocks)
         maximum = np.empty((n, count, rows), np.float32)
         total = np.empty((n, count, rows), np.float32)
         acc = np.empty((n, count, rows, dim), np.float32)
@@ -233,9 +231,7 @@ class RowsSoftmax(DecodeSoftmax):
         outputs = (maximum, total, acc, used)
 
         def compute(t0: int, t1: int) -> tuple[int, int]:
-            scratch = getattr(self._scratch, "scores", None)
-            if scratch is None or scratch.size < rows * longest:
-                scratch = self._scratch.scores = np.empty(rows * longest, np.float32)
+            scratch = self._scores(blocks)  # this thread's
             failed = ctypes.c_int32(-1)
             status = _library.kvg_rows_partial(
                 n, self._q.ctypes.data, shape.ctypes.data, self._first, count, t0, t1,
@@ -250,10 +246,7 @@ class RowsSoftmax(DecodeSoftmax):
         futures = [_row_pool().submit(compute, bounds[i], bounds[i + 1]) for i in range(1, parts)]
         results = [compute(bounds[0], bounds[1]), *(future.result() for future in futures)]
         for status, failed in results:
-            if status == _MISMATCH:
-                raise CorruptBlock(failed)
-            if status:
-                raise ValueError(f"the native kernel refused block {failed} of a batch")
+            _check_status(status, failed)
         return maximum, total, acc, used
 
     def merge(self, partials) -> None:
@@ -267,6 +260,21 @@ class RowsSoftmax(DecodeSoftmax):
     def result(self) -> torch.Tensor:
         """[n, heads, D]."""
         return torch.from_numpy(self._acc / self._sum[:, :, None])
+
+
+def _checks(blocks: Sequence[Block]) -> tuple[bytes, bytes]:
+    """The blocks' checksums (zeros where none) and which of them to check, for the kernel."""
+    checksums = b"".join(b.checksum or _NO_CHECKSUM for b in blocks)
+    assert len(checksums) == 16 * len(blocks), "a checksum is an xxh3-128 digest (16 bytes)"
+    return checksums, bytes(b.checksum is not None for b in blocks)
+
+
+def _check_status(status: int, failed: int) -> None:
+    """The kernel's status as an exception: CorruptBlock for a page that does not match."""
+    if status == _MISMATCH:
+        raise CorruptBlock(failed)
+    if status:
+        raise ValueError(f"the native kernel refused block {failed} of a batch")
 
 
 class OrderedPartials:

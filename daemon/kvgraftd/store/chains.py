@@ -113,7 +113,7 @@ def row_invariant(profile: pb.ComputeProfile) -> bool:
     return bool(profile.products)
 
 
-def whole_pages(manifest: pb.Manifest) -> int:
+def chain_pages(manifest: pb.Manifest) -> int:
     """How many leading pages of the artifact are chain-eligible: on the fixed schedule,
     those computed whole; with row-invariant products, every page, the tail included."""
     page_tokens = manifest.profile.page_tokens
@@ -131,7 +131,7 @@ def manifest_entries(manifest: pb.Manifest) -> Iterator[tuple[bytes, ChainEntry]
     """The chain entries (count 1) an artifact registers."""
     layers = manifest.layout.num_layers
     page_tokens = manifest.profile.page_tokens
-    pages = whole_pages(manifest)
+    pages = chain_pages(manifest)
     keys = chain_keys(
         manifest.model_fingerprint, manifest.profile, manifest.layout, manifest.token_ids, pages
     )

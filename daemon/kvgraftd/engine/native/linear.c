@@ -211,7 +211,7 @@ int kvg_linear_parallel(int build, const float *x, int64_t M, int64_t K, int64_t
     if (threads > MAX_WORKERS + 1) threads = MAX_WORKERS + 1;
     if (threads <= 1 || pthread_mutex_trylock(&pool_lock) != 0)
         return kvg_linear(build, x, M, K, ldx, packed, N, 0, panels, y, ldy);
-    threads = start_workers(threads - 1) + 1 < threads ? workers + 1 : threads;
+    if (start_workers(threads - 1) + 1 < threads) threads = workers + 1; /* as many as started */
     job = (struct product){build, x, packed, y, M, K, ldx, N, ldy, panels, threads};
     atomic_store(&status, 0);
     /* every worker wakes for every product; those past the parts only acknowledge */
