@@ -30,8 +30,9 @@ setup(
                 f"{ENGINE_NATIVE}/linear.c",
                 f"{ENGINE_NATIVE}/linear_avx2.c",
                 f"{ENGINE_NATIVE}/linear_avx512.c",
+                f"{ENGINE_NATIVE}/linear_quant.c",
             ],
-            depends=[f"{ENGINE_NATIVE}/linear_kernel.h"],
+            depends=[f"{ENGINE_NATIVE}/linear_kernel.h", f"{ENGINE_NATIVE}/linear_formats.h"],
             include_dirs=[ENGINE_NATIVE],
             # every sum is an explicit FMA chain: nothing for the compiler to reorder or fuse
             extra_compile_args=["-O3", "-ffp-contract=off", "-Wno-psabi"],

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import random
 
+import gguf
+import numpy as np
 import pytest
 import torch
 
@@ -99,3 +101,53 @@ def test_products_of_any_thread_count_follow_each_other_safely() -> None:
         which = round_index % 3
         got = linear.linear(x, packed[which], threads=2 + round_index % 3)
         assert torch.equal(got, expected[which]), round_index
+
+
+def gguf_blocks(format: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Random rows of GGUF blocks as a GGUF file stores them (uint8 [rows, bytes]): scales
+    are random normal float16s (a few subnormal, zero and negative), weights any value."""
+    blocks = k // linear.QK
+    scales = rng.standard_normal((rows, blocks, 2)).astype(np.float16)
+    scales[0, 0, 0] = np.float16(3e-7)  # subnormal
+    scales[-1, -1, :] = np.float16(0.0)
+    if format == "q4_1":
+        quants = rng.integers(0, 256, (rows, blocks, 16), dtype=np.uint8)
+        body = np.concatenate([scales.view(np.uint8).reshape(rows, blocks, 4), quants], axis=2)
+    else:
+        quants = rng.integers(-128, 128, (rows, blocks, 32), dtype=np.int8).view(np.uint8)
+        body = np.concatenate([scales[..., :1].view(np.uint8).reshape(rows, blocks, 2), quants], 2)
+    return np.ascontiguousarray(body.reshape(rows, -1))
+
+
+@pytest.mark.parametrize("format", ["q4_1", "q8_0"])
+def test_gguf_blocks_stand_for_gguf_pys_weights_and_multiply_as_them(
+    format: str, rng: random.Random
+) -> None:
+    """Packed GGUF blocks unpack to exactly the float32 weights gguf-py (so transformers)
+    dequantizes, rows in the order asked; every build, thread count and number of rows
+    multiplies by them with the bits of the reference over those floats."""
+    numbers = np.random.default_rng(rng.randrange(1 << 30))
+    generator = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    for rows, n, k in ((1, 37, 64), (7, 16, 96), (150, 61, 32), (300, 33, 320)):
+        blocks = gguf_blocks(format, n + 5, k, numbers)
+        order = numbers.permutation(n + 5)[:n]
+        packed = PackedWeight.of_gguf(format, blocks, order, k)
+        dequantized = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[format.upper()])
+        weight = torch.from_numpy(np.ascontiguousarray(dequantized.reshape(n + 5, k)[order]))
+        assert torch.equal(packed.unpacked(), weight), (format, n, k)
+        x = torch.randn(rows, k, generator=generator)
+        expected = linear.reference(x, weight)
+        for build in linear.builds():
+            for threads in (1, 2):
+                got = linear.linear(x, packed, threads=threads, build=build)
+                assert torch.equal(got, expected), (format, rows, n, k, build, threads)
+
+
+def test_gguf_blocks_are_checked_before_packing() -> None:
+    blocks = np.zeros((4, 20), np.uint8)
+    with pytest.raises(ValueError, match="rows of 48"):
+        PackedWeight.of_gguf("q4_1", blocks, [0, 1], 48)
+    with pytest.raises(ValueError, match="not in the blocks"):
+        PackedWeight.of_gguf("q4_1", blocks, [0, 4], 32)
+    with pytest.raises(ValueError, match="no packing for q5_0"):
+        PackedWeight.of_gguf("q5_0", blocks, [0], 32)

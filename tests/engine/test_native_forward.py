@@ -19,9 +19,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from kvgraftd.engine import linear
+from kvgraftd.engine import linear, native_forward
 from kvgraftd.engine.engine import Engine
+from kvgraftd.engine.gguf_weights import GgufWeights
 from kvgraftd.engine.kv_context import KvContext
+from kvgraftd.engine.model_adapter import default_model_path
 from kvgraftd.store.artifact_store import Store
 
 PROMPT_TOKENS = 1000
@@ -165,3 +167,39 @@ def test_a_short_deposit_is_grafted_by_a_prompt_that_extends_it(engine, prompt) 
     assert fresh.receipt.reused_tokens == 0
     for name in ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256"):
         assert getattr(grafted.receipt, name) == getattr(fresh.receipt, name), name
+
+
+def test_the_gguf_blocks_give_the_bits_of_the_float32_weights(real_model, engine, prompt) -> None:
+    """The default model's products stream its GGUF file's Q4_1 / Q8_0 blocks; a forward
+    over float32 copies of the same weights gives the same logits and KV, byte for byte."""
+    assert real_model.native.weight_formats == {"q4_1": 4 * 30, "q8_0": 1}
+    ids = prompt[:300]
+    float32 = native_forward.NativeForward(real_model.model)  # no GGUF file: float32 packs
+    assert float32.weight_formats == {"f32": 4 * 30 + 1}
+    results = []
+    for forward in (real_model.native, float32):
+        with engine._context() as context:
+            context.begin_chunk(0, ids)
+            logits = forward.forward(ids, 0, context, every_row=True)
+            results.append(
+                (
+                    hashlib.sha256(logits.numpy().tobytes()).hexdigest(),
+                    live_kv(context, 29, len(ids)),
+                )
+            )
+    assert results[0] == results[1]
+
+
+def test_a_gguf_tensor_unequal_to_the_models_weight_is_not_used(real_model) -> None:
+    """Only blocks proven equal to the model's weights replace them: one changed float and
+    the product keeps the float32 weights."""
+    weights = GgufWeights.open(default_model_path(), real_model.model)
+    name = "model.layers.3.mlp.down_proj.weight"
+    assert weights.packed([name]).format == "q4_1"
+    parameter = real_model.model.get_parameter(name)
+    saved = parameter.data[5, 7].item()
+    try:
+        parameter.data[5, 7] = saved + 1e-3
+        assert weights.packed([name]) is None
+    finally:
+        parameter.data[5, 7] = saved

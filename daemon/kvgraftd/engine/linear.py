@@ -11,7 +11,11 @@ share the pass. torch's own CPU products change their summation with the number
 of rows, which is why the engine kept one fixed schedule before.
 
 `PackedWeight.of(W)` lays W out once (panels of 16 columns, k-major, as the
-kernel streams it). `linear` splits the panels, never k, between `threads`
+kernel streams it). `PackedWeight.of_gguf` keeps a GGUF file's quantized blocks
+(Q4_1, Q8_0) instead, repacked per panel: the kernel dequantizes each weight in
+a register with exactly the float arithmetic of the dequantized model, so the
+product has the bits it would have over those float32 weights, from 5-6 bits a
+weight instead of 32 (a decode step reads ~6x fewer bytes). `linear` splits the panels, never k, between `threads`
 (one per core by default): the calling thread (in a ctypes call, without the
 GIL) and the library's own workers, which wait for the next product spinning
 briefly, so a product of one row costs microseconds to hand out, not a
@@ -26,12 +30,16 @@ import ctypes
 import importlib.util
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 PANEL = 16  # columns per packed panel
 BUILDS = {"best": 0, "generic": 1, "avx2": 2, "avx512": 3}
+FORMATS = {"f32": 0, "q4_1": 1, "q8_0": 2}
+QK = 32  # weights per GGUF block, along k
 THREADS = max(1, len(os.sched_getaffinity(0)))
 
 _I64 = ctypes.c_int64
@@ -45,6 +53,7 @@ def _load() -> ctypes.CDLL | None:
     library = ctypes.CDLL(spec.origin)
     library.kvg_linear.argtypes = [
         ctypes.c_int,
+        ctypes.c_int,
         _PTR,
         _I64,
         _I64,
@@ -57,12 +66,18 @@ def _load() -> ctypes.CDLL | None:
         _I64,
     ]
     library.kvg_linear.restype = ctypes.c_int
-    # build, x, M, K, ldx, packed, N, y, ldy, threads
-    library.kvg_linear_parallel.argtypes = [ctypes.c_int, _PTR, *[_I64] * 3, _PTR, _I64, _PTR, _I64]
+    # build, format, x, M, K, ldx, packed, N, y, ldy, threads
+    library.kvg_linear_parallel.argtypes = [ctypes.c_int, ctypes.c_int, _PTR, *[_I64] * 3, _PTR]
+    library.kvg_linear_parallel.argtypes += [_I64, _PTR, _I64]
     library.kvg_linear_parallel.argtypes += [ctypes.c_int]
     library.kvg_linear_parallel.restype = ctypes.c_int
     library.kvg_linear_pack.argtypes = [_PTR, _I64, _I64, _PTR]
     library.kvg_linear_pack.restype = None
+    # format, blocks, row_bytes, order, N, K, packed
+    library.kvg_quant_pack.argtypes = [ctypes.c_int, _PTR, _I64, _PTR, _I64, _I64, _PTR]
+    library.kvg_quant_pack.restype = ctypes.c_int
+    library.kvg_quant_unpack.argtypes = [ctypes.c_int, _PTR, _I64, _I64, _PTR]
+    library.kvg_quant_unpack.restype = None
     library.kvg_linear_reference.argtypes = [_PTR, _I64, _I64, _PTR, _I64, _PTR]
     library.kvg_linear_reference.restype = None
     library.kvg_linear_name.argtypes = [ctypes.c_int]
@@ -95,11 +110,13 @@ def kernel_name() -> str:
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """W [N, K] in the kernel's panels: N, K and the packed floats."""
+    """W [N, K] in the kernel's panels: its format ("f32", or GGUF's "q4_1" / "q8_0"
+    blocks), N, K and the packed bytes."""
 
+    format: str
     n: int
     k: int
-    data: torch.Tensor  # ceil(N/16) * K * 16 float32
+    data: torch.Tensor  # f32: ceil(N/16) * K * 16 floats; else uint8 (linear_formats.h)
 
     @property
     def panels(self) -> int:
@@ -107,13 +124,51 @@ class PackedWeight:
 
     @classmethod
     def of(cls, weight: torch.Tensor) -> PackedWeight:
-        if _library is None:
-            raise RuntimeError("the native linear kernel is not built")
+        _require_library()
         weight = weight.detach().to(torch.float32).contiguous()
         n, k = weight.shape
         data = torch.empty(-(-n // PANEL) * k * PANEL, dtype=torch.float32)
         _library.kvg_linear_pack(weight.data_ptr(), n, k, data.data_ptr())
-        return cls(n, k, data)
+        return cls("f32", n, k, data)
+
+    @classmethod
+    def of_gguf(cls, format: str, blocks: np.ndarray, order: Sequence[int], k: int) -> PackedWeight:
+        """Output column n from row order[n] of a GGUF tensor's raw blocks (uint8
+        [rows, row bytes], as gguf.GGUFReader gives them), k weights a row."""
+        _require_library()
+        if format not in ("q4_1", "q8_0") or k % QK:
+            raise ValueError(f"no packing for {format} rows of {k} weights")
+        blocks = np.ascontiguousarray(blocks, dtype=np.uint8)
+        rows = np.ascontiguousarray(order, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= blocks.shape[0]):
+            raise ValueError("a row of the order is not in the blocks")
+        n = rows.size
+        panel_bytes = k // QK * (384 if format == "q4_1" else 576)
+        data = torch.empty(-(-n // PANEL) * panel_bytes, dtype=torch.uint8)
+        status = _library.kvg_quant_pack(
+            FORMATS[format], blocks.ctypes.data, blocks.shape[1], rows.ctypes.data, n, k,
+            data.data_ptr(),
+        )  # fmt: skip
+        if status:
+            raise ValueError(f"cannot pack {format} rows of {k} weights")
+        return cls(format, n, k, data)
+
+    def unpacked(self) -> torch.Tensor:
+        """The float32 W [N, K] the kernel multiplies by (a GGUF block's weights dequantized
+        as the kernel does it)."""
+        if self.format == "f32":
+            panels = self.data.view(self.panels, self.k, PANEL).transpose(1, 2)
+            return panels.reshape(-1, self.k)[: self.n].contiguous()
+        out = torch.empty(self.n, self.k, dtype=torch.float32)
+        _library.kvg_quant_unpack(
+            FORMATS[self.format], self.data.data_ptr(), self.n, self.k, out.data_ptr()
+        )
+        return out
+
+
+def _require_library() -> None:
+    if _library is None:
+        raise RuntimeError("the native linear kernel is not built")
 
 
 def linear(
@@ -132,8 +187,8 @@ def linear(
 def _run(rows: torch.Tensor, weight: PackedWeight, out: torch.Tensor, threads: int, build: int):
     m, k = rows.shape
     status = _library.kvg_linear_parallel(
-        build, rows.data_ptr(), m, k, k, weight.data.data_ptr(), weight.n, out.data_ptr(),
-        weight.n, threads,
+        build, FORMATS[weight.format], rows.data_ptr(), m, k, k, weight.data.data_ptr(), weight.n,
+        out.data_ptr(), weight.n, threads,
     )  # fmt: skip
     if status:
         raise RuntimeError(f"this CPU cannot run the {build} build of the linear kernel")

@@ -109,6 +109,7 @@ class ModelAdapter:
     def load(cls, source: str | None, cache_dir: Path, device: str = "cpu") -> ModelAdapter:
         """Load `source`: None (default model), 'tiny:SEED', a GGUF file or an HF directory."""
         started = time.monotonic()
+        gguf_path = None
         if source and source.startswith(TINY_PREFIX):
             adapter = cls._tiny(int(source[len(TINY_PREFIX) :] or 0))
         else:
@@ -118,10 +119,11 @@ class ModelAdapter:
                     f"model {path} does not exist; pass a GGUF file or an HF directory"
                 )
             adapter = cls._load_path(path, cache_dir)
+            gguf_path = None if path.is_dir() else path
         if device != "cpu":
             adapter.model.to(device)
         elif native_forward.supports(adapter.model):
-            adapter.native = native_forward.NativeForward(adapter.model)
+            adapter.native = native_forward.NativeForward(adapter.model, gguf_path)
         adapter.device = torch.device(device)
         log.info("model %s loaded in %.1f s", adapter.name, time.monotonic() - started)
         return adapter

@@ -17,17 +17,21 @@ for any number of rows by the real-model tests (tests/engine/test_native_forward
 attending its own KV, in one pass (the engine's batch).
 
 Weights are packed once when the model loads, next to the model's own (which
-the CUDA path and the fingerprint still read).
+the CUDA path and the fingerprint still read): from the GGUF file's quantized
+blocks where the model came from one and they are proven bit-equal to its
+weights (kvgraftd.engine.gguf_weights), else as float32.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from kvgraftd.engine import decode_attention, linear
+from kvgraftd.engine.gguf_weights import GgufWeights
 from kvgraftd.engine.linear import PackedWeight
 
 SUPPORTED_TYPES = frozenset({"llama"})
@@ -51,28 +55,50 @@ def supports(model) -> bool:
 
 
 class _Layer:
-    def __init__(self, layer) -> None:
+    def __init__(self, index: int, layer, weights: _Weights) -> None:
         attention, mlp = layer.self_attn, layer.mlp
         self.input_norm = layer.input_layernorm
         self.post_norm = layer.post_attention_layernorm
-        self.qkv = PackedWeight.of(
-            torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
-        )
+        prefix = f"model.layers.{index}."
+        self.qkv = weights.pack(
+            prefix, [attention.q_proj, attention.k_proj, attention.v_proj],
+            ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+        )  # fmt: skip
         self.splits = [
             attention.q_proj.out_features,
             attention.k_proj.out_features,
             attention.v_proj.out_features,
         ]
-        self.out = PackedWeight.of(attention.o_proj.weight)
-        self.gate_up = PackedWeight.of(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        self.out = weights.pack(prefix, [attention.o_proj], ["self_attn.o_proj"])
+        self.gate_up = weights.pack(
+            prefix, [mlp.gate_proj, mlp.up_proj], ["mlp.gate_proj", "mlp.up_proj"]
+        )
         self.intermediate = mlp.gate_proj.out_features
-        self.down = PackedWeight.of(mlp.down_proj.weight)
+        self.down = weights.pack(prefix, [mlp.down_proj], ["mlp.down_proj"])
         self.act = mlp.act_fn
         self.scaling = attention.scaling
 
 
+class _Weights:
+    """Packs a product's weights: from the GGUF file's blocks where they are proven equal to
+    the model's (kvgraftd.engine.gguf_weights), else the model's float32 weights."""
+
+    def __init__(self, gguf: GgufWeights | None) -> None:
+        self.gguf = gguf
+        self.formats: dict[str, int] = {}
+
+    def pack(self, prefix: str, modules: list, names: list[str]) -> PackedWeight:
+        packed = (
+            self.gguf.packed([f"{prefix}{name}.weight" for name in names]) if self.gguf else None
+        )
+        if packed is None:
+            packed = PackedWeight.of(torch.cat([module.weight for module in modules]))
+        self.formats[packed.format] = self.formats.get(packed.format, 0) + 1
+        return packed
+
+
 class NativeForward:
-    def __init__(self, model) -> None:
+    def __init__(self, model, gguf_path: Path | None = None) -> None:
         config = model.config
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads or self.heads
@@ -81,8 +107,11 @@ class NativeForward:
         self.embed = decoder.embed_tokens
         self.rotary = decoder.rotary_emb
         self.norm = decoder.norm
-        self.layers = [_Layer(layer) for layer in decoder.layers]
-        self.logits = PackedWeight.of(model.lm_head.weight)
+        weights = _Weights(GgufWeights.open(gguf_path, model) if gguf_path else None)
+        self.layers = [_Layer(index, layer, weights) for index, layer in enumerate(decoder.layers)]
+        self.logits = weights.pack("", [model.lm_head], ["lm_head"])
+        # products by weight format, e.g. {"q4_1": 120, "q8_0": 1}: what the kernels stream
+        self.weight_formats = dict(sorted(weights.formats.items()))
 
     def forward(
         self, token_ids: list[int], start: int, context: Any, every_row: bool = False

@@ -14,11 +14,13 @@
  * kvg_linear_pack(W, N, K, packed): W into panels of 16 columns; panel p holds
  *   W[16p + j][k] at packed[(p*K + k)*16 + j], zero past column N. packed holds
  *   ceil(N/16)*K*16 floats.
- * kvg_linear(build, x, M, K, ldx, packed, N, p_begin, p_end, y, ldy): y's columns
- *   of panels [p_begin, p_end) for all M rows; build 0 is the best this CPU runs,
- *   1 the portable one, 2 AVX2, 3 AVX-512. Returns 0, or -1 for a build this CPU
- *   lacks.
- * kvg_linear_parallel(build, x, M, K, ldx, packed, N, y, ldy, threads): all of y, the
+ * kvg_linear(build, format, x, M, K, ldx, packed, N, p_begin, p_end, y, ldy): y's
+ *   columns of panels [p_begin, p_end) for all M rows; build 0 is the best this CPU
+ *   runs, 1 the portable one, 2 AVX2, 3 AVX-512; format KVG_F32 (the panels above) or
+ *   GGUF blocks (linear_formats.h, packed by linear_quant.c: W is then the weights
+ *   they dequantize to, and the contract is unchanged). Returns 0, or -1 for a build
+ *   this CPU lacks.
+ * kvg_linear_parallel(build, format, x, M, K, ldx, packed, N, y, ldy, threads): all of y, the
  *   panels split in `threads` contiguous runs: the caller computes the first, the
  *   library's own workers the others (started on first use; they spin briefly for
  *   the next product, then sleep). Returns as kvg_linear. One product at a time
@@ -40,12 +42,16 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
+#include "linear_formats.h"
+
 #define PANEL 16
 
-void kvg_linear_avx512(const float *, int64_t, int64_t, int64_t, const float *, int64_t,
+void kvg_linear_avx512(int, const float *, int64_t, int64_t, int64_t, const void *, int64_t,
                        int64_t, int64_t, float *, int64_t);
-void kvg_linear_avx2(const float *, int64_t, int64_t, int64_t, const float *, int64_t,
+void kvg_linear_avx2(int, const float *, int64_t, int64_t, int64_t, const void *, int64_t,
                      int64_t, int64_t, float *, int64_t);
+void kvg_linear_quant_generic(int, const float *, int64_t, int64_t, int64_t, const uint8_t *,
+                              int64_t, int64_t, int64_t, float *, int64_t);
 
 enum { BEST = 0, GENERIC = 1, AVX2 = 2, AVX512 = 3 };
 
@@ -98,8 +104,8 @@ static void linear_generic(const float *x, int64_t M, int64_t K, int64_t ldx,
             }
 }
 
-int kvg_linear(int build, const float *x, int64_t M, int64_t K, int64_t ldx,
-               const float *packed, int64_t N, int64_t p_begin, int64_t p_end, float *y,
+int kvg_linear(int build, int format, const float *x, int64_t M, int64_t K, int64_t ldx,
+               const void *packed, int64_t N, int64_t p_begin, int64_t p_end, float *y,
                int64_t ldy) {
     if (build == BEST) build = best_build();
     if (!(kvg_linear_builds() & (1 << build))) return -1;
@@ -110,15 +116,18 @@ int kvg_linear(int build, const float *x, int64_t M, int64_t K, int64_t ldx,
     }
 #if defined(__x86_64__)
     if (build == AVX512) {
-        kvg_linear_avx512(x, M, K, ldx, packed, N, p_begin, p_end, y, ldy);
+        kvg_linear_avx512(format, x, M, K, ldx, packed, N, p_begin, p_end, y, ldy);
         return 0;
     }
     if (build == AVX2) {
-        kvg_linear_avx2(x, M, K, ldx, packed, N, p_begin, p_end, y, ldy);
+        kvg_linear_avx2(format, x, M, K, ldx, packed, N, p_begin, p_end, y, ldy);
         return 0;
     }
 #endif
-    linear_generic(x, M, K, ldx, packed, N, p_begin, p_end, y, ldy);
+    if (format == KVG_F32)
+        linear_generic(x, M, K, ldx, packed, N, p_begin, p_end, y, ldy);
+    else
+        kvg_linear_quant_generic(format, x, M, K, ldx, packed, N, p_begin, p_end, y, ldy);
     return 0;
 }
 
@@ -138,8 +147,9 @@ void kvg_linear_reference(const float *x, int64_t M, int64_t K, const float *W, 
 #define SPIN_ROUNDS 50000 /* pauses (~1-5 ms) a worker waits for the next product, then sleeps */
 
 struct product {
-    int build;
-    const float *x, *packed;
+    int build, format;
+    const float *x;
+    const void *packed;
     float *y;
     int64_t M, K, ldx, N, ldy, panels;
     int parts;
@@ -157,7 +167,8 @@ static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
 static void run_part(const struct product *p, int part) {
     const int64_t begin = p->panels * part / p->parts, end = p->panels * (part + 1) / p->parts;
     if (begin < end &&
-        kvg_linear(p->build, p->x, p->M, p->K, p->ldx, p->packed, p->N, begin, end, p->y, p->ldy))
+        kvg_linear(p->build, p->format, p->x, p->M, p->K, p->ldx, p->packed, p->N, begin, end,
+                   p->y, p->ldy))
         atomic_store(&status, 1);
 }
 
@@ -204,15 +215,16 @@ static int start_workers(int wanted) {
     return workers;
 }
 
-int kvg_linear_parallel(int build, const float *x, int64_t M, int64_t K, int64_t ldx,
-                        const float *packed, int64_t N, float *y, int64_t ldy, int threads) {
+int kvg_linear_parallel(int build, int format, const float *x, int64_t M, int64_t K,
+                        int64_t ldx, const void *packed, int64_t N, float *y, int64_t ldy,
+                        int threads) {
     const int64_t panels = (N + PANEL - 1) / PANEL;
     if (threads > panels) threads = (int)panels;
     if (threads > MAX_WORKERS + 1) threads = MAX_WORKERS + 1;
     if (threads <= 1 || pthread_mutex_trylock(&pool_lock) != 0)
-        return kvg_linear(build, x, M, K, ldx, packed, N, 0, panels, y, ldy);
+        return kvg_linear(build, format, x, M, K, ldx, packed, N, 0, panels, y, ldy);
     if (start_workers(threads - 1) + 1 < threads) threads = workers + 1; /* as many as started */
-    job = (struct product){build, x, packed, y, M, K, ldx, N, ldy, panels, threads};
+    job = (struct product){build, format, x, packed, y, M, K, ldx, N, ldy, panels, threads};
     atomic_store(&status, 0);
     /* every worker wakes for every product; those past the parts only acknowledge */
     atomic_store(&unfinished, workers);

@@ -5,6 +5,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "linear_formats.h"
+
 #define LANES 8
 typedef __m256 vec;
 #define VZERO() _mm256_setzero_ps()
@@ -18,6 +20,12 @@ typedef __m256 vec;
 #define VLOAD_FIRST(p, n) \
     _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), \
                        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)))
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#define VCVT(i) _mm256_cvtepi32_ps(i)
+#define VBYTES(p) _mm_loadl_epi64((const __m128i *)(p))     /* a register's 8 bytes */
+#define VWIDEN_U8(b) _mm256_cvtepu8_epi32(b)
+#define VWIDEN_I8(b) _mm256_cvtepi8_epi32(b)
 #define KVG_BUILD avx2
 #include "linear_kernel.h"
 #endif

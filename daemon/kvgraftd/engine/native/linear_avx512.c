@@ -4,6 +4,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "linear_formats.h"
+
 #define LANES 16
 typedef __m512 vec;
 #define VZERO() _mm512_setzero_ps()
@@ -13,6 +15,12 @@ typedef __m512 vec;
 #define VSTORE(p, v) _mm512_storeu_ps(p, v)
 #define VSTORE_FIRST(p, v, n) _mm512_mask_storeu_ps(p, (__mmask16)((1u << (n)) - 1u), v)
 #define VLOAD_FIRST(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1u), p)
+#define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VCVT(i) _mm512_cvtepi32_ps(i)
+#define VBYTES(p) _mm_loadu_si128((const __m128i *)(p))     /* a register's 16 bytes */
+#define VWIDEN_U8(b) _mm512_cvtepu8_epi32(b)
+#define VWIDEN_I8(b) _mm512_cvtepi8_epi32(b)
 #define KVG_BUILD avx512
 #include "linear_kernel.h"
 #endif
