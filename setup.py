@@ -1,5 +1,5 @@
-"""The native parts of kvgraftd: attention and the row-invariant linear product
-(daemon/kvgraftd/engine/native), and SHA-256 of 16 pages at once (daemon/kvgraftd/store/native).
+"""The native parts of kvgraftd: attention, the row-invariant linear product and the
+forward's row-wise operations (daemon/kvgraftd/engine/native), and SHA-256 of 16 pages at once (daemon/kvgraftd/store/native).
 
 Everything else about the package is in pyproject.toml. Each extension is a
 plain shared library that kvgraftd loads with ctypes (kvgraftd.engine.decode_attention,
@@ -31,6 +31,7 @@ setup(
                 f"{ENGINE_NATIVE}/linear_avx2.c",
                 f"{ENGINE_NATIVE}/linear_avx512.c",
                 f"{ENGINE_NATIVE}/linear_quant.c",
+                f"{ENGINE_NATIVE}/rowwise.c",
             ],
             depends=[f"{ENGINE_NATIVE}/linear_kernel.h", f"{ENGINE_NATIVE}/linear_formats.h"],
             include_dirs=[ENGINE_NATIVE],

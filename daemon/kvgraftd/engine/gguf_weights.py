@@ -56,7 +56,7 @@ class GgufWeights:
             from gguf import GGUFReader
 
             reader = GGUFReader(str(path))
-        except Exception as error:  # noqa: BLE001 - any unreadable file: float32 weights
+        except Exception as error:
             log.info("the native forward keeps float32 weights (%s: %s)", path.name, error)
             return None
         return cls({tensor.name: tensor for tensor in reader.tensors}, model)
@@ -73,7 +73,7 @@ class GgufWeights:
         if len(formats) != 1 or None in formats or len(widths) != 1:
             return None
         blocks, order, offset = [], [], 0
-        for (tensor, rows), name in zip(sources, names, strict=True):
+        for tensor, rows in sources:
             blocks.append(np.asarray(tensor.data))
             order.append(rows + offset)
             offset += tensor.data.shape[0]

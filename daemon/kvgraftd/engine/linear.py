@@ -14,8 +14,10 @@ of rows, which is why the engine kept one fixed schedule before.
 kernel streams it). `PackedWeight.of_gguf` keeps a GGUF file's quantized blocks
 (Q4_1, Q8_0) instead, repacked per panel: the kernel dequantizes each weight in
 a register with exactly the float arithmetic of the dequantized model, so the
-product has the bits it would have over those float32 weights, from 5-6 bits a
-weight instead of 32 (a decode step reads ~6x fewer bytes). `linear` splits the panels, never k, between `threads`
+product has the bits it would have over those float32 weights, from 6 (Q4_1)
+or 9 (Q8_0) bits a weight instead of 32.
+
+`linear` splits the panels, never k, between `threads`
 (one per core by default): the calling thread (in a ctypes call, without the
 GIL) and the library's own workers, which wait for the next product spinning
 briefly, so a product of one row costs microseconds to hand out, not a
@@ -32,6 +34,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -93,6 +96,11 @@ def available() -> bool:
     return _library is not None
 
 
+def native_library() -> ctypes.CDLL | None:
+    """The loaded library (kvgraftd.engine.rowwise takes its other functions from it)."""
+    return _library
+
+
 def builds() -> list[str]:
     """The builds this CPU runs, by name."""
     if _library is None:
@@ -118,9 +126,18 @@ class PackedWeight:
     k: int
     data: torch.Tensor  # f32: ceil(N/16) * K * 16 floats; else uint8 (linear_formats.h)
 
-    @property
+    @cached_property
     def panels(self) -> int:
         return -(-self.n // PANEL)
+
+    @cached_property
+    def code(self) -> int:
+        """The format as the kernel names it."""
+        return FORMATS[self.format]
+
+    @cached_property
+    def address(self) -> int:
+        return self.data.data_ptr()
 
     @classmethod
     def of(cls, weight: torch.Tensor) -> PackedWeight:
@@ -177,21 +194,20 @@ def linear(
     """x [..., K] times W^T: [..., N], each element one ascending FMA chain (see above)."""
     if x.shape[-1] != weight.k:
         raise ValueError(f"x has {x.shape[-1]} columns; the weight takes {weight.k}")
-    rows = x.reshape(math.prod(x.shape[:-1]), weight.k).to(torch.float32).contiguous()
-    out = torch.empty(rows.shape[0], weight.n, dtype=torch.float32)
-    if rows.shape[0]:
-        _run(rows, weight, out, max(1, min(threads, weight.panels)), BUILDS[build])
-    return out.reshape(*x.shape[:-1], weight.n)
-
-
-def _run(rows: torch.Tensor, weight: PackedWeight, out: torch.Tensor, threads: int, build: int):
-    m, k = rows.shape
-    status = _library.kvg_linear_parallel(
-        build, FORMATS[weight.format], rows.data_ptr(), m, k, k, weight.data.data_ptr(), weight.n,
-        out.data_ptr(), weight.n, threads,
-    )  # fmt: skip
-    if status:
-        raise RuntimeError(f"this CPU cannot run the {build} build of the linear kernel")
+    if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():
+        rows = x  # the forward's own activations: no copy (a decode step's 121 calls add up)
+    else:
+        rows = x.reshape(math.prod(x.shape[:-1]), weight.k).to(torch.float32).contiguous()
+    m = rows.shape[0]
+    out = torch.empty(m, weight.n, dtype=torch.float32)
+    if m:
+        status = _library.kvg_linear_parallel(
+            BUILDS[build], weight.code, rows.data_ptr(), m, weight.k, weight.k, weight.address,
+            weight.n, out.data_ptr(), weight.n, min(threads, weight.panels),
+        )  # fmt: skip
+        if status:
+            raise RuntimeError(f"this CPU cannot run the {build} build of the linear kernel")
+    return out if x.dim() == 2 else out.reshape(*x.shape[:-1], weight.n)
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -1,17 +1,20 @@
 """The CPU forward pass with row-invariant matrix products (kvgraftd.engine.linear).
 
-A Llama-family decoder (attention q/k/v/o projections, a gated MLP, RMS norms,
-rotary positions, no biases) computed layer by layer: the model's own
-embedding, norms, rotary embedding and activation (elementwise, or one
-reduction per row), kvgraftd.engine.linear for every product (q, k and v as one
-product, the gate and up projections as one, the logits), and the context
-(kvgraftd.engine.kv_context) for attention and the KV it keeps.
+A Llama-family decoder (attention q/k/v/o projections, a SiLU-gated MLP, RMS
+norms, rotary positions with a fixed inv_freq, no biases) computed layer by
+layer: the model's embedding (a lookup), kvgraftd.engine.linear for every
+product (q, k and v as one product, the gate and up projections as one, the
+logits), kvgraftd.engine.rowwise for the residual adds, norms, rotary positions
+and activation, and the context (kvgraftd.engine.kv_context) for attention and
+the KV it keeps.
 
 Contract: a row's bits depend on its token, its position and the KV it attends,
-never on how many rows share the pass. It runs torch's own ops on one thread
-(set at every pass): see `forward_many`. Each product sums every output in one
-fixed order; the elementwise and per-row operations are checked to be the same
-for any number of rows by the real-model tests (tests/engine/test_native_forward.py).
+never on how many rows share the pass. Each product sums every output in one
+fixed order and each row-wise operation is one fixed sequence per row (their
+own contracts); the real-model tests check it end to end
+(tests/engine/test_native_forward.py). The arithmetic is the model's up to the
+order of sums and its own exp, cos and sin: logits agree with transformers' to
+about 1e-4, argmax equal.
 `forward` returns the float32 logits of the last row, or of every row;
 `forward_many` runs the rows of several contexts, each at its own positions and
 attending its own KV, in one pass (the engine's batch).
@@ -28,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from kvgraftd.engine import decode_attention, linear
+from kvgraftd.engine import decode_attention, linear, rowwise
 from kvgraftd.engine.gguf_weights import GgufWeights
 from kvgraftd.engine.linear import PackedWeight
 
 SUPPORTED_TYPES = frozenset({"llama"})
+STATIC_ROPE = frozenset({"default", "linear", "llama3"})  # inv_freq fixed at load
 
 
 def supports(model) -> bool:
@@ -46,19 +49,29 @@ def supports(model) -> bool:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return (
-        linear.available()
+        rowwise.available()
         and decode_attention.takes_geometry(heads, kv_heads, head_dim)
         and config.model_type in SUPPORTED_TYPES
         and not getattr(config, "attention_bias", False)
         and not getattr(config, "mlp_bias", False)
+        and getattr(config, "hidden_act", None) == "silu"
+        and getattr(model.model.rotary_emb, "rope_type", None) in STATIC_ROPE
+        and len(_norm_epsilons(model.model)) == 1
     )
+
+
+def _norm_epsilons(decoder) -> set[float]:
+    norms = [decoder.norm]
+    for layer in decoder.layers:
+        norms += [layer.input_layernorm, layer.post_attention_layernorm]
+    return {getattr(norm, "variance_epsilon", None) for norm in norms}
 
 
 class _Layer:
     def __init__(self, index: int, layer, weights: _Weights) -> None:
         attention, mlp = layer.self_attn, layer.mlp
-        self.input_norm = layer.input_layernorm
-        self.post_norm = layer.post_attention_layernorm
+        self.input_norm = layer.input_layernorm.weight.detach()
+        self.post_norm = layer.post_attention_layernorm.weight.detach()
         prefix = f"model.layers.{index}."
         self.qkv = weights.pack(
             prefix, [attention.q_proj, attention.k_proj, attention.v_proj],
@@ -75,7 +88,6 @@ class _Layer:
         )
         self.intermediate = mlp.gate_proj.out_features
         self.down = weights.pack(prefix, [mlp.down_proj], ["mlp.down_proj"])
-        self.act = mlp.act_fn
         self.scaling = attention.scaling
 
 
@@ -105,8 +117,10 @@ class NativeForward:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         decoder = model.model
         self.embed = decoder.embed_tokens
-        self.rotary = decoder.rotary_emb
-        self.norm = decoder.norm
+        self.inv_freq = decoder.rotary_emb.inv_freq.detach().to(torch.float32)
+        self.rope_scaling = float(decoder.rotary_emb.attention_scaling)
+        self.norm = decoder.norm.weight.detach()
+        self.eps = float(decoder.norm.variance_epsilon)
         weights = _Weights(GgufWeights.open(gguf_path, model) if gguf_path else None)
         self.layers = [_Layer(index, layer, weights) for index, layer in enumerate(decoder.layers)]
         self.logits = weights.pack("", [model.lm_head], ["lm_head"])
@@ -127,47 +141,41 @@ class NativeForward:
         position); every product takes all the rows at once, each context attends its own.
         Returns each part's logits (its last row's, or every row's)."""
         if torch.get_num_threads() != 1:
-            # torch's elementwise ops must run on one thread: with more, a pass is cut into
-            # chunks whose ends fall mid-row, and the elements at a chunk's end take a scalar
-            # path with other last bits. (The products have their own threads.)
+            # what torch still computes (the embedding, attention's scaling, copies) stays on
+            # one thread: the products and row-wise operations have their own
             torch.set_num_threads(1)
         sizes = [len(ids) for _, ids, _ in parts]
         ids = [token for _, part_ids, _ in parts for token in part_ids]
         positions = [p for _, part_ids, start in parts for p in range(start, start + len(part_ids))]
-        hidden = self.embed(torch.tensor(ids, dtype=torch.long))  # [rows, hidden]
-        cos, sin = self.rotary(hidden.unsqueeze(0), torch.tensor([positions]))
+        hidden = self.embed(torch.tensor(ids, dtype=torch.long)).contiguous()  # [rows, hidden]
+        table = rowwise.RopeTable.of(positions, self.inv_freq, self.rope_scaling)
         contexts = [context for context, _, _ in parts]
+        normed = rowwise.add_rmsnorm(hidden, None, self.layers[0].input_norm, self.eps)
         for index, layer in enumerate(self.layers):
-            hidden = hidden + self._attention(index, layer, hidden, cos, sin, contexts, sizes)
-            hidden = hidden + self._mlp(layer, hidden)
+            attended = self._attention(index, layer, normed, table, contexts, sizes)
+            normed = rowwise.add_rmsnorm(hidden, attended, layer.post_norm, self.eps)
+            act = rowwise.silu_mul(linear.linear(normed, layer.gate_up), layer.intermediate)
+            after = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.norm
+            normed = rowwise.add_rmsnorm(hidden, linear.linear(act, layer.down), after, self.eps)
         ends = torch.tensor(sizes).cumsum(0)
-        rows = hidden if every_row else hidden[ends - 1]
-        logits = linear.linear(self.norm(rows), self.logits)
+        rows = normed if every_row else normed[ends - 1]
+        logits = linear.linear(rows, self.logits)
         return list(logits.split(sizes)) if every_row else list(logits)
 
-    def _attention(self, index: int, layer: _Layer, hidden, cos, sin, contexts, sizes):
-        n, dim = hidden.shape[0], self.head_dim
-        q, k, v = linear.linear(layer.input_norm(hidden), layer.qkv).split(layer.splits, dim=-1)
-        q = q.view(n, self.heads, dim).transpose(0, 1).unsqueeze(0)  # [1, heads, rows, D]
-        k = k.view(n, self.kv_heads, dim).transpose(0, 1).unsqueeze(0)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    def _attention(self, index: int, layer: _Layer, normed, table, contexts, sizes):
+        n, dim = normed.shape[0], self.head_dim
+        qkv = linear.linear(normed, layer.qkv)  # [rows, (heads + 2 kv_heads) D]
+        rowwise.rope_(qkv, table, self.heads + self.kv_heads, dim)  # q's heads, then k's
+        q, k, v = qkv.split(layer.splits, dim=-1)
+        q = q.view(n, self.heads, dim).transpose(0, 1)  # [heads, rows, D]
+        k = k.view(n, self.kv_heads, dim).transpose(0, 1)
         v = v.view(n, self.kv_heads, dim).transpose(0, 1)
         out = torch.cat(
             [
                 context.attend(index, q_part, k_part, v_part, layer.scaling)  # [rows, heads, D]
                 for context, q_part, k_part, v_part in zip(
-                    contexts,
-                    q[0].split(sizes, 1),
-                    k[0].split(sizes, 1),
-                    v.split(sizes, 1),
-                    strict=True,
+                    contexts, q.split(sizes, 1), k.split(sizes, 1), v.split(sizes, 1), strict=True
                 )
             ]
         )
         return linear.linear(out.reshape(n, self.heads * dim), layer.out)
-
-    def _mlp(self, layer: _Layer, hidden: torch.Tensor) -> torch.Tensor:
-        gate, up = linear.linear(layer.post_norm(hidden), layer.gate_up).split(
-            layer.intermediate, dim=-1
-        )
-        return linear.linear(layer.act(gate) * up, layer.down)

@@ -51,7 +51,7 @@ def cpu_name() -> str:
 
 
 _CPU = torch.device("cpu")
-ROW_INVARIANT_PRODUCTS = "row-invariant-fma"  # kvgraftd.engine.linear
+ROW_INVARIANT_PRODUCTS = "row-invariant-fma rowwise=1"  # kvgraftd.engine.linear, .rowwise
 
 
 def compute_profile(
