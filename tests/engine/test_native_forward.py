@@ -203,3 +203,24 @@ def test_a_gguf_tensor_unequal_to_the_models_weight_is_not_used(real_model) -> N
         assert weights.packed([name]) is None
     finally:
         parameter.data[5, 7] = saved
+
+
+def test_verify_recomputes_an_artifact_in_one_pass(engine, prompt, monkeypatch) -> None:
+    """A deposit of a prompt and generated tokens (a segment each) is verified in one forward
+    pass, logits taken at the segments' ends only: every hash still equal."""
+    from kvgraftd.engine.decoding import DecodeOptions
+
+    options = DecodeOptions(max_new_tokens=6, deposit=True, no_cache=True)
+    result = list(engine.generate(prompt[:150], options))[-1]
+    native = engine.adapter.native
+    passes = []
+    original = native.forward_many
+
+    def counted(parts, *args, **kwargs):
+        passes.append(sum(len(ids) for _, ids, _ in parts))
+        return original(parts, *args, **kwargs)
+
+    monkeypatch.setattr(native, "forward_many", counted)
+    verified = engine.verify(result.artifact_id)
+    assert verified.ok, list(verified.mismatches)
+    assert passes == [150 + 6]  # the prompt and every generated token, one pass

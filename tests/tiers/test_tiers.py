@@ -73,7 +73,7 @@ def test_pool_smaller_than_a_layer_gives_the_same_bytes(tiny, store) -> None:
     _same(streamed, resident)
     pool = small.tiers.pool
     assert pool.counters.peak_bytes <= budget
-    assert pool.counters.evictions > 0 and pool.counters.misses > 0
+    # (on CPU, blocks of live positions are read in the live buffers, not through the pool)
     # A graft of the stored context streams whole blocks from the store through both pools.
     continuation = [rng.randrange(512) for _ in range(5)]
     grafted_small = _result(small.graft(streamed.artifact_id, continuation, options))
@@ -88,6 +88,7 @@ def test_pool_smaller_than_a_layer_gives_the_same_bytes(tiny, store) -> None:
     _same(grafted_small, grafted_large)
     _same(grafted_small, replayed)
     assert grafted_small.receipt.reused_tokens == len(prompt) + 6
+    assert pool.counters.evictions > 0 and pool.counters.misses > 0
     assert pool.counters.peak_bytes <= budget
 
 

@@ -273,12 +273,33 @@ class Engine:
             )
 
     def _replay(self, context: KvContext, manifest: pb.Manifest) -> list[torch.Tensor]:
-        """Recompute an artifact's segments from nothing; logits after each segment."""
-        start, out = 0, []
-        for end in manifest.segment_ends:
-            out.append(self._append(context, manifest.token_ids[start:end]))
-            start = end
+        """Recompute an artifact's segments from nothing; logits after each segment.
+
+        On the row-invariant forward the tokens run in passes of MAX_PASS_TOKENS whatever
+        the segments (a generated token is a segment of its own: a decode step each, before),
+        with logits taken at the segments' ends only; elsewhere, segment by segment on the
+        fixed schedule."""
+        if not self.adapter.row_invariant:
+            start, out = 0, []
+            for end in manifest.segment_ends:
+                out.append(self._append(context, manifest.token_ids[start:end]))
+                start = end
+            return out
+        tokens, ends, out = list(manifest.token_ids), list(manifest.segment_ends), []
+        for first in range(0, len(tokens), MAX_PASS_TOKENS):
+            chunk = tokens[first : first + MAX_PASS_TOKENS]
+            rows = [end - 1 - first for end in ends if first < end <= first + len(chunk)]
+            logits = compute_thread.run(self._forward_rows_here, context, chunk, rows)
+            out.extend(logits)
+        context.segment_ends.extend(ends)
         return out
+
+    def _forward_rows_here(self, context: KvContext, chunk: list[int], rows: list[int]):
+        assert torch.are_deterministic_algorithms_enabled()
+        context.begin_chunk(context.length, chunk)
+        logits = self.adapter.native.forward(chunk, context.length, context, rows=rows)
+        context.end_chunk(chunk)
+        return logits
 
     def _decode(
         self,

@@ -18,7 +18,8 @@ or on the device budget (docs/architecture.md, contract 5); device memory is the
 budget whatever the context length. While one block is attended, the next
 immutable one is brought into the pool on a background thread. On CPU, a
 scan of stored blocks that are one page each skips the pool: each is read
-where the store (or the host cache) keeps it, right after its check.
+where the store (or the host cache) keeps it, right after its check; and
+blocks of live positions only are read in the live buffers.
 
 Pages are the unit of storage: page p of layer l holds positions
 [p * page_tokens, (p + 1) * page_tokens) as K then V, each [kv_heads, t, D].
@@ -37,6 +38,7 @@ import torch
 
 from kvgraft.errors import DataLoss
 from kvgraftd.engine.decode_attention import (
+    Block,
     CorruptBlock,
     DecodeSoftmax,
     InlinePartials,
@@ -156,9 +158,12 @@ class KvContext:
         cache = self._stored_blocks < (self.tiers.pool.capacity or 1 << 62)
         in_place = 0 if cache else self._stored_blocks_read_in_place()
         if isinstance(softmax, DecodeSoftmax):
+            live_from = self._live_blocks_read_in_place_from(total)
+            slots_end = min(total, live_from * self.block_tokens)
             with self._ordered_partials(softmax.merge, total) as partials:
                 self._decode_in_place(layer, in_place, softmax, partials)
-                self._decode_slots(layer, in_place, total, cache, softmax, partials)
+                self._decode_slots(layer, in_place, slots_end, cache, softmax, partials)
+                self._decode_live(layer, live_from, total, softmax, partials)
         else:
             for index in range(in_place):
                 self._attend_in_place(layer, index, softmax)
@@ -224,6 +229,35 @@ class KvContext:
         finally:  # an error: the slots of a batch not handed over are let go here
             for slot, _, _ in batch:
                 self.tiers.pool.release(slot)
+
+    def _live_blocks_read_in_place_from(self, total: int) -> int:
+        """The first block from which attention reads the live buffers where they are.
+
+        On CPU, a block of live positions only would be copied into a pool slot that
+        holds the same bytes (one token more each decode step): reading them in place
+        gives the same partials (contract 5) without the copy and the slot's
+        bookkeeping. Elsewhere the pool holds what the device attends: no block."""
+        if self.tiers.pool.device.type != "cpu":
+            return -(-total // self.block_tokens)
+        return -(-self.stored_tokens // self.block_tokens)
+
+    def _decode_live(
+        self, layer: int, first: int, total: int, softmax: DecodeSoftmax, partials: OrderedPartials
+    ) -> None:
+        """Blocks from `first` to `total`, all live positions, read in the live buffers."""
+        keys, values = self._keys[layer], self._values[layer]
+        assert keys.is_contiguous() and values.is_contiguous(), "live buffers are contiguous"
+        row = keys.stride(1) * keys.element_size()  # bytes a position
+        begins = range(first * self.block_tokens, total, self.block_tokens)
+        blocks = []
+        for begin in begins:
+            offset = (begin - self.stored_tokens) * row
+            tokens = min(self.block_tokens, total - begin)
+            address = keys.data_ptr() + offset, values.data_ptr() + offset
+            blocks.append(Block(*address, keys.stride(0), tokens, None, begin))
+        size = self.tiers.attention_batch(len(blocks))
+        for batch in range(0, len(blocks), size):
+            partials.submit(softmax.partials, blocks[batch : batch + size])
 
     def _slots_partial(
         self, softmax: DecodeSoftmax, batch: list[tuple[Slot, int, int]]

@@ -27,6 +27,7 @@ weights (kvgraftd.engine.gguf_weights), else as float32.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,18 +129,31 @@ class NativeForward:
         self.weight_formats = dict(sorted(weights.formats.items()))
 
     def forward(
-        self, token_ids: list[int], start: int, context: Any, every_row: bool = False
+        self,
+        token_ids: list[int],
+        start: int,
+        context: Any,
+        every_row: bool = False,
+        rows: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """Logits (float32) of the last of `token_ids` at positions start..., or of every row."""
+        """Logits (float32) of the last of `token_ids` at positions start..., of every row, or
+        of the given `rows` (indices into token_ids: [len(rows), vocab])."""
+        if rows is not None:
+            return self.forward_many([(context, token_ids, start)], select=rows)[0]
         return self.forward_many([(context, token_ids, start)], every_row)[0]
 
     @torch.inference_mode()
     def forward_many(
-        self, parts: list[tuple[Any, list[int], int]], every_row: bool = False
+        self,
+        parts: list[tuple[Any, list[int], int]],
+        every_row: bool = False,
+        select: Sequence[int] | None = None,
     ) -> list[torch.Tensor]:
         """One pass over the rows of several contexts: each part is (context, token ids, first
         position); every product takes all the rows at once, each context attends its own.
-        Returns each part's logits (its last row's, or every row's)."""
+        Returns each part's logits (its last row's, or every row's); with `select`, one
+        tensor of the logits of those rows of the pass only (the logits are the pass's
+        costliest product: a replay takes just the rows it hashes)."""
         if torch.get_num_threads() != 1:
             # what torch still computes (the embedding, attention's scaling, copies) stays on
             # one thread: the products and row-wise operations have their own
@@ -157,6 +171,8 @@ class NativeForward:
             act = rowwise.silu_mul(linear.linear(normed, layer.gate_up), layer.intermediate)
             after = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.norm
             normed = rowwise.add_rmsnorm(hidden, linear.linear(act, layer.down), after, self.eps)
+        if select is not None:
+            return [linear.linear(normed[torch.tensor(select, dtype=torch.long)], self.logits)]
         ends = torch.tensor(sizes).cumsum(0)
         rows = normed if every_row else normed[ends - 1]
         logits = linear.linear(rows, self.logits)
