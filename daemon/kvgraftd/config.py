@@ -73,6 +73,17 @@ class DaemonConfig:
     page_tokens: int = _opt(64, "tokens per KV page")
     block_tokens: int = _opt(4096, "keys per attention block (a multiple of page_tokens)")
     max_context_tokens: int = _opt(32768, "longest context one request may build")
+    # Continuous batching (kvgraftd.engine.batcher; the row-invariant forward only).
+    max_batch_tokens: int = _opt(
+        512, "tokens one forward pass holds: every decoding context's row, then prompt chunks"
+    )
+    max_batch_rows: int = _opt(
+        64, "contexts one forward pass holds; 1 turns batching off (a context per pass)"
+    )
+    max_running_contexts: int = _opt(64, "requests computing at once; more wait in a queue")
+    max_queued_requests: int = _opt(
+        256, "requests waiting beyond max_running_contexts; more are refused (RESOURCE_EXHAUSTED)"
+    )
     # Tiers (kvgraftd.tiers.device_pool, kvgraftd.tiers.host_cache).
     device: str = _opt("auto", "where attention runs: cpu, cuda or auto (cuda when present)")
     device_budget_bytes: int = _opt(
@@ -195,6 +206,10 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "page_tokens": (1, 1 << 16),
     "block_tokens": (1, 1 << 24),
     "max_context_tokens": (1, 1 << 30),
+    "max_batch_tokens": (1, 1 << 16),
+    "max_batch_rows": (1, 1 << 12),
+    "max_running_contexts": (1, 1 << 16),
+    "max_queued_requests": (0, 1 << 20),
     "device_budget_bytes": (0, None),
     "host_budget_bytes": (0, None),
     "max_concurrent_rpcs": (1, 1 << 16),

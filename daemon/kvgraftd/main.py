@@ -138,6 +138,10 @@ def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engi
         max_context_tokens=config.max_context_tokens,
         tiers=tiers,
         trust=trust,
+        max_batch_tokens=config.max_batch_tokens,
+        max_batch_rows=config.max_batch_rows,
+        max_running_contexts=config.max_running_contexts,
+        max_queued_requests=config.max_queued_requests,
     )
     log.info(
         "engine ready: %s on %s, fingerprint %s, page_tokens %d, device pool %d slots of %d bytes",
@@ -259,7 +263,11 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
     if config.metrics_listen:
         stats = lambda: stats_response(service, engine, settings.counter, remote)  # noqa: E731
         collector = KvgraftCollector(
-            settings.counter.snapshot, stats, settings.telemetry, settings.limiter
+            settings.counter.snapshot,
+            stats,
+            settings.telemetry,
+            settings.limiter,
+            engine.batch_figures,
         )
         metrics = MetricsServer.start(config, collector)
     server.start()

@@ -1,30 +1,34 @@
 """The graft engine: one canonical compute path, grafts at own positions, receipts.
 
-Every context is computed the same way (docs/architecture.md, contract 1): each append
-of tokens runs as forward passes split at absolute positions that are
-multiples of page_tokens; each generated token is its own forward pass. A
-fresh run and a grafted run therefore execute the same operations on the same
-bytes, and their logits agree to the bit:
+On the row-invariant forward (CPU, docs/architecture.md) a position's bits depend on
+the tokens up to it alone, so contexts are computed in whatever passes suit: every
+request's passes go to the batcher (kvgraftd.engine.batcher), whose steps hold the
+rows of many contexts at once. Elsewhere every context is computed the same way: each
+append of tokens runs as forward passes split at absolute positions that are
+multiples of page_tokens; each generated token is its own forward pass. Either way a
+fresh run and a grafted run give the same bits:
 
-* Generate grafts the longest run of stored whole pages whose chain matches
-  the prompt (never the partial tail page of an earlier context), leaving at
+* Generate grafts the longest stored prefix whose chain matches the prompt (whole
+  pages, and on the row-invariant forward a partial tail page too), leaving at
   least one prompt token to compute, then computes the rest.
 * Graft restores one whole artifact, tail page included, at its own positions
   and appends the continuation as a new segment; its fresh equivalent replays
   the artifact's segments, then the continuation.
-* Verify replays an artifact's segments from nothing and compares every page
-  hash and every receipt hash with what is stored.
+* Verify recomputes an artifact from nothing and compares every page hash and
+  every receipt hash with what is stored.
 
 A model fingerprint, compute profile or layout mismatch fails closed with
 FailedPrecondition; a corrupt page fails with DataLoss (from the store).
 Forward passes run one at a time on the compute thread (kvgraftd.engine.compute_thread);
-contexts are independent.
+requests in flight are bounded (max_running_contexts; beyond, they queue up to
+max_queued_requests, then are refused with RESOURCE_EXHAUSTED).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -33,6 +37,7 @@ from kvgraft.errors import FailedPrecondition, InvalidArgument
 from kvgraft.page_buffers import slot_copies
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine import compute_thread
+from kvgraftd.engine.batcher import Admission, Batcher
 from kvgraftd.engine.decoding import DecodeOptions, ResultEvent, TokenEvent
 from kvgraftd.engine.kv_context import KvContext
 from kvgraftd.engine.model_adapter import ModelAdapter
@@ -73,6 +78,10 @@ class Engine:
         max_context_tokens: int = 32768,
         tiers: Tiers | None = None,
         trust: TrustPolicy | None = None,
+        max_batch_tokens: int = MAX_PASS_TOKENS,
+        max_batch_rows: int = 64,
+        max_running_contexts: int = 64,
+        max_queued_requests: int = 256,
     ) -> None:
         pin_determinism()
         self.adapter = adapter
@@ -88,6 +97,13 @@ class Engine:
         self.page_tokens = page_tokens
         self.block_tokens = block_tokens
         self.max_context_tokens = max_context_tokens
+        # Requests in flight, and (on the row-invariant forward) their passes batched.
+        self.admission = Admission(max_running_contexts, max_queued_requests)
+        self.batcher = (
+            Batcher(self.forward_batch, max_batch_tokens, max_batch_rows)
+            if adapter.row_invariant
+            else None
+        )
         self.fingerprint = adapter.fingerprint
         self.profile = compute_profile(
             page_tokens, block_tokens, g, self.tiers.pool.device, adapter.row_invariant
@@ -138,23 +154,27 @@ class Engine:
             context.end_chunk(chunk)
         return logits
 
-    def _pass_tokens(self, context: KvContext) -> int:
-        """How many tokens the next pass may take: any number on the row-invariant forward
-        (up to MAX_PASS_TOKENS), else up to the next page boundary (the fixed schedule)."""
-        if self.adapter.row_invariant:
-            return MAX_PASS_TOKENS
-        return self.page_tokens - context.length % self.page_tokens
+    @contextmanager
+    def _serving(self) -> Iterator[KvContext]:
+        """A request's context: admitted (or queued, or refused), joined to the batcher."""
+        batch = self.batcher.joined() if self.batcher else nullcontext()
+        with self.admission.admitted(), self._context() as context, batch:
+            yield context
 
     def _append(self, context: KvContext, token_ids: Sequence[int]) -> torch.Tensor:
-        """Append one segment in passes (`_pass_tokens`); logits at its last token."""
+        """Append one segment; logits at its last token. On the row-invariant forward, in
+        the batcher's steps (with other contexts' passes); else in passes up to each page
+        boundary (the fixed schedule)."""
         ids = list(token_ids)
-        logits = None
-        while ids:
-            room = self._pass_tokens(context)
-            logits = self._forward(context, ids[:room])
-            ids = ids[room:]
+        assert ids, "a segment holds at least one token"
+        if self.batcher is not None:
+            logits = self.batcher.forward(context, ids)
+        else:
+            while ids:
+                room = self.page_tokens - context.length % self.page_tokens
+                logits = self._forward(context, ids[:room])
+                ids = ids[room:]
         context.segment_ends.append(context.length)
-        assert logits is not None, "a segment holds at least one token"
         return logits
 
     def _check_length(self, tokens: int) -> None:
@@ -216,7 +236,7 @@ class Engine:
             raise InvalidArgument("the prompt is empty: give text or at least one token id")
         self._check_tokens(prompt)
         self._check_length(len(prompt) + options.max_new_tokens)
-        with self._context() as context:
+        with self._serving() as context:
             reused, grafted = 0, []
             if not options.no_cache:
                 match = self._matched_pages(prompt[:-1], (len(prompt) - 1) // self.page_tokens)
@@ -258,9 +278,9 @@ class Engine:
                     vouched_by=provenance.vouched_by,
                 )
             ]
-        with self._context() as context:
+        with self._serving() as context:
             if options.no_cache:
-                self._replay(context, manifest)
+                self._recompute(context, manifest)
                 reused, computed = 0, len(manifest.token_ids)
             else:
                 context.attach(manifest.token_ids, manifest.page_sha256)
@@ -271,6 +291,14 @@ class Engine:
             yield from self._decode(
                 context, logits, options, reused, computed, grafted, full_id if reused else ""
             )
+
+    def _recompute(self, context: KvContext, manifest: pb.Manifest) -> None:
+        """An artifact's tokens computed afresh into `context` (their logits unused)."""
+        if self.batcher is None:
+            self._replay(context, manifest)
+            return
+        self.batcher.forward(context, list(manifest.token_ids))
+        context.segment_ends.extend(manifest.segment_ends)
 
     def _replay(self, context: KvContext, manifest: pb.Manifest) -> list[torch.Tensor]:
         """Recompute an artifact's segments from nothing; logits after each segment.

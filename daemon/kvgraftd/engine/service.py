@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from kvgraft.errors import FailedPrecondition, InvalidArgument, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.engine.batcher import BatchFigures
 from kvgraftd.engine.decoding import DecodeOptions, ResultEvent
 
 if TYPE_CHECKING:  # the engine imports torch; a store-only daemon never does
@@ -53,6 +54,14 @@ class EngineService:
 
     def wait_ready(self, timeout_s: float | None = None) -> bool:
         return self._ready.wait(timeout_s)
+
+    def batch_figures(self) -> BatchFigures | None:
+        """The batcher's counters and the requests running and queued (None: no batching)."""
+        engine = self._engine
+        if engine is None or engine.batcher is None:
+            return None
+        admission = engine.admission
+        return BatchFigures(engine.batcher.snapshot(), admission.running, admission.queued)
 
     def engine(self) -> Engine:
         if not self._enabled:

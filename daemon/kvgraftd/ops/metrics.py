@@ -10,6 +10,9 @@ keep it — no second set of books:
 | kvgraft_rpc_in_progress, kvgraft_rpc_limit | the CallLimiter |
 | kvgraft_{computations,grafts}_total{method} | receipts, via Telemetry |
 | kvgraft_{reused,computed}_tokens_total | receipts, via Telemetry |
+| kvgraft_batch_{steps,rows,tokens,passes,queue_seconds}_total | the engine's batcher |
+| kvgraft_batch_{waiting_passes,largest_step_rows} | the engine's batcher |
+| kvgraft_requests_{running,queued} | the engine's admission |
 | kvgraft_tier_{hits,misses,evictions}_total{tier} | Stats().tiers |
 | kvgraft_tier_{used,capacity,peak}_bytes{tier} | Stats().tiers |
 | kvgraft_store_* (artifacts, pages, bytes, map use, disk free, sequence) | Stats() |
@@ -33,6 +36,7 @@ from prometheus_client.registry import Collector
 
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.config import DaemonConfig
+from kvgraftd.engine.batcher import BatchFigures
 from kvgraftd.server.limits import CallLimiter
 from kvgraftd.server.telemetry import Telemetry
 
@@ -46,11 +50,13 @@ class KvgraftCollector(Collector):
         stats: Callable[[], pb.StatsResponse],
         telemetry: Telemetry,
         limiter: CallLimiter,
+        batching: Callable[[], BatchFigures | None] = lambda: None,
     ) -> None:
         self._calls = calls
         self._stats = stats
         self._telemetry = telemetry
         self._limiter = limiter
+        self._batching = batching
 
     def collect(self) -> Iterator[Metric]:
         yield from self._rpc_metrics()
@@ -105,6 +111,28 @@ class KvgraftCollector(Collector):
         yield CounterMetricFamily(
             "kvgraft_computed_tokens", "tokens whose KV was computed", value=traffic.computed_tokens
         )
+        yield from self._batch_metrics()
+
+    def _batch_metrics(self) -> Iterator[Metric]:
+        figures = self._batching()
+        if figures is None:  # no model yet, or no batching (not the row-invariant forward)
+            return
+        steps = figures.counters
+        for name, value, text in (
+            ("kvgraft_batch_steps", steps.steps, "forward passes the batcher ran"),
+            ("kvgraft_batch_rows", steps.rows, "contexts' passes in those steps (rows of work)"),
+            ("kvgraft_batch_tokens", steps.tokens, "tokens computed in those steps"),
+            ("kvgraft_batch_passes", steps.passes, "passes that reached a step"),
+            ("kvgraft_batch_queue_seconds", steps.queue_seconds, "seconds passes waited for it"),
+        ):
+            yield CounterMetricFamily(name, text, value=value)
+        for name, value, text in (
+            ("kvgraft_batch_waiting_passes", steps.waiting, "passes waiting for a step now"),
+            ("kvgraft_batch_largest_step_rows", steps.largest_step_rows, "most rows in a step"),
+            ("kvgraft_requests_running", figures.running, "requests computing (admitted)"),
+            ("kvgraft_requests_queued", figures.queued, "requests waiting to be admitted"),
+        ):
+            yield GaugeMetricFamily(name, text, value=value)
 
     def _store_metrics(self, stats: pb.StatsResponse) -> Iterator[Metric]:
         tiered = {

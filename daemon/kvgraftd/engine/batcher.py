@@ -1,0 +1,229 @@
+"""Continuous batching: the forward passes of many contexts, a step at a time.
+
+Every request whose context needs a forward pass (its prompt, or one generated
+token) hands it to the Batcher and waits. The batcher's thread runs steps
+(iteration-level scheduling, as in Orca and vLLM): each step takes one row of
+every decoding context, then prompt chunks in order of arrival cut to fit
+`max_batch_tokens`, at most `max_batch_rows` contexts, and computes them in one
+forward pass of the row-invariant forward (`run_step`: Engine's batch on the
+compute thread). A long prompt is computed over several steps, so it never
+stalls the others' tokens for more than a step. Each row's bits are those of a
+lone run (docs/architecture.md), so no receipt depends on what shared a step.
+
+Before a step, the batcher waits up to `gather_s` for every context in flight
+(`joined`) to hand in its next pass: a decoding context is away only while its
+token is chosen and sent, and waiting that long makes full steps, not ragged
+ones.
+
+Isolation: a step that fails is run again context by context; only the
+context whose own pass fails gets the error (DATA_LOSS for a corrupt page, say),
+the others' rows are computed again with the same bits. Positions a failed step
+wrote are not the context's until a pass ends (KvContext.end_chunk), so the
+retry writes them again.
+
+`Admission` bounds the contexts in flight (`max_running`): beyond, requests
+wait their turn in order; beyond `max_queued` waiting, they are refused at
+once with RESOURCE_EXHAUSTED.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kvgraft.errors import ResourceExhausted
+
+if TYPE_CHECKING:  # imported by the engine service, which a store-only daemon runs too
+    import torch
+
+Step = Callable[[Sequence[tuple[object, list[int]]]], "list[torch.Tensor]"]
+
+
+@dataclass
+class _Pass:
+    context: object
+    tokens: list[int]  # still to compute
+    future: Future = field(default_factory=Future)
+    arrived: float | None = field(default_factory=time.monotonic)  # None once stepped
+
+
+@dataclass
+class BatchCounters:
+    """What the batcher did, for the metrics: steps, rows and tokens computed, seconds
+    passes waited before their first step, passes now waiting."""
+
+    steps: int = 0
+    rows: int = 0
+    tokens: int = 0
+    queue_seconds: float = 0.0
+    passes: int = 0
+    waiting: int = 0
+    largest_step_rows: int = 0
+
+
+@dataclass(frozen=True)
+class BatchFigures:
+    """A snapshot for the metrics: the batcher's counters, requests running and queued."""
+
+    counters: BatchCounters
+    running: int
+    queued: int
+
+
+class Batcher:
+    def __init__(
+        self,
+        run_step: Step,
+        max_batch_tokens: int = 512,
+        max_batch_rows: int = 64,
+        gather_s: float = 0.002,
+    ) -> None:
+        if max_batch_tokens < 1 or max_batch_rows < 1:
+            raise ValueError("a step holds at least one token of one context")
+        self._run_step = run_step
+        self.max_batch_tokens, self.max_batch_rows = max_batch_tokens, max_batch_rows
+        self._gather_s = gather_s
+        self._cond = threading.Condition()
+        self._waiting: list[_Pass] = []  # in order of arrival
+        self._joined = 0
+        self._thread: threading.Thread | None = None
+        self.counters = BatchCounters()
+
+    def snapshot(self) -> BatchCounters:
+        with self._cond:
+            return dataclasses.replace(self.counters)
+
+    @contextmanager
+    def joined(self) -> Iterator[None]:
+        """A context in flight: steps wait (up to gather_s) for its next pass."""
+        with self._cond:
+            self._joined += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._joined -= 1
+                self._cond.notify_all()
+
+    def forward(self, context: object, tokens: Sequence[int]) -> torch.Tensor:
+        """Append `tokens` to `context` (over as many steps as the budget needs); the logits
+        at the last of them. Blocks the caller until then."""
+        item = _Pass(context, list(tokens))
+        if not item.tokens:
+            raise ValueError("a pass holds at least one token")
+        with self._cond:
+            self._waiting.append(item)
+            self.counters.waiting = len(self._waiting)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="batcher", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        return item.future.result()
+
+    # ------------------------------------------------------------------
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting:
+                    self._cond.wait()
+                deadline = time.monotonic() + self._gather_s
+                while len(self._waiting) < self._joined and time.monotonic() < deadline:
+                    self._cond.wait(max(0.0, deadline - time.monotonic()))
+                step = self._take()
+            self._run(step)
+
+    def _take(self) -> list[tuple[_Pass, list[int]]]:
+        """This step's (pass, chunk)s: every one-token pass first, then prompt chunks in
+        order of arrival, within the budgets."""
+        tokens_left, step = self.max_batch_tokens, []
+        ordered = [p for p in self._waiting if len(p.tokens) == 1]
+        ordered += [p for p in self._waiting if len(p.tokens) > 1]
+        for item in ordered:
+            if len(step) == self.max_batch_rows or tokens_left == 0:
+                break
+            chunk = item.tokens[:tokens_left]
+            tokens_left -= len(chunk)
+            step.append((item, chunk))
+        return step
+
+    def _run(self, step: list[tuple[_Pass, list[int]]]) -> None:
+        now = time.monotonic()
+        counters = self.counters
+        try:
+            results = self._run_step([(item.context, chunk) for item, chunk in step])
+        except Exception:  # each pass again alone: the error is one context's
+            results = []
+            for item, chunk in step:
+                try:
+                    results.extend(self._run_step([(item.context, chunk)]))
+                except Exception as error:  # handed to that pass's caller
+                    results.append(error)
+        with self._cond:
+            counters.steps += 1
+            counters.rows += len(step)
+            counters.tokens += sum(len(chunk) for _, chunk in step)
+            counters.largest_step_rows = max(counters.largest_step_rows, len(step))
+            for (item, chunk), result in zip(step, results, strict=True):
+                if item.arrived is not None:
+                    counters.queue_seconds += now - item.arrived
+                    counters.passes += 1
+                    item.arrived = None
+                del item.tokens[: len(chunk)]
+                if isinstance(result, Exception):
+                    self._waiting.remove(item)
+                    item.future.set_exception(result)
+                elif not item.tokens:
+                    self._waiting.remove(item)
+                    item.future.set_result(result)
+            counters.waiting = len(self._waiting)
+
+
+class Admission:
+    """At most `max_running` requests in flight; up to `max_queued` more wait in order."""
+
+    def __init__(self, max_running: int, max_queued: int) -> None:
+        self.max_running, self.max_queued = max_running, max_queued
+        self._cond = threading.Condition()
+        self._running = 0
+        self._queue: list[object] = []
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @contextmanager
+    def admitted(self) -> Iterator[None]:
+        ticket = object()
+        with self._cond:
+            if self._running >= self.max_running or self._queue:
+                if len(self._queue) >= self.max_queued:
+                    raise ResourceExhausted(
+                        f"the engine is busy: {self._running} requests running and "
+                        f"{len(self._queue)} waiting (max_running_contexts="
+                        f"{self.max_running}, max_queued_requests={self.max_queued}); "
+                        "retry later, or raise those limits in the daemon's config"
+                    )
+                self._queue.append(ticket)
+                try:
+                    while self._running >= self.max_running or self._queue[0] is not ticket:
+                        self._cond.wait()
+                finally:
+                    self._queue.remove(ticket)
+                    self._cond.notify_all()  # the next in line may be the head now
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
