@@ -157,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", default="1,2,4,8,16", help="client counts")
     parser.add_argument("--plot", type=Path, default=ROOT / "bench" / "serve_bench.png")
+    parser.add_argument(
+        "--daemon-args",
+        default="",
+        help="more flags for both daemons, e.g. '--max-batch-tokens 256'",
+    )
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.clients.split(",")]
     rng = random.Random(0)
@@ -164,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     rows: dict[str, dict[int, dict]] = {"batched": {}, "serial (max_batch_rows 1)": {}}
     receipts_equal = True
-    batched = daemon(work, "batched", [])
+    extra = args.daemon_args.split()
+    batched = daemon(work, "batched", extra)
     try:
         alone = [run_clients(batched.address, [p])[0] for p in prompts]  # also warms up
         for count in counts:
@@ -176,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"batched {count:>3} clients: {rows['batched'][count]}", flush=True)
     finally:
         batched.stop()
-    serial = daemon(work, "serial", ["--max-batch-rows", "1"])
+    serial = daemon(work, "serial", [*extra, "--max-batch-rows", "1"])
     try:
         run_clients(serial.address, prompts[:1])  # warm-up
         for count in counts:

@@ -44,6 +44,7 @@ from kvgraftd.engine.decode_attention import (
     InlinePartials,
     OrderedPartials,
     Partials,
+    decode_live,
 )
 from kvgraftd.engine.model_adapter import ModelGeometry
 from kvgraftd.engine.online_softmax import OnlineSoftmax, softmax_for
@@ -152,6 +153,10 @@ class KvContext:
         self._keys[layer][:, live : live + n] = k.to(self._keys[layer].device)
         self._values[layer][:, live : live + n] = v.to(self._values[layer].device)
         total = start + n
+        all_live = not self.stored_tokens and self._reads_live_in_place
+        if n == 1 and all_live and DecodeSoftmax.takes(q, self.geometry.kv_heads):
+            keys, values = self._keys[layer], self._values[layer]  # one kernel call
+            return decode_live(q, keys, values, total, self.block_tokens, scaling)
         softmax = softmax_for(q, self.geometry.kv_heads, start, scaling, self.rows)
         # A stored region larger than the pool is a scan: its blocks pass through
         # transient slots instead of evicting each other from the cache.
@@ -230,6 +235,10 @@ class KvContext:
             for slot, _, _ in batch:
                 self.tiers.pool.release(slot)
 
+    @property
+    def _reads_live_in_place(self) -> bool:
+        return self.tiers.pool.device.type == "cpu"
+
     def _live_blocks_read_in_place_from(self, total: int) -> int:
         """The first block from which attention reads the live buffers where they are.
 
@@ -237,7 +246,7 @@ class KvContext:
         holds the same bytes (one token more each decode step): reading them in place
         gives the same partials (contract 5) without the copy and the slot's
         bookkeeping. Elsewhere the pool holds what the device attends: no block."""
-        if self.tiers.pool.device.type != "cpu":
+        if not self._reads_live_in_place:
             return -(-total // self.block_tokens)
         return -(-self.stored_tokens // self.block_tokens)
 

@@ -30,8 +30,16 @@
  *   token ranges may run at once (each with its own scores).
  * kvg_rows_merge(n, count, rows, D, max, sum, acc, pmax, psum, pacc, used): kvg_merge of
  *   each token's partials in block order, into its state (max + t*rows, ...).
+ * kvg_decode_live(q, k, v, head_stride, H, R, D, total, block, scaling, out): a whole
+ *   decode step over positions [0, total) that one buffer holds (head h, position j at
+ *   k + h * head_stride + j * D; v the same): q ([H][R][D], unscaled) times `scaling`,
+ *   kvg_block_partial of each block of `block` positions, kvg_merge of them in order
+ *   from an empty state, out [H][R][D] = acc / sum. The bits of those calls made one
+ *   by one (what the blocks' own path does), without a round trip each. Returns 0, or
+ *   the first failing status (KVG_BAD_ARGS; -1 when memory runs out).
  * kvg_kernel_name(): which build kvg_block_partial runs ("avx512", "generic").
  */
+#include <stdlib.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -155,4 +163,34 @@ void kvg_rows_merge(int32_t n, int32_t count, int32_t rows, int32_t D, float *ma
                       acc + (int64_t)t * rows * D, pmax + at * rows, psum + at * rows,
                       pacc + at * rows * D);
         }
+}
+
+int kvg_decode_live(const float *q, const float *k, const float *v, int64_t head_stride,
+                    int32_t H, int32_t R, int32_t D, int64_t total, int64_t block, float scaling,
+                    float *out) {
+    if (total < 1 || block < 1 || block > INT32_MAX || H < 1 || R < 1 || D < 1) return KVG_BAD_ARGS;
+    const int64_t rows = (int64_t)H * R, span = total < block ? total : block;
+    float *scaled = malloc(sizeof(float) * (size_t)(rows * D));
+    float *scores = malloc(sizeof(float) * (size_t)(rows * span));
+    float *state = malloc(sizeof(float) * (size_t)(2 * rows * (D + 2)));
+    int status = scaled && scores && state ? 0 : -1;
+    if (!status) {
+        for (int64_t i = 0; i < rows * D; i++) scaled[i] = q[i] * scaling;
+        float *max = state, *sum = max + rows, *acc = sum + rows;
+        float *pmax = acc + rows * D, *psum = pmax + rows, *pacc = psum + rows;
+        for (int64_t r = 0; r < rows; r++) max[r] = -INFINITY, sum[r] = 0.0f;
+        for (int64_t i = 0; i < rows * D; i++) acc[i] = 0.0f;
+        for (int64_t begin = 0; begin < total && !status; begin += block) {
+            const int32_t T = (int32_t)(total - begin < block ? total - begin : block);
+            status = kvg_block_partial(scaled, k + begin * D, v + begin * D, head_stride, H, R, D,
+                                       T, scores, pmax, psum, pacc, NULL);
+            if (!status) kvg_merge((int32_t)rows, D, max, sum, acc, pmax, psum, pacc);
+        }
+        for (int64_t r = 0; !status && r < rows; r++)
+            for (int32_t d = 0; d < D; d++) out[r * D + d] = acc[r * D + d] / sum[r];
+    }
+    free(scaled);
+    free(scores);
+    free(state);
+    return status;
 }

@@ -15,6 +15,7 @@
 #define MAX_ROWS 6
 #define MAX_PANELS 8
 #define MAX_QUANT_PANELS 4
+#define QUANT_DIRECT_ROWS 18     /* rows up to which GGUF blocks are dequantized in registers */
 #define SCRATCH_PANELS 2         /* panels_for(MAX_ROWS): dequantized GGUF panels of a k block */
 #define K_BLOCK 256              /* k per pass when rows are many: 2 panels' slice is 32 KiB */
 
@@ -234,14 +235,19 @@ void KVG_CAT(kvg_linear, KVG_BUILD)(int format, const float *x, int64_t M, int64
     const int R_main = M < MAX_ROWS ? (int)M : MAX_ROWS;
     if (R_main == 0) return;
     const int64_t stride = kvg_panel_bytes(format, K);
-    if (format != KVG_F32 && M <= MAX_ROWS) { /* a decode step: dequantize in registers */
+    if (format != KVG_F32 && M <= QUANT_DIRECT_ROWS) {
+        /* decode steps (of a few contexts): the weights dequantized in registers, once per
+         * block of MAX_ROWS rows, rather than through an L1 scratch */
         const int P_main = quant_panels_for(R_main);
         for (int64_t p = p_begin; p < p_end; p += P_main) {
             const int P = (int)(p_end - p < P_main ? p_end - p : P_main);
             int64_t cols = N - p * PANEL;
             if (cols > (int64_t)P * PANEL) cols = (int64_t)P * PANEL;
-            any_quant_block(format, x, ldx, (const uint8_t *)packed + p * stride, stride, K,
-                            y + p * PANEL, ldy, cols, R_main, P);
+            for (int64_t m = 0; m < M; m += MAX_ROWS) {
+                const int R = (int)(M - m < MAX_ROWS ? M - m : MAX_ROWS);
+                any_quant_block(format, x + m * ldx, ldx, (const uint8_t *)packed + p * stride,
+                                stride, K, y + m * ldy + p * PANEL, ldy, cols, R, P);
+            }
         }
         return;
     }
