@@ -75,7 +75,9 @@ class DaemonConfig:
     max_context_tokens: int = _opt(32768, "longest context one request may build")
     # Continuous batching (kvgraftd.engine.batcher; the row-invariant forward only).
     max_batch_tokens: int = _opt(
-        512, "tokens one forward pass holds: every decoding context's row, then prompt chunks"
+        128,
+        "tokens one forward pass holds: every decoding context's row, then prompt chunks "
+        "(more: prompts a little faster; fewer: others' tokens less delayed by a long prompt)",
     )
     max_batch_rows: int = _opt(
         64, "contexts one forward pass holds; 1 turns batching off (a context per pass)"

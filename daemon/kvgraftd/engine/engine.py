@@ -57,7 +57,7 @@ from kvgraftd.tiers.host_cache import HostCache
 from kvgraftd.tiers.stack import Tiers
 
 VERIFIED = pb.Provenance.TRUST_VERIFIED
-MAX_PASS_TOKENS = 512  # rows of one forward pass on the row-invariant forward
+MAX_PASS_TOKENS = 512  # rows of one pass of Verify's recompute (the row-invariant forward)
 
 
 def choose_token(logits: torch.Tensor, options: DecodeOptions, generator: torch.Generator) -> int:
@@ -78,7 +78,7 @@ class Engine:
         max_context_tokens: int = 32768,
         tiers: Tiers | None = None,
         trust: TrustPolicy | None = None,
-        max_batch_tokens: int = MAX_PASS_TOKENS,
+        max_batch_tokens: int = 128,
         max_batch_rows: int = 64,
         max_running_contexts: int = 64,
         max_queued_requests: int = 256,
