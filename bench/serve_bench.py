@@ -7,8 +7,8 @@ aggregate tokens/s (all generated tokens over the wall time from the first reque
 the last token), p50 / p99 time to first token and inter-token latency.
 
 Baselines, measured in the same run: the same daemon with batching off
-(`--max-batch-rows 1`: one context per forward pass, requests interleaved pass by pass,
-as before continuous batching), and plain transformers `generate` with the same eight
+(`--max-batch-rows 1`: one context per forward pass, the oldest waiting pass first), and
+plain transformers `generate` with the same eight
 prompts batched (its KV cache, SDPA; the prompts are the same length, so no padding).
 
 Every receipt and token list is checked against the same request run alone on the

@@ -47,7 +47,7 @@ class DaemonConfig:
     listen: str = _opt(DEFAULT_LISTEN, "address to serve gRPC on (host:port; port 0 picks one)")
     data: Path = _opt(Path("./kvgraft-data"), "data directory (the store and caches)")
     log_level: str = _opt("info", "debug, info, warning or error")
-    workers: int = _opt(16, "calls that run at once; more wait, up to max_concurrent_rpcs")
+    workers: int = _opt(32, "calls that run at once; more wait, up to max_concurrent_rpcs")
     drain_s: float = _opt(30.0, "seconds in-flight calls may take to finish on shutdown")
     map_initial_bytes: int = _opt(1 << 30, "initial LMDB map size; it grows by itself")
     min_free_bytes: int = _opt(256 << 20, "disk space kept free: writes beyond it are refused")
@@ -82,9 +82,11 @@ class DaemonConfig:
     max_batch_rows: int = _opt(
         64, "contexts one forward pass holds; 1 turns batching off (a context per pass)"
     )
-    max_running_contexts: int = _opt(64, "requests computing at once; more wait in a queue")
+    max_running_contexts: int = _opt(16, "requests computing at once; more wait in a queue")
     max_queued_requests: int = _opt(
-        256, "requests waiting beyond max_running_contexts; more are refused (RESOURCE_EXHAUSTED)"
+        8,
+        "requests waiting beyond max_running_contexts; more are refused (RESOURCE_EXHAUSTED). "
+        "Each running or waiting request holds a worker: the two add up to less than workers",
     )
     # Tiers (kvgraftd.tiers.device_pool, kvgraftd.tiers.host_cache).
     device: str = _opt("auto", "where attention runs: cpu, cuda or auto (cuda when present)")
@@ -183,6 +185,13 @@ def _check_exposure_fields(config: DaemonConfig) -> None:
         raise ConfigError("tls_cert and tls_key go together: give both, or neither")
     if config.tls_client_ca and not config.tls_cert:
         raise ConfigError("tls_client_ca needs TLS: give tls_cert and tls_key too")
+    engine_calls = config.max_running_contexts + config.max_queued_requests
+    if config.model != "none" and engine_calls >= config.workers:  # (a store alone: no engine)
+        raise ConfigError(
+            f"max_running_contexts + max_queued_requests ({engine_calls}) must be less than "
+            f"workers ({config.workers}): each running or queued request holds a worker, and "
+            "the store's calls need some; raise workers or lower those two"
+        )
     if config.max_concurrent_rpcs < config.workers:
         raise ConfigError(
             f"max_concurrent_rpcs ({config.max_concurrent_rpcs}) must be at least workers "

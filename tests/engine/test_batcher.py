@@ -9,6 +9,7 @@ isolation tests (a client that leaves, a corrupt page, a flood) run a tiny seede
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -17,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from kvgraft.artifact import page_sizes
-from kvgraft.errors import DataLoss, ResourceExhausted
+from kvgraft.errors import Cancelled, DataLoss, ResourceExhausted
 from kvgraftd.engine import linear
+from kvgraftd.engine.batcher import Admission, Batcher
 from kvgraftd.engine.decoding import DecodeOptions, ResultEvent, TokenEvent
 from kvgraftd.engine.engine import Engine
 from kvgraftd.engine.model_adapter import ModelAdapter
@@ -75,7 +77,7 @@ def test_concurrent_requests_get_the_receipts_they_get_alone(real_engine, rng) -
         requests.append((prompt, options))
     alone = [outcome(real_engine.generate(*request)) for request in requests]
     assert sum(hashes[3] for _, hashes in alone) > 0, "some requests graft the stored prefix"
-    before = real_engine.batcher.counters.steps, real_engine.batcher.counters.rows
+    before = real_engine.batcher.counters.steps, real_engine.batcher.counters.contexts
     start = threading.Barrier(len(requests))
 
     def run(request):
@@ -86,9 +88,8 @@ def test_concurrent_requests_get_the_receipts_they_get_alone(real_engine, rng) -
         together = list(pool.map(run, requests))
     assert together == alone
     steps = real_engine.batcher.counters.steps - before[0]
-    rows = real_engine.batcher.counters.rows - before[1]
-    assert rows > steps, "passes shared steps"
-    print(f"{rows} passes in {steps} steps")
+    contexts = real_engine.batcher.counters.contexts - before[1]
+    assert contexts > steps, "passes shared steps"
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +166,75 @@ def test_a_corrupt_page_fails_its_request_alone(tiny, tmp_path) -> None:
         assert together == alone
     finally:
         engine.store.close()
+
+
+class Steps:
+    """A stand-in for the forward (the batcher only schedules): records each step's parts
+    and answers each with its context's name; a step holding `failing` raises `error`."""
+
+    def __init__(self, failing: object = None, error: BaseException | None = None) -> None:
+        self.seen: list[list[tuple[object, list[int]]]] = []
+        self.failing, self.error = failing, error
+        self.release = threading.Event()
+        self.release.set()
+        self.entered = threading.Event()
+
+    def __call__(self, parts):
+        self.entered.set()
+        self.release.wait(30)
+        self.seen.append([(context, list(chunk)) for context, chunk in parts])
+        if self.error is not None and any(context is self.failing for context, _ in parts):
+            raise self.error
+        return [f"logits of {context}" for context, _ in parts]
+
+
+def test_a_step_that_dies_fails_its_passes_and_the_batcher_goes_on() -> None:
+    """Regression: a BaseException out of a step killed the batcher's thread, and every
+    request waited for ever."""
+    steps = Steps(failing="b", error=SystemExit("stop"))
+    batcher = Batcher(steps, max_batch_tokens=64, max_batch_rows=8)
+    with ThreadPoolExecutor(2) as pool:
+        steps.release.clear()
+        first = pool.submit(batcher.forward, "a", [1, 2])
+        second = pool.submit(batcher.forward, "b", [3])
+        while batcher.counters.waiting < 2:
+            threading.Event().wait(0.005)
+        steps.release.set()
+        with pytest.raises(SystemExit):
+            second.result(timeout=30)
+        with contextlib.suppress(SystemExit):  # it shared the dying step
+            first.result(timeout=30)
+    assert batcher.forward("c", [4, 5, 6]) == "logits of c"
+
+
+def test_no_prompt_starves_behind_decoding_contexts() -> None:
+    """More decoding contexts than a step has rows: a waiting prompt still gets a row and
+    half the tokens in every step, and the decoders left out lead the next one."""
+    steps = Steps()
+    batcher = Batcher(steps, max_batch_tokens=8, max_batch_rows=3)
+    steps.release.clear()
+    with ThreadPoolExecutor(6) as pool:
+        passes = {"x": pool.submit(batcher.forward, "x", [9])}
+        assert steps.entered.wait(30)  # a step holds: the rest wait, in this order
+        for name, tokens in [("d0", [0]), ("d1", [1]), ("d2", [2]), ("d3", [3])]:
+            passes[name] = pool.submit(batcher.forward, name, tokens)
+            while batcher.counters.waiting < len(passes):
+                threading.Event().wait(0.002)
+        passes["p"] = pool.submit(batcher.forward, "p", list(range(10)))
+        while batcher.counters.waiting < len(passes):
+            threading.Event().wait(0.002)
+        steps.release.set()
+        assert {name: f.result(timeout=30) for name, f in passes.items()} == {
+            name: f"logits of {name}" for name in passes
+        }
+    # two decoders (a row kept for the prompt), the prompt with the 6 tokens they left
+    assert steps.seen[1] == [("d0", [0]), ("d1", [1]), ("p", list(range(6)))]
+    assert steps.seen[2] == [("d2", [2]), ("d3", [3]), ("p", list(range(6, 10)))]
+
+
+def test_a_queued_request_whose_client_left_gives_up() -> None:
+    admission = Admission(max_running=1, max_queued=1)
+    leaving = admission.admitted(is_active=lambda: False)
+    with admission.admitted(), pytest.raises(Cancelled, match="cancelled while queued"), leaving:
+        pass
+    assert admission.running == 0 and admission.queued == 0

@@ -151,3 +151,6 @@ def test_gguf_blocks_are_checked_before_packing() -> None:
         PackedWeight.of_gguf("q4_1", blocks, [0, 4], 32)
     with pytest.raises(ValueError, match="no packing for q5_0"):
         PackedWeight.of_gguf("q5_0", blocks, [0], 32)
+    # rows narrower than k says (regression: packing read past the rows' end)
+    with pytest.raises(ValueError, match="rows of 64 weights are 40 bytes"):
+        PackedWeight.of_gguf("q4_1", blocks, [0, 1], 64)

@@ -13,6 +13,7 @@ difference, another summation order, is reported).
 from __future__ import annotations
 
 import hashlib
+import platform
 import random
 from collections.abc import Callable
 
@@ -205,9 +206,10 @@ def test_a_gguf_tensor_unequal_to_the_models_weight_is_not_used(real_model) -> N
         parameter.data[5, 7] = saved
 
 
-def test_verify_recomputes_an_artifact_in_one_pass(engine, prompt, monkeypatch) -> None:
-    """A deposit of a prompt and generated tokens (a segment each) is verified in one forward
-    pass, logits taken at the segments' ends only: every hash still equal."""
+def test_verify_recomputes_an_artifact_in_full_passes(engine, prompt, monkeypatch) -> None:
+    """A deposit of a prompt and generated tokens (a segment each) is verified in passes of
+    max_batch_tokens, whatever its segments (not a decode step per generated token), logits
+    taken at the segments' ends only: every hash still equal."""
     from kvgraftd.engine.decoding import DecodeOptions
 
     options = DecodeOptions(max_new_tokens=6, deposit=True, no_cache=True)
@@ -223,4 +225,12 @@ def test_verify_recomputes_an_artifact_in_one_pass(engine, prompt, monkeypatch) 
     monkeypatch.setattr(native, "forward_many", counted)
     verified = engine.verify(result.artifact_id)
     assert verified.ok, list(verified.mismatches)
-    assert passes == [150 + 6]  # the prompt and every generated token, one pass
+    budget = engine.batcher.max_batch_tokens
+    assert passes == [budget, 150 + 6 - budget]  # the prompt and every generated token
+
+
+def test_the_profile_names_the_kernels_and_the_c_library(engine) -> None:
+    """The C library's cosf, sinf and expf are part of the arithmetic: artifacts computed
+    under another one are another profile (refused, not grafted)."""
+    name, version = platform.libc_ver()
+    assert engine.profile.products == f"row-invariant-fma rowwise=1 libc={name}-{version}"

@@ -22,13 +22,14 @@ wrote are not the context's until a pass ends (KvContext.end_chunk), so the
 retry writes them again.
 
 `Admission` bounds the contexts in flight (`max_running`): beyond, requests
-wait their turn in order; beyond `max_queued` waiting, they are refused at
-once with RESOURCE_EXHAUSTED.
+wait their turn in order (until their client leaves); beyond `max_queued`
+waiting, they are refused at once with RESOURCE_EXHAUSTED.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,10 +38,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvgraft.errors import ResourceExhausted
+from kvgraft.errors import Cancelled, ResourceExhausted
 
 if TYPE_CHECKING:  # imported by the engine service, which a store-only daemon runs too
     import torch
+
+log = logging.getLogger(__name__)
+QUEUE_POLL_S = 0.25  # how often a queued request looks whether its client is still there
 
 Step = Callable[[Sequence[tuple[object, list[int]]]], "list[torch.Tensor]"]
 
@@ -55,16 +59,16 @@ class _Pass:
 
 @dataclass
 class BatchCounters:
-    """What the batcher did, for the metrics: steps, rows and tokens computed, seconds
-    passes waited before their first step, passes now waiting."""
+    """What the batcher did, for the metrics: steps, the contexts and tokens computed in
+    them, seconds passes waited before their first step, passes now waiting."""
 
     steps: int = 0
-    rows: int = 0
+    contexts: int = 0  # each step's contexts, summed
     tokens: int = 0
     queue_seconds: float = 0.0
     passes: int = 0
     waiting: int = 0
-    largest_step_rows: int = 0
+    largest_step_contexts: int = 0
 
 
 @dataclass(frozen=True)
@@ -136,20 +140,39 @@ class Batcher:
                 while len(self._waiting) < self._joined and time.monotonic() < deadline:
                     self._cond.wait(max(0.0, deadline - time.monotonic()))
                 step = self._take()
-            self._run(step)
+            try:
+                self._run(step)
+            except BaseException as error:  # a bug, or an interrupt: those passes fail, not all
+                log.exception("a batch step failed; its %d passes get the error", len(step))
+                with self._cond:
+                    for item, _ in step:
+                        if item in self._waiting:
+                            self._waiting.remove(item)
+                        if not item.future.done():
+                            item.future.set_exception(error)
 
     def _take(self) -> list[tuple[_Pass, list[int]]]:
-        """This step's (pass, chunk)s: every one-token pass first, then prompt chunks in
-        order of arrival, within the budgets."""
-        tokens_left, step = self.max_batch_tokens, []
-        ordered = [p for p in self._waiting if len(p.tokens) == 1]
-        ordered += [p for p in self._waiting if len(p.tokens) > 1]
-        for item in ordered:
-            if len(step) == self.max_batch_rows or tokens_left == 0:
+        """This step's (pass, chunk)s within the budgets: one-token passes (decoding contexts)
+        first, then prompt chunks, each group in order of arrival. While a prompt waits, the
+        one-token passes leave it a row and half the tokens, so no prompt starves however
+        many contexts decode (those left out are first in line next step). With one row a
+        step, the oldest pass alone."""
+        if self.max_batch_rows == 1:
+            oldest = self._waiting[0]
+            return [(oldest, oldest.tokens[: self.max_batch_tokens])]
+        decoding = [p for p in self._waiting if len(p.tokens) == 1]
+        prompts = [p for p in self._waiting if len(p.tokens) > 1]
+        rows, tokens = self.max_batch_rows, self.max_batch_tokens
+        if prompts:
+            rows, tokens = rows - 1, max(1, tokens // 2)
+        step = [(item, list(item.tokens)) for item in decoding[: min(rows, tokens)]]
+        rows, tokens = self.max_batch_rows - len(step), self.max_batch_tokens - len(step)
+        for item in prompts:
+            if not rows or not tokens:
                 break
-            chunk = item.tokens[:tokens_left]
-            tokens_left -= len(chunk)
+            chunk = item.tokens[:tokens]
             step.append((item, chunk))
+            rows, tokens = rows - 1, tokens - len(chunk)
         return step
 
     def _run(self, step: list[tuple[_Pass, list[int]]]) -> None:
@@ -166,9 +189,9 @@ class Batcher:
                     results.append(error)
         with self._cond:
             counters.steps += 1
-            counters.rows += len(step)
+            counters.contexts += len(step)
             counters.tokens += sum(len(chunk) for _, chunk in step)
-            counters.largest_step_rows = max(counters.largest_step_rows, len(step))
+            counters.largest_step_contexts = max(counters.largest_step_contexts, len(step))
             for (item, chunk), result in zip(step, results, strict=True):
                 if item.arrived is not None:
                     counters.queue_seconds += now - item.arrived
@@ -202,7 +225,9 @@ class Admission:
         return len(self._queue)
 
     @contextmanager
-    def admitted(self) -> Iterator[None]:
+    def admitted(self, is_active: Callable[[], bool] | None = None) -> Iterator[None]:
+        """Hold a place for the body; wait in line for one (giving up when `is_active` turns
+        false: the client left), or raise ResourceExhausted when the line is full."""
         ticket = object()
         with self._cond:
             if self._running >= self.max_running or self._queue:
@@ -216,7 +241,9 @@ class Admission:
                 self._queue.append(ticket)
                 try:
                     while self._running >= self.max_running or self._queue[0] is not ticket:
-                        self._cond.wait()
+                        self._cond.wait(QUEUE_POLL_S)
+                        if is_active is not None and not is_active():
+                            raise Cancelled("the request was cancelled while queued")
                 finally:
                     self._queue.remove(ticket)
                     self._cond.notify_all()  # the next in line may be the head now

@@ -99,7 +99,7 @@ def kernel_for(heads: int, kv_heads: int, dim: int) -> str:
     return f"native-{_library.kvg_kernel_name().decode()}"
 
 
-def decode_live(
+def attend_live_step(
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,

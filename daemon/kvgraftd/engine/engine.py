@@ -27,7 +27,7 @@ max_queued_requests, then are refused with RESOURCE_EXHAUSTED).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -57,7 +57,6 @@ from kvgraftd.tiers.host_cache import HostCache
 from kvgraftd.tiers.stack import Tiers
 
 VERIFIED = pb.Provenance.TRUST_VERIFIED
-MAX_PASS_TOKENS = 512  # rows of one pass of Verify's recompute (the row-invariant forward)
 
 
 def choose_token(logits: torch.Tensor, options: DecodeOptions, generator: torch.Generator) -> int:
@@ -155,10 +154,11 @@ class Engine:
         return logits
 
     @contextmanager
-    def _serving(self) -> Iterator[KvContext]:
-        """A request's context: admitted (or queued, or refused), joined to the batcher."""
+    def _serving(self, is_active: Callable[[], bool] | None) -> Iterator[KvContext]:
+        """A request's context: admitted (or queued while `is_active`, or refused), joined
+        to the batcher."""
         batch = self.batcher.joined() if self.batcher else nullcontext()
-        with self.admission.admitted(), self._context() as context, batch:
+        with self.admission.admitted(is_active), self._context() as context, batch:
             yield context
 
     def _append(self, context: KvContext, token_ids: Sequence[int]) -> torch.Tensor:
@@ -226,17 +226,21 @@ class Engine:
     # requests
 
     def generate(
-        self, prompt_ids: Sequence[int], options: DecodeOptions
+        self,
+        prompt_ids: Sequence[int],
+        options: DecodeOptions,
+        is_active: Callable[[], bool] | None = None,
     ) -> Iterator[TokenEvent | ResultEvent]:
         """Run a prompt as one segment, grafting its longest stored prefix: whole pages, and
         with row-invariant products a partial tail page too (at least one token is left to
-        compute, for the logits)."""
+        compute, for the logits). `is_active`: whether the caller still wants it (a request
+        queued behind max_running_contexts gives up when it turns false)."""
         prompt = list(prompt_ids)
         if not prompt:
             raise InvalidArgument("the prompt is empty: give text or at least one token id")
         self._check_tokens(prompt)
         self._check_length(len(prompt) + options.max_new_tokens)
-        with self._serving() as context:
+        with self._serving(is_active) as context:
             reused, grafted = 0, []
             if not options.no_cache:
                 match = self._matched_pages(prompt[:-1], (len(prompt) - 1) // self.page_tokens)
@@ -249,7 +253,11 @@ class Engine:
             yield from self._decode(context, logits, options, reused, len(prompt) - reused, grafted)
 
     def graft(
-        self, artifact_id: str, continuation: Sequence[int], options: DecodeOptions
+        self,
+        artifact_id: str,
+        continuation: Sequence[int],
+        options: DecodeOptions,
+        is_active: Callable[[], bool] | None = None,
     ) -> Iterator[TokenEvent | ResultEvent]:
         """Restore a whole artifact, append `continuation` as a new segment, generate."""
         if not continuation:
@@ -278,7 +286,7 @@ class Engine:
                     vouched_by=provenance.vouched_by,
                 )
             ]
-        with self._serving() as context:
+        with self._serving(is_active) as context:
             if options.no_cache:
                 self._recompute(context, manifest)
                 reused, computed = 0, len(manifest.token_ids)
@@ -303,7 +311,7 @@ class Engine:
     def _replay(self, context: KvContext, manifest: pb.Manifest) -> list[torch.Tensor]:
         """Recompute an artifact's segments from nothing; logits after each segment.
 
-        On the row-invariant forward the tokens run in passes of MAX_PASS_TOKENS whatever
+        On the row-invariant forward the tokens run in passes of max_batch_tokens whatever
         the segments (a generated token is a segment of its own: a decode step each, before),
         with logits taken at the segments' ends only; elsewhere, segment by segment on the
         fixed schedule."""
@@ -314,8 +322,9 @@ class Engine:
                 start = end
             return out
         tokens, ends, out = list(manifest.token_ids), list(manifest.segment_ends), []
-        for first in range(0, len(tokens), MAX_PASS_TOKENS):
-            chunk = tokens[first : first + MAX_PASS_TOKENS]
+        step = self.batcher.max_batch_tokens  # between steps: others wait no longer than that
+        for first in range(0, len(tokens), step):
+            chunk = tokens[first : first + step]
             rows = [end - 1 - first for end in ends if first < end <= first + len(chunk)]
             logits = compute_thread.run(self._forward_rows_here, context, chunk, rows)
             out.extend(logits)
@@ -418,7 +427,7 @@ class Engine:
         self._check_tokens(manifest.token_ids)
         self._check_length(len(manifest.token_ids))  # a recompute costs what a generate would
         layers = self.layout.num_layers
-        with self._context() as context:
+        with self.admission.admitted(), self._context() as context:
             after_segment = self._replay(context, manifest)
             computed = [
                 hashlib.sha256(context.page_bytes(*divmod(position, layers))).digest()

@@ -11,7 +11,7 @@ Contract: `GgufWeights.open(path, model)` reads the file's tensors (memory-mappe
 `packed(names)` returns one PackedWeight whose columns are the named model
 weights' rows, stacked in order (q, k and v as one product), from the file's
 blocks, and only if every weight it stands for is bit-equal to the model's
-float32 tensor (unpacked and compared with torch.equal): the row order
+float32 tensor (unpacked and compared as 32-bit patterns): the row order
 transformers applies is checked, not assumed. Otherwise it returns None and the
 caller packs the float32 weights: never a different weight, only a slower one.
 """
@@ -82,7 +82,8 @@ class GgufWeights:
             formats.pop(), np.concatenate(blocks), np.concatenate(order), k
         )
         model_weights = torch.cat([self._parameters[name].detach() for name in names])
-        return packed if torch.equal(packed.unpacked(), model_weights) else None
+        bits = packed.unpacked().view(torch.int32), model_weights.view(torch.int32)
+        return packed if torch.equal(*bits) else None
 
     def _source(self, name: str) -> tuple[object, np.ndarray] | None:
         """The file's tensor for a model weight, and the file's row for each model row

@@ -44,7 +44,7 @@ from kvgraftd.engine.decode_attention import (
     InlinePartials,
     OrderedPartials,
     Partials,
-    decode_live,
+    attend_live_step,
 )
 from kvgraftd.engine.model_adapter import ModelGeometry
 from kvgraftd.engine.online_softmax import OnlineSoftmax, softmax_for
@@ -153,10 +153,9 @@ class KvContext:
         self._keys[layer][:, live : live + n] = k.to(self._keys[layer].device)
         self._values[layer][:, live : live + n] = v.to(self._values[layer].device)
         total = start + n
-        all_live = not self.stored_tokens and self._reads_live_in_place
-        if n == 1 and all_live and DecodeSoftmax.takes(q, self.geometry.kv_heads):
-            keys, values = self._keys[layer], self._values[layer]  # one kernel call
-            return decode_live(q, keys, values, total, self.block_tokens, scaling)
+        if n == 1 and self._one_call_step(total) and DecodeSoftmax.takes(q, self.geometry.kv_heads):
+            keys, values = self._keys[layer], self._values[layer]
+            return attend_live_step(q, keys, values, total, self.block_tokens, scaling)
         softmax = softmax_for(q, self.geometry.kv_heads, start, scaling, self.rows)
         # A stored region larger than the pool is a scan: its blocks pass through
         # transient slots instead of evicting each other from the cache.
@@ -168,7 +167,7 @@ class KvContext:
             with self._ordered_partials(softmax.merge, total) as partials:
                 self._decode_in_place(layer, in_place, softmax, partials)
                 self._decode_slots(layer, in_place, slots_end, cache, softmax, partials)
-                self._decode_live(layer, live_from, total, softmax, partials)
+                self._decode_live_blocks(layer, live_from, total, softmax, partials)
         else:
             for index in range(in_place):
                 self._attend_in_place(layer, index, softmax)
@@ -239,6 +238,15 @@ class KvContext:
     def _reads_live_in_place(self) -> bool:
         return self.tiers.pool.device.type == "cpu"
 
+    def _one_call_step(self, total: int) -> bool:
+        """Whether a decode step over `total` positions is one kernel call: every position
+        live on CPU, and few enough blocks that they would be attended inline anyway (more
+        are split between the attention workers, block by block)."""
+        if self.stored_tokens or not self._reads_live_in_place:
+            return False
+        blocks = -(-total // self.block_tokens)
+        return blocks <= self.tiers.attention_batch(blocks, slots=True)
+
     def _live_blocks_read_in_place_from(self, total: int) -> int:
         """The first block from which attention reads the live buffers where they are.
 
@@ -250,7 +258,7 @@ class KvContext:
             return -(-total // self.block_tokens)
         return -(-self.stored_tokens // self.block_tokens)
 
-    def _decode_live(
+    def _decode_live_blocks(
         self, layer: int, first: int, total: int, softmax: DecodeSoftmax, partials: OrderedPartials
     ) -> None:
         """Blocks from `first` to `total`, all live positions, read in the live buffers."""

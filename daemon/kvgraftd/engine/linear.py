@@ -156,6 +156,10 @@ class PackedWeight:
         if format not in ("q4_1", "q8_0") or k % QK:
             raise ValueError(f"no packing for {format} rows of {k} weights")
         blocks = np.ascontiguousarray(blocks, dtype=np.uint8)
+        row_bytes = k // QK * (20 if format == "q4_1" else 34)  # GGUF's blocks of a row
+        if blocks.ndim != 2 or blocks.shape[1] != row_bytes:
+            shape = tuple(blocks.shape)
+            raise ValueError(f"{format} rows of {k} weights are {row_bytes} bytes: not {shape}")
         rows = np.ascontiguousarray(order, dtype=np.int64)
         if rows.size and (rows.min() < 0 or rows.max() >= blocks.shape[0]):
             raise ValueError("a row of the order is not in the blocks")

@@ -139,7 +139,7 @@ class NativeForward:
         """Logits (float32) of the last of `token_ids` at positions start..., of every row, or
         of the given `rows` (indices into token_ids: [len(rows), vocab])."""
         if rows is not None:
-            return self.forward_many([(context, token_ids, start)], select=rows)[0]
+            return self.forward_many([(context, token_ids, start)], rows=rows)[0]
         return self.forward_many([(context, token_ids, start)], every_row)[0]
 
     @torch.inference_mode()
@@ -147,11 +147,11 @@ class NativeForward:
         self,
         parts: list[tuple[Any, list[int], int]],
         every_row: bool = False,
-        select: Sequence[int] | None = None,
+        rows: Sequence[int] | None = None,
     ) -> list[torch.Tensor]:
         """One pass over the rows of several contexts: each part is (context, token ids, first
         position); every product takes all the rows at once, each context attends its own.
-        Returns each part's logits (its last row's, or every row's); with `select`, one
+        Returns each part's logits (its last row's, or every row's); with `rows`, one
         tensor of the logits of those rows of the pass only (the logits are the pass's
         costliest product: a replay takes just the rows it hashes)."""
         if torch.get_num_threads() != 1:
@@ -171,11 +171,10 @@ class NativeForward:
             act = rowwise.silu_mul(linear.linear(normed, layer.gate_up), layer.intermediate)
             after = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.norm
             normed = rowwise.add_rmsnorm(hidden, linear.linear(act, layer.down), after, self.eps)
-        if select is not None:
-            return [linear.linear(normed[torch.tensor(select, dtype=torch.long)], self.logits)]
+        if rows is not None:
+            return [linear.linear(normed[torch.tensor(rows, dtype=torch.long)], self.logits)]
         ends = torch.tensor(sizes).cumsum(0)
-        rows = normed if every_row else normed[ends - 1]
-        logits = linear.linear(rows, self.logits)
+        logits = linear.linear(normed if every_row else normed[ends - 1], self.logits)
         return list(logits.split(sizes)) if every_row else list(logits)
 
     def _attention(self, index: int, layer: _Layer, normed, table, contexts, sizes):

@@ -51,7 +51,14 @@ def cpu_name() -> str:
 
 
 _CPU = torch.device("cpu")
-ROW_INVARIANT_PRODUCTS = "row-invariant-fma rowwise=1"  # kvgraftd.engine.linear, .rowwise
+# kvgraftd.engine.linear and .rowwise; the C library's cosf, sinf and expf (rotary angles,
+# attention's merges) are part of the arithmetic, so its version is named too
+ROW_INVARIANT_PRODUCTS = "row-invariant-fma rowwise=1"
+
+
+def _libc() -> str:
+    name, version = platform.libc_ver()
+    return f"{name or 'libc'}-{version or 'unknown'}"
 
 
 def compute_profile(
@@ -71,7 +78,7 @@ def compute_profile(
         compute_dtype="float32",
         attention=f"{ATTENTION} block={block_tokens} decode={decode}",
         page_tokens=page_tokens,
-        products=ROW_INVARIANT_PRODUCTS if row_invariant else "",
+        products=f"{ROW_INVARIANT_PRODUCTS} libc={_libc()}" if row_invariant else "",
     )
 
 

@@ -207,23 +207,31 @@ class EngineService:
             model_fingerprint=engine.fingerprint,
         )
 
-    def deposit(self, request: pb.DepositRequest) -> pb.DepositResponse:
+    def deposit(
+        self, request: pb.DepositRequest, is_active: Callable[[], bool] | None = None
+    ) -> pb.DepositResponse:
         labels = dict(request.labels)
         if request.verified_by:
             labels["verified-by"] = request.verified_by
         options = self._options(pb.GenerateOptions(deposit=True), labels)
-        events = list(self.engine().generate(self._tokens(request.prompt, "prompt"), options))
+        tokens = self._tokens(request.prompt, "prompt")
+        events = list(self.engine().generate(tokens, options, is_active))
         result = events[-1]
         return pb.DepositResponse(artifact_id=result.artifact_id, receipt=result.receipt)
 
-    def generate(self, request: pb.GenerateRequest) -> Iterator[pb.GenerateResponse]:
+    def generate(
+        self, request: pb.GenerateRequest, is_active: Callable[[], bool] | None = None
+    ) -> Iterator[pb.GenerateResponse]:
         tokens = self._tokens(request.prompt, "prompt")
-        events = self.engine().generate(tokens, self._options(request.options))
+        events = self.engine().generate(tokens, self._options(request.options), is_active)
         return self._responses(events)
 
-    def graft(self, request: pb.GraftRequest) -> Iterator[pb.GenerateResponse]:
+    def graft(
+        self, request: pb.GraftRequest, is_active: Callable[[], bool] | None = None
+    ) -> Iterator[pb.GenerateResponse]:
         tokens = self._tokens(request.continuation, "continuation")
-        events = self.engine().graft(request.artifact_id, tokens, self._options(request.options))
+        options = self._options(request.options)
+        events = self.engine().graft(request.artifact_id, tokens, options, is_active)
         return self._responses(events)
 
     def verify(self, request: pb.VerifyRequest) -> pb.VerifyResponse:

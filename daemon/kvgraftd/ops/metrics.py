@@ -10,8 +10,8 @@ keep it — no second set of books:
 | kvgraft_rpc_in_progress, kvgraft_rpc_limit | the CallLimiter |
 | kvgraft_{computations,grafts}_total{method} | receipts, via Telemetry |
 | kvgraft_{reused,computed}_tokens_total | receipts, via Telemetry |
-| kvgraft_batch_{steps,rows,tokens,passes,queue_seconds}_total | the engine's batcher |
-| kvgraft_batch_{waiting_passes,largest_step_rows} | the engine's batcher |
+| kvgraft_batch_{steps,contexts,tokens,passes,queue_seconds}_total | the engine's batcher |
+| kvgraft_batch_{waiting_passes,largest_step_contexts} | the engine's batcher |
 | kvgraft_requests_{running,queued} | the engine's admission |
 | kvgraft_tier_{hits,misses,evictions}_total{tier} | Stats().tiers |
 | kvgraft_tier_{used,capacity,peak}_bytes{tier} | Stats().tiers |
@@ -120,7 +120,7 @@ class KvgraftCollector(Collector):
         steps = figures.counters
         for name, value, text in (
             ("kvgraft_batch_steps", steps.steps, "forward passes the batcher ran"),
-            ("kvgraft_batch_rows", steps.rows, "contexts' passes in those steps (rows of work)"),
+            ("kvgraft_batch_contexts", steps.contexts, "contexts in those steps, summed"),
             ("kvgraft_batch_tokens", steps.tokens, "tokens computed in those steps"),
             ("kvgraft_batch_passes", steps.passes, "passes that reached a step"),
             ("kvgraft_batch_queue_seconds", steps.queue_seconds, "seconds passes waited for it"),
@@ -128,7 +128,7 @@ class KvgraftCollector(Collector):
             yield CounterMetricFamily(name, text, value=value)
         for name, value, text in (
             ("kvgraft_batch_waiting_passes", steps.waiting, "passes waiting for a step now"),
-            ("kvgraft_batch_largest_step_rows", steps.largest_step_rows, "most rows in a step"),
+            ("kvgraft_batch_largest_step_contexts", steps.largest_step_contexts, "most in a step"),
             ("kvgraft_requests_running", figures.running, "requests computing (admitted)"),
             ("kvgraft_requests_queued", figures.queued, "requests waiting to be admitted"),
         ):

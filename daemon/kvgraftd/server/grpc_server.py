@@ -204,12 +204,14 @@ def _method_table(
     }
     table.update(
         Lookup=unary("Lookup", lambda r, c: engine.lookup(r), pb.LookupRequest),
-        Deposit=unary("Deposit", lambda r, c: engine.deposit(r), pb.DepositRequest),
+        Deposit=unary("Deposit", lambda r, c: engine.deposit(r, c.is_active), pb.DepositRequest),
         Verify=unary("Verify", lambda r, c: engine.verify(r), pb.VerifyRequest),
         Generate=streaming(
-            "Generate", lambda r, c: engine.generate(r), pb.GenerateRequest, serialize
+            "Generate", lambda r, c: engine.generate(r, c.is_active), pb.GenerateRequest, serialize
         ),
-        Graft=streaming("Graft", lambda r, c: engine.graft(r), pb.GraftRequest, serialize),
+        Graft=streaming(
+            "Graft", lambda r, c: engine.graft(r, c.is_active), pb.GraftRequest, serialize
+        ),
     )
     table.update(
         LibraryAdd=unary("LibraryAdd", lambda r, c: library.add(r), pb.LibraryAddRequest),

@@ -17,6 +17,7 @@
 #define MAX_QUANT_PANELS 4
 #define QUANT_DIRECT_ROWS 18     /* rows up to which GGUF blocks are dequantized in registers */
 #define SCRATCH_PANELS 2         /* panels_for(MAX_ROWS): dequantized GGUF panels of a k block */
+_Static_assert(QUANT_DIRECT_ROWS >= MAX_ROWS, "GGUF blocks of few rows skip the scratch");
 #define K_BLOCK 256              /* k per pass when rows are many: 2 panels' slice is 32 KiB */
 
 static inline __attribute__((always_inline)) void store_rows(
@@ -251,7 +252,9 @@ void KVG_CAT(kvg_linear, KVG_BUILD)(int format, const float *x, int64_t M, int64
         }
         return;
     }
-    const int P_main = panels_for(R_main);
+    /* GGUF panels go through the scratch: never more of them than it holds */
+    const int P_fit = panels_for(R_main) < SCRATCH_PANELS ? panels_for(R_main) : SCRATCH_PANELS;
+    const int P_main = format == KVG_F32 ? panels_for(R_main) : P_fit;
     /* one row: the weights stream once, k whole; more rows: k in blocks whose panels
      * stay in L1 while every row block passes (GGUF blocks dequantized there first) */
     const int64_t kc = M <= MAX_ROWS ? K : K_BLOCK;
