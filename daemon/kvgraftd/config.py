@@ -82,11 +82,13 @@ class DaemonConfig:
     max_batch_rows: int = _opt(
         64, "contexts one forward pass holds; 1 turns batching off (a context per pass)"
     )
-    max_running_contexts: int = _opt(16, "requests computing at once; more wait in a queue")
+    max_running_contexts: int = _opt(
+        16, "requests computing at once (at most half the workers); more wait in a queue"
+    )
     max_queued_requests: int = _opt(
         8,
-        "requests waiting beyond max_running_contexts; more are refused (RESOURCE_EXHAUSTED). "
-        "Each running or waiting request holds a worker: the two add up to less than workers",
+        "requests waiting beyond max_running_contexts (at most the workers the running ones "
+        "leave, less one for the store's calls); more are refused (RESOURCE_EXHAUSTED)",
     )
     # Tiers (kvgraftd.tiers.device_pool, kvgraftd.tiers.host_cache).
     device: str = _opt("auto", "where attention runs: cpu, cuda or auto (cuda when present)")
@@ -151,6 +153,14 @@ class DaemonConfig:
     remote_timeout_s: float = _opt(10.0, "seconds one S3 request may take to connect or answer")
     remote_connections: int = _opt(8, "S3 requests in flight at once")
 
+    def engine_limits(self) -> tuple[int, int]:
+        """(running, queued) engine requests: each holds a worker while it runs or waits, so
+        the running ones take at most half the workers and the queue what is left but one,
+        for the store's calls."""
+        running = max(1, min(self.max_running_contexts, self.workers // 2))
+        queued = max(0, min(self.max_queued_requests, self.workers - running - 1))
+        return running, queued
+
     def __post_init__(self) -> None:
         _check_bounds(self)
         if self.log_level not in ("debug", "info", "warning", "error"):
@@ -185,13 +195,6 @@ def _check_exposure_fields(config: DaemonConfig) -> None:
         raise ConfigError("tls_cert and tls_key go together: give both, or neither")
     if config.tls_client_ca and not config.tls_cert:
         raise ConfigError("tls_client_ca needs TLS: give tls_cert and tls_key too")
-    engine_calls = config.max_running_contexts + config.max_queued_requests
-    if config.model != "none" and engine_calls >= config.workers:  # (a store alone: no engine)
-        raise ConfigError(
-            f"max_running_contexts + max_queued_requests ({engine_calls}) must be less than "
-            f"workers ({config.workers}): each running or queued request holds a worker, and "
-            "the store's calls need some; raise workers or lower those two"
-        )
     if config.max_concurrent_rpcs < config.workers:
         raise ConfigError(
             f"max_concurrent_rpcs ({config.max_concurrent_rpcs}) must be at least workers "

@@ -130,6 +130,12 @@ def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engi
         device=device,
     )
     tiers = Tiers(pool, HostCache(store, config.host_budget_bytes))
+    running, queued = config.engine_limits()
+    if (running, queued) != (config.max_running_contexts, config.max_queued_requests):
+        log.info(
+            "engine requests: %d running, %d queued (what %d workers allow: each holds one)",
+            running, queued, config.workers,
+        )  # fmt: skip
     engine = Engine(
         adapter,
         store,
@@ -140,8 +146,8 @@ def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engi
         trust=trust,
         max_batch_tokens=config.max_batch_tokens,
         max_batch_rows=config.max_batch_rows,
-        max_running_contexts=config.max_running_contexts,
-        max_queued_requests=config.max_queued_requests,
+        max_running_contexts=running,
+        max_queued_requests=queued,
     )
     log.info(
         "engine ready: %s on %s, fingerprint %s, page_tokens %d, device pool %d slots of %d bytes",

@@ -19,6 +19,7 @@ import pytest
 
 from kvgraft.artifact import page_sizes
 from kvgraft.errors import Cancelled, DataLoss, ResourceExhausted
+from kvgraftd.config import DaemonConfig
 from kvgraftd.engine import linear
 from kvgraftd.engine.batcher import Admission, Batcher
 from kvgraftd.engine.decoding import DecodeOptions, ResultEvent, TokenEvent
@@ -238,3 +239,20 @@ def test_a_queued_request_whose_client_left_gives_up() -> None:
     with admission.admitted(), pytest.raises(Cancelled, match="cancelled while queued"), leaving:
         pass
     assert admission.running == 0 and admission.queued == 0
+
+
+@pytest.mark.parametrize(
+    ("workers", "running", "queued", "expected"),
+    [(32, 16, 8, (16, 8)), (3, 16, 8, (1, 1)), (10, 16, 8, (5, 4)), (1, 4, 4, (1, 0))],
+)
+def test_engine_requests_leave_workers_for_the_store(workers, running, queued, expected) -> None:
+    """Each running or queued engine request holds a gRPC worker: the running ones take at
+    most half, the queue what is left but one (regression: 64 + 256 with 16 workers)."""
+    config = DaemonConfig(
+        data=Path("/nonexistent"),
+        workers=workers,
+        max_concurrent_rpcs=max(64, workers),
+        max_running_contexts=running,
+        max_queued_requests=queued,
+    )
+    assert config.engine_limits() == expected

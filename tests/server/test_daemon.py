@@ -225,10 +225,7 @@ def test_second_daemon_on_the_same_data_dir_refuses_to_start(daemon: DaemonProce
 
 def test_config_file_sets_options_and_flags_override_it(start_daemon, rng, tmp_path) -> None:
     config = tmp_path / "kvgraftd.toml"
-    config.write_text(
-        'log_level = "warning"\nmin_free_bytes = "1000TB"\nworkers = 3\n'
-        "max_running_contexts = 1\nmax_queued_requests = 1\n"  # each holds a worker
-    )
+    config.write_text('log_level = "warning"\nmin_free_bytes = "1000TB"\nworkers = 3\n')
 
     # --log-level beats the file (the "serving on" line is logged at info);
     # min_free_bytes comes from the file.
@@ -319,11 +316,6 @@ def test_print_config_round_trips(tmp_path: Path) -> None:
         ("workers = true\n", "workers = True: expected a whole number"),
         ('listen = "127.0.0.1:99999"\n', "a port in 0..65535"),
         ('metrics_listen = "127.0.0.1:x"\n', "a port in 0..65535"),
-        # each running or queued engine request holds a worker: the store's calls need some
-        (
-            'workers = 24\nmodel = "tiny:1"\n',
-            "max_running_contexts + max_queued_requests (24) must be less than",
-        ),
     ],
 )
 def test_bad_config_file_exits_2_naming_the_problem(tmp_path, text: str, expected: str) -> None:
