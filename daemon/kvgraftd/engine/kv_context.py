@@ -19,7 +19,8 @@ budget whatever the context length. While one block is attended, the next
 immutable one is brought into the pool on a background thread. On CPU, a
 scan of stored blocks that are one page each skips the pool: each is read
 where the store (or the host cache) keeps it, right after its check; and
-blocks of live positions only are read in the live buffers.
+blocks of live positions only are read in the live buffers. How the native
+kernel's partials are gathered from each place is kvgraftd.engine.native_decode.
 
 Pages are the unit of storage: page p of layer l holds positions
 [p * page_tokens, (p + 1) * page_tokens) as K then V, each [kv_heads, t, D].
@@ -36,19 +37,10 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from kvgraft.errors import DataLoss
-from kvgraftd.engine.decode_attention import (
-    Block,
-    CorruptBlock,
-    DecodeSoftmax,
-    InlinePartials,
-    OrderedPartials,
-    Partials,
-    attend_live_step,
-)
+from kvgraftd.engine.decode_attention import DecodeSoftmax, attend_live_step
 from kvgraftd.engine.model_adapter import ModelGeometry
+from kvgraftd.engine.native_decode import NativeDecode
 from kvgraftd.engine.online_softmax import OnlineSoftmax, softmax_for
-from kvgraftd.store.page_records import corrupt_message
 from kvgraftd.tiers.device_pool import Slot
 from kvgraftd.tiers.live_buffers import GRANULE_TOKENS, round_capacity
 from kvgraftd.tiers.stack import Tiers
@@ -58,7 +50,7 @@ _uids = itertools.count(1)
 warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
 
 
-class KvContext:
+class KvContext(NativeDecode):
     """Token ids, segments and per-layer KV of one context."""
 
     def __init__(
@@ -178,14 +170,6 @@ class KvContext:
                     self.tiers.pool.release(slot)
         return softmax.result()
 
-    def _ordered_partials(self, merge: Callable[[Partials], None], total: int) -> OrderedPartials:
-        """Block partials on the tiers' attention workers, merged in block order; computed
-        on this thread when the step over `total` positions is one batch."""
-        blocks = -(-total // self.block_tokens)
-        if blocks <= self.tiers.attention_batch(blocks, slots=True):
-            return InlinePartials(merge)
-        return OrderedPartials(self.tiers.attention_workers, self.tiers.attention_window, merge)
-
     def _slots(self, layer: int, in_place: int, total: int, cache: bool, ahead: bool = True,
                before_wait: Callable[[], None] | None = None) -> Iterator:  # fmt: skip
         """(pinned slot, positions, first position) of each block after the first `in_place`
@@ -211,120 +195,6 @@ class KvContext:
             if pending is not None and pending.exception() is None and pending.result():
                 self.tiers.pool.release(pending.result())
 
-    def _decode_slots(self, layer: int, in_place: int, total: int, cache: bool,
-                      softmax: DecodeSoftmax, partials: OrderedPartials) -> None:  # fmt: skip
-        """The blocks after the first `in_place`, in batches of slots that this thread fills
-        while the workers attend the last ones (no fetch ahead, no waiting on itself)."""
-        size = self.tiers.attention_batch(-(-total // self.block_tokens) - in_place, slots=True)
-        batch: list[tuple[Slot, int, int]] = []
-
-        def submit() -> None:  # handed over before submit can raise an earlier batch's error
-            if batch:
-                handed = batch.copy()
-                batch.clear()
-                partials.submit(self._slots_partial, softmax, handed)
-
-        try:
-            for slot, needed, begin in self._slots(layer, in_place, total, cache, False, submit):
-                batch.append((slot, needed, begin))
-                if len(batch) == size:
-                    submit()
-            submit()
-        finally:  # an error: the slots of a batch not handed over are let go here
-            for slot, _, _ in batch:
-                self.tiers.pool.release(slot)
-
-    @property
-    def _reads_live_in_place(self) -> bool:
-        return self.tiers.pool.device.type == "cpu"
-
-    def _one_call_step(self, total: int) -> bool:
-        """Whether a decode step over `total` positions is one kernel call: every position
-        live on CPU, and few enough blocks that they would be attended inline anyway (more
-        are split between the attention workers, block by block)."""
-        if self.stored_tokens or not self._reads_live_in_place:
-            return False
-        blocks = -(-total // self.block_tokens)
-        return blocks <= self.tiers.attention_batch(blocks, slots=True)
-
-    def _live_blocks_read_in_place_from(self, total: int) -> int:
-        """The first block from which attention reads the live buffers where they are.
-
-        On CPU, a block of live positions only would be copied into a pool slot that
-        holds the same bytes (one token more each decode step): reading them in place
-        gives the same partials (contract 5) without the copy and the slot's
-        bookkeeping. Elsewhere the pool holds what the device attends: no block."""
-        if not self._reads_live_in_place:
-            return -(-total // self.block_tokens)
-        return -(-self.stored_tokens // self.block_tokens)
-
-    def _decode_live_blocks(
-        self, layer: int, first: int, total: int, softmax: DecodeSoftmax, partials: OrderedPartials
-    ) -> None:
-        """Blocks from `first` to `total`, all live positions, read in the live buffers."""
-        keys, values = self._keys[layer], self._values[layer]
-        assert keys.is_contiguous() and values.is_contiguous(), "live buffers are contiguous"
-        row = keys.stride(1) * keys.element_size()  # bytes a position
-        begins = range(first * self.block_tokens, total, self.block_tokens)
-        blocks = []
-        for begin in begins:
-            offset = (begin - self.stored_tokens) * row
-            tokens = min(self.block_tokens, total - begin)
-            address = keys.data_ptr() + offset, values.data_ptr() + offset
-            blocks.append(Block(*address, keys.stride(0), tokens, None, begin))
-        size = self.tiers.attention_batch(len(blocks))
-        for batch in range(0, len(blocks), size):
-            partials.submit(softmax.partials, blocks[batch : batch + size])
-
-    def _slots_partial(
-        self, softmax: DecodeSoftmax, batch: list[tuple[Slot, int, int]]
-    ) -> Partials:
-        try:
-            return softmax.partials([softmax.slot_block(s.tensor, n, b) for s, n, b in batch])
-        finally:
-            for slot, _, _ in batch:
-                self.tiers.pool.release(slot)
-
-    def _decode_in_place(
-        self, layer: int, blocks: int, softmax: DecodeSoftmax, partials: OrderedPartials
-    ) -> None:
-        """The first `blocks` one-page stored blocks, in batches, checked as they are read."""
-        if not blocks:
-            return
-        digests = [self._stored_pages[index][layer] for index in range(blocks)]
-        admit = self._cache_stored_pages()
-        size = self.tiers.attention_batch(blocks)
-        with self.tiers.host.unchecked(digests) as pages:  # views valid inside only
-            try:
-                for digest, (page, _) in zip(digests, pages, strict=True):
-                    if page.nbytes != self._stored_page_bytes:
-                        raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
-                for first in range(0, blocks, size):
-                    part = slice(first, first + size)
-                    partials.submit(
-                        self._pages_partial, softmax, first, digests[part], pages[part], admit
-                    )
-                partials.drain()
-            finally:  # an earlier batch's error, raised while handing over a later one
-                partials.settle()
-
-    def _pages_partial(
-        self, softmax: DecodeSoftmax, first: int, digests: list[bytes], pages: list, admit: bool
-    ) -> Partials:
-        """Partials of the one-page blocks from block `first`, each checked as it is read."""
-        try:
-            blocks = [
-                softmax.page_block(page, checksum, (first + i) * self.block_tokens)
-                for i, (page, checksum) in enumerate(pages)
-            ]
-            partials = softmax.partials(blocks)
-        except CorruptBlock as corrupt:
-            raise DataLoss(corrupt_message(digests[corrupt.index])) from None
-        for digest, (page, checksum) in zip(digests, pages, strict=True):
-            if admit and checksum is not None:
-                self.tiers.host.admit(digest, page)
-        return partials
-
     def _stored_blocks_read_in_place(self) -> int:
         """How many leading blocks attention reads where the store keeps them (no slot).
 
@@ -335,7 +205,11 @@ class KvContext:
         memory traffic. Its bytes are the same, so the result is (contract 5).
         """
         one_page = self.block_tokens == self.page_tokens
-        return self._stored_blocks if one_page and self.tiers.pool.device.type == "cpu" else 0
+        return self._stored_blocks if one_page and self._on_cpu else 0
+
+    @property
+    def _on_cpu(self) -> bool:
+        return self.tiers.pool.device.type == "cpu"
 
     def _attend_in_place(self, layer: int, index: int, softmax: OnlineSoftmax) -> None:
         digest = self._stored_pages[index][layer]  # block `index` is page `index`
