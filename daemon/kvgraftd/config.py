@@ -58,6 +58,27 @@ class DaemonConfig:
         "disk the staged pages of unfinished uploads may take, all uploads together (whole "
         "4 KiB blocks: a 4-byte page counts 4 KiB); raise it for one upload larger than this",
     )
+    # The store as a cache (kvgraftd.store.eviction, kvgraftd.store.scrub).
+    store_budget_bytes: int = _opt(
+        0,
+        "disk the stored pages may take (0: no budget); past 95% of it unpinned artifacts "
+        "nobody is reading are evicted down to 85%, in eviction_policy's order",
+    )
+    store_budget_artifacts: int = _opt(0, "artifacts the store may hold (0: no such budget)")
+    eviction_policy: str = _opt(
+        "lru",
+        "lru (least recently used first) or cost-aware (keep what saved the most "
+        "recomputation per byte: tokens reused from it, aged)",
+    )
+    cache: str = _opt(
+        "explicit",
+        "explicit: only deposits are kept; auto: every Generate keeps its finished context "
+        "(a prefix cache: set store_budget_bytes too)",
+    )
+    scrub_interval_s: float = _opt(
+        7 * 86400.0, "seconds between background scrubs of every page's SHA-256 (0: never)"
+    )
+    scrub_bytes_per_s: int = _opt(64 << 20, "how fast a scrub reads the store")
     malloc_top_pad_bytes: int = _opt(
         64 << 20,
         "freed memory glibc's allocator keeps at the top of each heap (M_TOP_PAD) instead of "
@@ -183,6 +204,10 @@ class DaemonConfig:
                     f"trust_keys {key!r}: a key is 64 lowercase hex characters (the "
                     "signing_key that `kvgraft info` shows on the daemon to trust)"
                 )
+        if self.eviction_policy not in ("lru", "cost-aware"):
+            raise ConfigError(f"eviction_policy {self.eviction_policy!r}: use lru or cost-aware")
+        if self.cache not in ("explicit", "auto"):
+            raise ConfigError(f"cache {self.cache!r}: use explicit or auto")
         if self.remote_write not in ("through", "back"):
             raise ConfigError(f"remote_write {self.remote_write!r}: use through or back")
         if not self.remote_prefix.strip("/"):
@@ -216,6 +241,10 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "spill_bytes": (1 << 20, 1 << 40),
     "staged_ttl_s": (0, 365 * _DAY_S),
     "staged_max_bytes": (0, None),
+    "store_budget_bytes": (0, None),
+    "store_budget_artifacts": (0, None),
+    "scrub_interval_s": (0, 365 * _DAY_S),
+    "scrub_bytes_per_s": (1 << 20, None),
     "malloc_top_pad_bytes": (0, 1 << 30),
     "page_tokens": (1, 1 << 16),
     "block_tokens": (1, 1 << 24),

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from kvgraft import __version__
 from kvgraft.errors import KvgraftError
+from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.config import ConfigError, DaemonConfig, build_parser, load_config, to_toml
 from kvgraftd.engine.service import EngineService
 from kvgraftd.library.service import LibraryService
@@ -41,8 +42,10 @@ from kvgraftd.replication.pulls import Pulls
 from kvgraftd.server import security
 from kvgraftd.server.grpc_server import ServerSettings, Services, create_server, set_serving
 from kvgraftd.server.limits import CallLimiter, server_options
-from kvgraftd.server.status import stats_response
+from kvgraftd.server.status import info_response, stats_response
 from kvgraftd.store.artifact_store import Store
+from kvgraftd.store.eviction import CacheBudget, CacheKeeper
+from kvgraftd.store.scrub import Scrubber
 from kvgraftd.store.service import ServiceLimits, StoreService
 from kvgraftd.store.signing import Signer, TrustPolicy
 
@@ -92,6 +95,11 @@ def run(config: DaemonConfig) -> int:
             config.data / "store",
             initial_map_bytes=config.map_initial_bytes,
             min_free_bytes=config.min_free_bytes,
+            budget=CacheBudget(
+                bytes=config.store_budget_bytes,
+                artifacts=config.store_budget_artifacts,
+                policy=config.eviction_policy,
+            ),
         )
         try:
             serve(config, store, stop)
@@ -148,6 +156,7 @@ def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engi
         max_batch_rows=config.max_batch_rows,
         max_running_contexts=running,
         max_queued_requests=queued,
+        auto_cache=config.cache == "auto",
     )
     log.info(
         "engine ready: %s on %s, fingerprint %s, page_tokens %d, device pool %d slots of %d bytes",
@@ -247,10 +256,15 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
         log.warning("%d artifacts signed by keys no longer trusted are untrusted now", withdrawn)
     # The remote tier ([remote]): bad credentials stop the daemon here, before it serves.
     remote = RemoteService.open(config, store, trust)
+    # The store runs itself as a cache: budgets, expired pins, last uses, scrubs.
+    keeper = CacheKeeper(store, store.evictor).start()
+    scrubber = Scrubber(store, config.scrub_bytes_per_s).start_periodic(config.scrub_interval_s)
     service = StoreService(
         remote.view(store, read_through=False),
         ServiceLimits(spill_bytes=config.spill_bytes, staged_max_bytes=config.staged_max_bytes),
         trust,
+        scrubber,
+        config.cache,
     )
     engine_store = remote.view(store, read_through=True)
     engine = EngineService(
@@ -274,6 +288,7 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
             settings.telemetry,
             settings.limiter,
             engine.batch_figures,
+            lambda: info_response(service, engine, pb.InfoRequest(), remote),
         )
         metrics = MetricsServer.start(config, collector)
     server.start()
@@ -299,6 +314,8 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
     server.stop(grace=config.drain_s).wait()
     log.info("server stopped")
     remote.stop()  # the write-back drain reads the store: before it closes
+    scrubber.stop()
+    keeper.stop()
     if metrics is not None:
         metrics.stop()
     notifier.close()

@@ -20,15 +20,15 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 from kvgraft import __version__
+from kvgraft.cli.cache import add_cache_arguments, cache_lines, cmd_pin, cmd_scrub
 from kvgraft.cli.engine import ENGINE_COMMANDS, add_engine_arguments, receipt_lines
 from kvgraft.cli.library import LIBRARY_COMMANDS, add_library_arguments
 from kvgraft.cli.options import add_global_options, connection_options
 from kvgraft.cli.remote import add_remote_arguments, cmd_remote
-from kvgraft.cli.render import emit, human_bytes, message_to_json, table
+from kvgraft.cli.render import emit, human_bytes, message_to_json, table, when
 from kvgraft.cli.replication import add_replicate_arguments, cmd_replicate
 from kvgraft.client.client import Client
 from kvgraft.errors import InvalidArgument, KvgraftError
@@ -42,10 +42,6 @@ def _progress(args: argparse.Namespace, total: int, description: str):
     from tqdm import tqdm
 
     return tqdm(total=total, unit="B", unit_scale=True, desc=description, file=sys.stderr)
-
-
-def _when(unix_ms: int) -> str:
-    return datetime.fromtimestamp(unix_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 # ----------------------------------------------------------------------
@@ -84,6 +80,7 @@ def cmd_info(client: Client, args: argparse.Namespace) -> None:
         ]
         lines.append(table(("cache", "holding", "allocated", "budget", "hits", "misses"), rows))
         lines += [f"{t.name}: {TIER_MEANING[t.name]}" for t in caches]
+    lines += cache_lines(info)
     emit(args.json, document, "\n".join(lines))
 
 
@@ -116,9 +113,9 @@ def cmd_ls(client: Client, args: argparse.Namespace) -> None:
             i.num_tokens,
             i.num_pages,
             human_bytes(i.page_bytes),
-            _when(i.created_unix_ms),
+            when(i.created_unix_ms),
             TRUST_NAMES.get(i.provenance.trust, "untrusted"),
-            "pinned" if i.pinned else "",
+            "quarantined" if i.quarantined else ("pinned" if i.pinned else ""),
             ",".join(f"{k}={v}" for k, v in sorted(i.labels.items())),
         )
         for i in infos
@@ -144,8 +141,10 @@ def cmd_stat(client: Client, args: argparse.Namespace) -> None:
         f"layout {info.layout.num_layers} layers x {info.layout.kv_heads} kv heads x "
         f"{info.layout.head_dim}, {message_to_json(info.layout)['kv_dtype']}",
         f"model {info.model_fingerprint.hex()}",
-        f"created {_when(info.created_unix_ms)} UTC, sequence {info.sequence}"
-        + (", pinned" if info.pinned else ""),
+        f"created {when(info.created_unix_ms)} UTC, sequence {info.sequence}"
+        + (", pinned" if info.pinned else "")
+        + (f" until {when(info.pin_expires_unix_ms)} UTC" if info.pin_expires_unix_ms else ""),
+        f"last used {when(info.last_used_unix_ms)} UTC, {info.reused_tokens} tokens reused from it",
         f"trust {TRUST_NAMES.get(info.provenance.trust, 'untrusted')} ({info.provenance.origin})"
         + (
             f", vouched by {info.provenance.vouched_by.hex()[:16]}"
@@ -153,6 +152,8 @@ def cmd_stat(client: Client, args: argparse.Namespace) -> None:
             else ""
         ),
     ] + [f"label {k}={v}" for k, v in sorted(info.labels.items())]
+    if info.quarantined:
+        lines.append("QUARANTINED: a scrub found a page corrupt; repair it from a good copy")
     if args.manifest:
         lines += manifest_lines(response.manifest)
     emit(args.json, document, "\n".join(lines))
@@ -189,12 +190,6 @@ def cmd_rm(client: Client, args: argparse.Namespace) -> None:
         for aid, r in results.items()
     )
     emit(args.json, {"deleted": results}, text)
-
-
-def cmd_pin(client: Client, args: argparse.Namespace) -> None:
-    info = client.pin(args.id, pinned=not args.off)
-    state = "pinned" if info.pinned else "unpinned"
-    emit(args.json, message_to_json(info), f"{state} {info.artifact_id}")
 
 
 def cmd_export(client: Client, args: argparse.Namespace) -> None:
@@ -240,7 +235,8 @@ COMMANDS: dict[str, tuple[Callable[[Client, argparse.Namespace], None], str]] = 
     "ls": (cmd_ls, "list artifacts"),
     "stat": (cmd_stat, "show one artifact"),
     "rm": (cmd_rm, "delete artifacts"),
-    "pin": (cmd_pin, "pin an artifact (it cannot be deleted) or unpin it with --off"),
+    "pin": (cmd_pin, "pin an artifact (never deleted nor evicted; --ttl: for a while) or --off"),
+    "scrub": (cmd_scrub, "recompute every stored page's SHA-256; quarantine corrupt artifacts"),
     "export": (cmd_export, "write an artifact to a safetensors bundle"),
     "import": (cmd_import, "store the artifact of a safetensors bundle"),
     "replicate": (cmd_replicate, "copy a daemon's artifacts and deletes to another (--follow)"),
@@ -283,8 +279,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="show the whole manifest: segments, receipt, token ids, every page's SHA-256",
     )
     parsers["rm"].add_argument("ids", nargs="+", metavar="ID")
-    parsers["pin"].add_argument("id")
-    parsers["pin"].add_argument("--off", action="store_true", help="unpin")
     parsers["export"].add_argument("id")
     parsers["export"].add_argument(
         "-o", "--output", type=Path, required=True, metavar="FILE.safetensors"
@@ -294,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_library_arguments(parsers)
     add_replicate_arguments(parsers["replicate"])
     add_remote_arguments(parsers["remote"])
+    add_cache_arguments(parsers)
     return parser
 
 

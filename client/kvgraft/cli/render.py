@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
@@ -61,3 +62,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 def emit(as_json: bool, document: object, text: str) -> None:
     """Print one JSON document, or the plain text, on stdout."""
     print(json.dumps(document, indent=2) if as_json else text)
+
+
+def when(unix_ms: int) -> str:
+    """A unix-ms time as UTC "YYYY-MM-DD HH:MM:SS"."""
+    return datetime.fromtimestamp(unix_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")

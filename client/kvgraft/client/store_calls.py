@@ -9,6 +9,7 @@ Small calls take the short deadline, transfers and remote_sync the transfer one.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from kvgraft.artifact import Artifact, page_sizes, parse_manifest
 from kvgraft.bundle import read_bundle, write_bundle
 from kvgraft.chunks import PageChunks
 from kvgraft.client.connection import Connection
-from kvgraft.errors import DataLoss, InvalidArgument
+from kvgraft.errors import DataLoss, InvalidArgument, Unavailable
 from kvgraft.page_buffers import page_slots
 from kvgraft.v1 import kvgraft_pb2 as pb
 
@@ -175,10 +176,28 @@ class StoreCalls(Connection):
     def delete(self, artifact_id: str) -> pb.DeleteResponse:
         return self._unary(self._stub.Delete, pb.DeleteRequest(artifact_id=artifact_id))
 
-    def pin(self, artifact_id: str, pinned: bool = True) -> pb.ArtifactInfo:
-        return self._unary(
-            self._stub.Pin, pb.PinRequest(artifact_id=artifact_id, pinned=pinned)
-        ).info
+    def pin(self, artifact_id: str, pinned: bool = True, ttl_s: float = 0) -> pb.ArtifactInfo:
+        """Pin (never deleted nor evicted) or unpin; with `ttl_s` the pin expires that many
+        seconds from now and the artifact is then deleted."""
+        if ttl_s and not pinned:
+            raise InvalidArgument("a TTL goes with a pin: pin it with a TTL, or unpin it")
+        request = pb.PinRequest(artifact_id=artifact_id, pinned=pinned, ttl_s=math.ceil(ttl_s))
+        return self._unary(self._stub.Pin, request).info
+
+    def scrub(self, bytes_per_s: int = 0, progress=None) -> pb.ScrubProgress:
+        """Recompute the SHA-256 of every stored page (at most `bytes_per_s`; 0: the
+        daemon's scrub_bytes_per_s); corrupt pages' artifacts are quarantined. `progress`
+        has tqdm's `total` and `update(n)`. Returns the findings."""
+        last, done = None, 0
+        request = pb.ScrubRequest(bytes_per_s=bytes_per_s)
+        for last in self._stream(self._open(self._stub.Scrub, request, None)):
+            if progress is not None:
+                progress.total = last.bytes_total
+                progress.update(last.bytes_done - done)
+            done = last.bytes_done
+        if last is None or not last.done:
+            raise Unavailable(f"the Scrub stream of {self.address} ended before its findings")
+        return last
 
     def export_bundle(self, artifact_id: str, path: Path, progress=None) -> str:
         """Write an artifact to a safetensors bundle; returns the full id."""

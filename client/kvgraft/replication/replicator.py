@@ -28,8 +28,13 @@ daemons' ordinary gRPC API:
 
 Deletes: an artifact the source deleted is deleted on the target unless the
 target pinned it (an operator's explicit protection there, counted in
-`deletes_kept_pinned`). Pins are not replicated. Replicating twice, or from
-two sources at once, leaves one copy: puts are idempotent and pages shared.
+`deletes_kept_pinned`); one the source evicted to stay within its budget
+(reason `evicted` in its feed) is not deleted: each store's budget is its own.
+Expired TTL pins are deletes like any other. A target's quarantined artifacts
+(a scrub found them corrupt) count as absent, so a pass copies them again: the
+missing pages are sent and the artifact is whole again. Pins are not replicated.
+Replicating twice, or from two sources at once, leaves one copy: puts are
+idempotent and pages shared.
 
 The target is anything with the `Target` methods: `ClientTarget` (another
 daemon over gRPC) here, or the daemon's own store in its follow mode
@@ -56,6 +61,11 @@ from kvgraft.replication.target import Target
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 log = logging.getLogger(__name__)
+
+
+def evicted(record: pb.ChangeRecord) -> bool:
+    return record.kind == DELETED and record.reason == pb.ChangeRecord.REASON_EVICTED
+
 
 FOLLOW_MIN_BACKOFF_S = 0.5  # follow mode reconnects after 0.5 s, 1 s, 2 s, ... 30 s
 FOLLOW_MAX_BACKOFF_S = 30.0
@@ -214,7 +224,8 @@ class Replicator:
         latest: dict[str, int] = {}  # artifact id -> kind of its last record, in feed order
         for record in records:
             latest.pop(record.artifact_id, None)
-            latest[record.artifact_id] = record.kind
+            if not evicted(record):  # the source's budget is not the target's: keep copies
+                latest[record.artifact_id] = record.kind
         wanted = [a for a, kind in latest.items() if kind == ADDED]
         wanted += [a for a in listed if a not in latest]
         adds = [a for a in wanted if a not in present]
@@ -238,6 +249,8 @@ class Replicator:
         return (from_sequence - 1 if failed else position), failed
 
     def _apply(self, record: pb.ChangeRecord) -> None:
+        if evicted(record):
+            return  # evicted there for room; a copy here stays (its own budget evicts it)
         if record.kind == ADDED:
             outcome = self._copier.copy(record.artifact_id)
         else:

@@ -1,10 +1,13 @@
 """What a replication did: its summary, and the ledger that keeps it from many threads.
 
 `ReplicationSummary` is what `Replicator.sync`/`follow` return and what
-`kvgraft replicate` prints (JSON with --json). `ReplicationLedger` is the only
-writer of a summary while a replication runs: the replicator's workers count
-into it under one lock, and it drives the caller's progress bar (an object with
-tqdm's `total` and `update(n)`) and `on_change(outcome, artifact_id)` hook.
+`kvgraft replicate` prints (JSON with --json); its `mode` says which way the
+bytes went ("relay": through the caller, "pull": the target copied straight
+from the source) and stays client-side (not in the proto message).
+`ReplicationLedger` is the only writer of a summary while a replication runs:
+the replicator's workers count into it under one lock, and it drives the
+caller's progress bar (an object with tqdm's `total` and `update(n)`) and
+`on_change(outcome, artifact_id)` hook.
 """
 
 from __future__ import annotations
@@ -46,18 +49,28 @@ class ReplicationSummary:
     elapsed_s: float = 0.0
     retry_reasons: list[str] = field(default_factory=list)  # the last few
     failures: dict[str, str] = field(default_factory=dict)  # artifact id -> last error
+    mode: str = "relay"  # "relay" (through the caller) or "pull" (Replicate); client-side only
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     def to_proto(self) -> pb.ReplicationSummary:
-        return pb.ReplicationSummary(**self.as_dict())
+        values = self.as_dict()
+        for name in _CLIENT_SIDE:
+            del values[name]
+        return pb.ReplicationSummary(**values)
 
     @classmethod
     def from_proto(cls, message: pb.ReplicationSummary) -> ReplicationSummary:
-        values = {f.name: getattr(message, f.name) for f in fields(cls)}
+        """The summary a daemon sent; `mode` stays its default (the caller sets it)."""
+        values = {
+            f.name: getattr(message, f.name) for f in fields(cls) if f.name not in _CLIENT_SIDE
+        }
         values.update(retry_reasons=list(message.retry_reasons), failures=dict(message.failures))
         return cls(**values)
+
+
+_CLIENT_SIDE = frozenset({"mode"})  # fields of ReplicationSummary the proto message lacks
 
 
 class ReplicationLedger:

@@ -34,7 +34,8 @@ class ClientTarget:
         self.client = client
 
     def list_ids(self) -> Iterable[str]:
-        return (info.artifact_id for info in self.client.list_artifacts())
+        """The artifacts the target holds whole (a quarantined one is copied again: a repair)."""
+        return (info.artifact_id for info in self.client.list_artifacts() if not info.quarantined)
 
     def has_artifact(self, artifact_id: str) -> bool:
         try:

@@ -391,7 +391,7 @@ class VerifyResponse(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., stored: _Optional[_Union[Receipt, _Mapping]] = ..., recomputed: _Optional[_Union[Receipt, _Mapping]] = ..., mismatches: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ArtifactInfo(_message.Message):
-    __slots__ = ("artifact_id", "num_tokens", "num_segments", "num_pages", "page_bytes", "layout", "model_fingerprint", "labels", "created_unix_ms", "pinned", "sequence", "provenance")
+    __slots__ = ("artifact_id", "num_tokens", "num_segments", "num_pages", "page_bytes", "layout", "model_fingerprint", "labels", "created_unix_ms", "pinned", "sequence", "provenance", "pin_expires_unix_ms", "last_used_unix_ms", "reused_tokens", "quarantined")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -411,6 +411,10 @@ class ArtifactInfo(_message.Message):
     PINNED_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     PROVENANCE_FIELD_NUMBER: _ClassVar[int]
+    PIN_EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     artifact_id: str
     num_tokens: int
     num_segments: int
@@ -423,7 +427,11 @@ class ArtifactInfo(_message.Message):
     pinned: bool
     sequence: int
     provenance: Provenance
-    def __init__(self, artifact_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., num_segments: _Optional[int] = ..., num_pages: _Optional[int] = ..., page_bytes: _Optional[int] = ..., layout: _Optional[_Union[KvLayout, _Mapping]] = ..., model_fingerprint: _Optional[bytes] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_unix_ms: _Optional[int] = ..., pinned: _Optional[bool] = ..., sequence: _Optional[int] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ...) -> None: ...
+    pin_expires_unix_ms: int
+    last_used_unix_ms: int
+    reused_tokens: int
+    quarantined: bool
+    def __init__(self, artifact_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., num_segments: _Optional[int] = ..., num_pages: _Optional[int] = ..., page_bytes: _Optional[int] = ..., layout: _Optional[_Union[KvLayout, _Mapping]] = ..., model_fingerprint: _Optional[bytes] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_unix_ms: _Optional[int] = ..., pinned: _Optional[bool] = ..., sequence: _Optional[int] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., pin_expires_unix_ms: _Optional[int] = ..., last_used_unix_ms: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., quarantined: _Optional[bool] = ...) -> None: ...
 
 class ListRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "label_selector")
@@ -481,12 +489,14 @@ class DeleteResponse(_message.Message):
     def __init__(self, pages_freed: _Optional[int] = ..., bytes_freed: _Optional[int] = ...) -> None: ...
 
 class PinRequest(_message.Message):
-    __slots__ = ("artifact_id", "pinned")
+    __slots__ = ("artifact_id", "pinned", "ttl_s")
     ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
     artifact_id: str
     pinned: bool
-    def __init__(self, artifact_id: _Optional[str] = ..., pinned: _Optional[bool] = ...) -> None: ...
+    ttl_s: int
+    def __init__(self, artifact_id: _Optional[str] = ..., pinned: _Optional[bool] = ..., ttl_s: _Optional[int] = ...) -> None: ...
 
 class PinResponse(_message.Message):
     __slots__ = ("info",)
@@ -499,7 +509,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("version", "store_format_version", "page_tokens", "model_fingerprint", "profile", "model_name", "tiers", "model_state", "instance_id", "signing_key")
+    __slots__ = ("version", "store_format_version", "page_tokens", "model_fingerprint", "profile", "model_name", "tiers", "model_state", "instance_id", "signing_key", "cache", "scrub")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -510,6 +520,8 @@ class InfoResponse(_message.Message):
     MODEL_STATE_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     SIGNING_KEY_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    SCRUB_FIELD_NUMBER: _ClassVar[int]
     version: str
     store_format_version: int
     page_tokens: int
@@ -520,7 +532,63 @@ class InfoResponse(_message.Message):
     model_state: str
     instance_id: str
     signing_key: bytes
-    def __init__(self, version: _Optional[str] = ..., store_format_version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., model_name: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., model_state: _Optional[str] = ..., instance_id: _Optional[str] = ..., signing_key: _Optional[bytes] = ...) -> None: ...
+    cache: CacheInfo
+    scrub: ScrubProgress
+    def __init__(self, version: _Optional[str] = ..., store_format_version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., model_name: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., model_state: _Optional[str] = ..., instance_id: _Optional[str] = ..., signing_key: _Optional[bytes] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., scrub: _Optional[_Union[ScrubProgress, _Mapping]] = ...) -> None: ...
+
+class CacheInfo(_message.Message):
+    __slots__ = ("budget_bytes", "budget_artifacts", "policy", "mode", "evicted_artifacts", "evicted_bytes", "expired_artifacts", "auto_deposits", "auto_deposits_skipped", "quarantined_artifacts")
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    AUTO_DEPOSITS_FIELD_NUMBER: _ClassVar[int]
+    AUTO_DEPOSITS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    budget_bytes: int
+    budget_artifacts: int
+    policy: str
+    mode: str
+    evicted_artifacts: int
+    evicted_bytes: int
+    expired_artifacts: int
+    auto_deposits: int
+    auto_deposits_skipped: int
+    quarantined_artifacts: int
+    def __init__(self, budget_bytes: _Optional[int] = ..., budget_artifacts: _Optional[int] = ..., policy: _Optional[str] = ..., mode: _Optional[str] = ..., evicted_artifacts: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., expired_artifacts: _Optional[int] = ..., auto_deposits: _Optional[int] = ..., auto_deposits_skipped: _Optional[int] = ..., quarantined_artifacts: _Optional[int] = ...) -> None: ...
+
+class ScrubRequest(_message.Message):
+    __slots__ = ("bytes_per_s",)
+    BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    bytes_per_s: int
+    def __init__(self, bytes_per_s: _Optional[int] = ...) -> None: ...
+
+class ScrubProgress(_message.Message):
+    __slots__ = ("pages_done", "pages_total", "bytes_done", "bytes_total", "corrupt_pages", "quarantined", "done", "started_unix_ms", "finished_unix_ms", "running")
+    PAGES_DONE_FIELD_NUMBER: _ClassVar[int]
+    PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_PAGES_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    pages_done: int
+    pages_total: int
+    bytes_done: int
+    bytes_total: int
+    corrupt_pages: _containers.RepeatedScalarFieldContainer[str]
+    quarantined: _containers.RepeatedScalarFieldContainer[str]
+    done: bool
+    started_unix_ms: int
+    finished_unix_ms: int
+    running: bool
+    def __init__(self, pages_done: _Optional[int] = ..., pages_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., corrupt_pages: _Optional[_Iterable[str]] = ..., quarantined: _Optional[_Iterable[str]] = ..., done: _Optional[bool] = ..., started_unix_ms: _Optional[int] = ..., finished_unix_ms: _Optional[int] = ..., running: _Optional[bool] = ...) -> None: ...
 
 class TierInfo(_message.Message):
     __slots__ = ("name", "capacity_bytes", "used_bytes", "hits", "misses", "evictions", "bytes_streamed", "peak_bytes", "backlog_artifacts", "holding_bytes")
@@ -596,7 +664,7 @@ class WatchRequest(_message.Message):
     def __init__(self, from_sequence: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
 
 class ChangeRecord(_message.Message):
-    __slots__ = ("sequence", "kind", "artifact_id", "unix_ms")
+    __slots__ = ("sequence", "kind", "artifact_id", "unix_ms", "reason")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[ChangeRecord.Kind]
@@ -605,15 +673,25 @@ class ChangeRecord(_message.Message):
     KIND_UNSPECIFIED: ChangeRecord.Kind
     KIND_ADDED: ChangeRecord.Kind
     KIND_DELETED: ChangeRecord.Kind
+    class Reason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        REASON_UNSPECIFIED: _ClassVar[ChangeRecord.Reason]
+        REASON_EVICTED: _ClassVar[ChangeRecord.Reason]
+        REASON_EXPIRED: _ClassVar[ChangeRecord.Reason]
+    REASON_UNSPECIFIED: ChangeRecord.Reason
+    REASON_EVICTED: ChangeRecord.Reason
+    REASON_EXPIRED: ChangeRecord.Reason
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
     UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     kind: ChangeRecord.Kind
     artifact_id: str
     unix_ms: int
-    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[ChangeRecord.Kind, str]] = ..., artifact_id: _Optional[str] = ..., unix_ms: _Optional[int] = ...) -> None: ...
+    reason: ChangeRecord.Reason
+    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[ChangeRecord.Kind, str]] = ..., artifact_id: _Optional[str] = ..., unix_ms: _Optional[int] = ..., reason: _Optional[_Union[ChangeRecord.Reason, str]] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
     __slots__ = ("source", "from_sequence")

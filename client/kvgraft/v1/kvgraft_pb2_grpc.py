@@ -100,6 +100,11 @@ class KvgraftStub:
                 request_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.PinRequest.SerializeToString,
                 response_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.PinResponse.FromString,
                 _registered_method=True)
+        self.Scrub = channel.unary_stream(
+                '/kvgraft.v1.Kvgraft/Scrub',
+                request_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.ScrubRequest.SerializeToString,
+                response_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.ScrubProgress.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/kvgraft.v1.Kvgraft/Stats',
                 request_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.StatsRequest.SerializeToString,
@@ -244,7 +249,18 @@ class KvgraftServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Pin(self, request, context):
-        """Pin or unpin an artifact: a pinned artifact cannot be deleted.
+        """Pin or unpin an artifact: a pinned artifact is neither deleted nor
+        evicted. A pin with a TTL holds until it expires; then the artifact is
+        deleted (the change feed says `expired`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Scrub(self, request, context):
+        """Recompute the SHA-256 of every stored page (rate limited), report the
+        corrupt ones and quarantine the artifacts holding them. Progress about
+        twice a second; the last message carries the findings.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -392,6 +408,11 @@ def add_KvgraftServicer_to_server(servicer, server):
                     servicer.Pin,
                     request_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.PinRequest.FromString,
                     response_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.PinResponse.SerializeToString,
+            ),
+            'Scrub': grpc.unary_stream_rpc_method_handler(
+                    servicer.Scrub,
+                    request_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.ScrubRequest.FromString,
+                    response_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.ScrubProgress.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -791,6 +812,33 @@ class Kvgraft:
             '/kvgraft.v1.Kvgraft/Pin',
             kvgraft_dot_v1_dot_kvgraft__pb2.PinRequest.SerializeToString,
             kvgraft_dot_v1_dot_kvgraft__pb2.PinResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Scrub(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kvgraft.v1.Kvgraft/Scrub',
+            kvgraft_dot_v1_dot_kvgraft__pb2.ScrubRequest.SerializeToString,
+            kvgraft_dot_v1_dot_kvgraft__pb2.ScrubProgress.FromString,
             options,
             channel_credentials,
             insecure,

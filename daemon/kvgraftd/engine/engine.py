@@ -27,13 +27,14 @@ max_queued_requests, then are refused with RESOURCE_EXHAUSTED).
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 
 import torch
 
 from kvgraft.artifact import Artifact, page_sizes
-from kvgraft.errors import FailedPrecondition, InvalidArgument
+from kvgraft.errors import FailedPrecondition, InvalidArgument, KvgraftError, NotFound
 from kvgraft.page_buffers import slot_copies
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine import compute_thread
@@ -56,6 +57,8 @@ from kvgraftd.store.trust_index import ChainMatch, is_trusted
 from kvgraftd.tiers.device_pool import DevicePool
 from kvgraftd.tiers.host_cache import HostCache
 from kvgraftd.tiers.stack import Tiers
+
+log = logging.getLogger(__name__)
 
 
 def choose_token(logits: torch.Tensor, options: DecodeOptions, generator: torch.Generator) -> int:
@@ -80,6 +83,7 @@ class Engine(Recompute):
         max_batch_rows: int = 64,
         max_running_contexts: int = 64,
         max_queued_requests: int = 256,
+        auto_cache: bool = False,
     ) -> None:
         pin_determinism()
         self.adapter = adapter
@@ -92,6 +96,9 @@ class Engine(Recompute):
         self.tiers = tiers or Tiers(
             DevicePool(0, (2, g.kv_heads, block_tokens, g.head_dim)), HostCache(store, 0)
         )
+        # cache = "auto": every Generate keeps its finished context (never failing for it)
+        self.auto_cache = auto_cache
+        self.auto_deposits = self.auto_deposits_skipped = 0
         self.page_tokens = page_tokens
         self.block_tokens = block_tokens
         self.max_context_tokens = max_context_tokens
@@ -239,17 +246,37 @@ class Engine(Recompute):
             raise InvalidArgument("the prompt is empty: give text or at least one token id")
         self._check_tokens(prompt)
         self._check_length(len(prompt) + options.max_new_tokens)
-        with self._serving(is_active) as context:
+        with self._serving(is_active) as context, ExitStack() as held:
             reused, grafted = 0, []
             if not options.no_cache:
-                match = self._matched_pages(prompt[:-1], (len(prompt) - 1) // self.page_tokens)
+                match = self._held_match(held, prompt)
                 if match.entries:
                     reused = sum(len(entry.token_ids) for entry in match.entries)
                     hashes = [digest for entry in match.entries for digest in entry.page_sha256]
                     context.attach(prompt[:reused], hashes)
                     grafted = match.grafted
             logits = self._append(context, prompt[reused:])
-            yield from self._decode(context, logits, options, reused, len(prompt) - reused, grafted)
+            auto = self.auto_cache and not options.deposit
+            yield from self._decode(
+                context, logits, options, reused, len(prompt) - reused, grafted, auto_deposit=auto
+            )
+
+    def _held_match(self, held: ExitStack, prompt: list[int]) -> ChainMatch:
+        """The prompt's stored prefix, its vouching artifact leased for the request (a use of
+        it: not evicted while read). One evicted between the lookup and the lease is looked
+        up again: what is left of it, if anything, is computed. A prefix from the remote
+        tier has no local artifact to lease."""
+        for _ in range(2):
+            match = self._matched_pages(prompt[:-1], (len(prompt) - 1) // self.page_tokens)
+            if not match.entries:
+                return match
+            tokens = sum(len(entry.token_ids) for entry in match.entries)
+            try:
+                held.enter_context(self.store.reading(match.grafted[0].artifact_id, tokens))
+                return match
+            except NotFound:
+                pass
+        return match
 
     def graft(
         self,
@@ -285,7 +312,10 @@ class Engine(Recompute):
                     vouched_by=provenance.vouched_by,
                 )
             ]
-        with self._serving(is_active) as context:
+        with self._serving(is_active) as context, ExitStack() as held:
+            if not options.no_cache:
+                self.store.check_servable(full_id)
+                held.enter_context(self.store.reading(full_id, len(manifest.token_ids)))
             if options.no_cache:
                 self._recompute(context, manifest)
                 reused, computed = 0, len(manifest.token_ids)
@@ -308,6 +338,7 @@ class Engine(Recompute):
         computed: int,
         grafted: list[pb.GraftedArtifact],
         whole_artifact: str = "",  # Graft: the artifact restored whole
+        auto_deposit: bool = False,  # keep the context if the store has room (cache = "auto")
     ) -> Iterator[TokenEvent | ResultEvent]:
         receipt = pb.Receipt(
             input_sha256=input_sha256(context.token_ids, context.segment_ends),
@@ -335,6 +366,13 @@ class Engine(Recompute):
         artifact_id = ""
         if options.deposit:
             artifact_id = self._deposit(context, receipt, options.labels, grafted)
+        elif auto_deposit:
+            try:
+                artifact_id = self._deposit(context, receipt, options.labels, grafted)
+                self.auto_deposits += 1
+            except KvgraftError as exc:  # the request does not fail for the cache
+                self.auto_deposits_skipped += 1
+                log.warning("the finished context was not kept (cache = auto): %s", exc)
         receipt.reused_tokens, receipt.computed_tokens = reused, computed
         receipt.grafted.extend(grafted)
         receipt.grafted_artifact_id = whole_artifact
@@ -367,14 +405,23 @@ class Engine(Recompute):
             labels=labels,
             receipt=receipt,
         )
-        missing = self.store.missing_pages(list(page_sizes(artifact.manifest)))
-        # block-aligned copies: the store writes them to disk with direct I/O
-        copies = slot_copies({d: artifact.pages[d] for d in missing}) if missing else {}
-        records = page_records_of(copies)
         if all(is_trusted(pb.Provenance(trust=g.trust)) for g in grafted):
             provenance = self.trust.computed(artifact.id)
         else:
             provenance = pb.Provenance(
                 trust=pb.Provenance.TRUST_UNTRUSTED, origin="computed on untrusted pages"
             )
-        return self.store.commit_artifact(artifact.manifest, records, provenance).artifact_id
+        for attempt in range(1, 4):
+            missing = self.store.missing_pages(list(page_sizes(artifact.manifest)))
+            # block-aligned copies: the store writes them to disk with direct I/O
+            copies = slot_copies({d: artifact.pages[d] for d in missing}) if missing else {}
+            try:
+                commit = self.store.commit_artifact(
+                    artifact.manifest, page_records_of(copies), provenance
+                )
+                return commit.artifact_id
+            except InvalidArgument:
+                # a page stored when asked was evicted before the commit: ask again
+                if attempt == 3:
+                    raise
+        raise AssertionError("unreachable")

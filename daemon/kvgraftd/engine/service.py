@@ -97,6 +97,8 @@ class EngineService:
             response.model_fingerprint = engine.fingerprint
             response.profile.CopyFrom(engine.profile)
             response.page_tokens = engine.page_tokens
+            response.cache.auto_deposits = engine.auto_deposits
+            response.cache.auto_deposits_skipped = engine.auto_deposits_skipped
 
     def tier_infos(self) -> list[pb.TierInfo]:
         """The device and host tiers of a ready engine (none before)."""

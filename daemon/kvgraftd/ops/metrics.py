@@ -16,6 +16,11 @@ keep it — no second set of books:
 | kvgraft_tier_{hits,misses,evictions}_total{tier} | Stats().tiers |
 | kvgraft_tier_{used,capacity,peak}_bytes{tier} | Stats().tiers |
 | kvgraft_store_* (artifacts, pages, bytes, map use, disk free, sequence) | Stats() |
+| kvgraft_cache_{evicted_artifacts,evicted_bytes,expired_artifacts}_total | Info().cache |
+| kvgraft_cache_{auto_deposits,auto_deposits_skipped}_total | Info().cache |
+| kvgraft_cache_{budget_bytes,budget_artifacts,quarantined_artifacts} | Info().cache |
+| kvgraft_scrub_{pages,bytes}_{done,total}, kvgraft_scrub_corrupt_pages | Info().scrub |
+| kvgraft_scrub_running, kvgraft_scrub_last_finished_unix_seconds | Info().scrub |
 | process_* | prometheus_client's process collector |
 
 With TLS configured the endpoint is HTTPS with the daemon's certificate
@@ -51,7 +56,9 @@ class KvgraftCollector(Collector):
         telemetry: Telemetry,
         limiter: CallLimiter,
         batching: Callable[[], BatchFigures | None] = lambda: None,
+        cache: Callable[[], pb.InfoResponse] | None = None,
     ) -> None:
+        self._cache = cache
         self._calls = calls
         self._stats = stats
         self._telemetry = telemetry
@@ -62,6 +69,35 @@ class KvgraftCollector(Collector):
         yield from self._rpc_metrics()
         yield from self._engine_metrics()
         yield from self._store_metrics(self._stats())
+        if self._cache is not None:
+            yield from self._cache_metrics(self._cache())
+
+    def _cache_metrics(self, info: pb.InfoResponse) -> Iterator[Metric]:
+        cache, scrub = info.cache, info.scrub
+        for name, text in (
+            ("evicted_artifacts", "artifacts evicted to stay within the budget"),
+            ("evicted_bytes", "page bytes eviction gave back"),
+            ("expired_artifacts", "artifacts deleted as their TTL pin expired"),
+            ("auto_deposits", "finished contexts kept by cache = auto"),
+            ("auto_deposits_skipped", "finished contexts not kept: no room"),
+        ):
+            yield CounterMetricFamily(f"kvgraft_cache_{name}", text, value=getattr(cache, name))
+        for name, text in (
+            ("budget_bytes", "store_budget_bytes (0: none)"),
+            ("budget_artifacts", "store_budget_artifacts (0: none)"),
+            ("quarantined_artifacts", "artifacts a scrub found corrupt, not yet repaired"),
+        ):
+            yield GaugeMetricFamily(f"kvgraft_cache_{name}", text, value=getattr(cache, name))
+        for name, value, text in (
+            ("pages_done", scrub.pages_done, "pages the last or running scrub hashed"),
+            ("pages_total", scrub.pages_total, "pages stored when it began"),
+            ("bytes_done", scrub.bytes_done, "bytes it hashed"),
+            ("bytes_total", scrub.bytes_total, "bytes stored when it began"),
+            ("corrupt_pages", len(scrub.corrupt_pages), "corrupt pages it found"),
+            ("running", int(scrub.running), "1 while a scrub runs"),
+            ("last_finished_unix_seconds", scrub.finished_unix_ms / 1000, "when it ended"),
+        ):
+            yield GaugeMetricFamily(f"kvgraft_scrub_{name}", text, value=value)
 
     def _rpc_metrics(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(

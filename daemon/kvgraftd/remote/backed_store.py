@@ -35,7 +35,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 
 import numpy as np
@@ -51,6 +51,7 @@ from kvgraftd.store.chains import ChainEntry, chain_keys, manifest_entries
 from kvgraftd.store.page_records import Framer, PageRecord, page_records_of
 from kvgraftd.store.signing import TrustPolicy
 from kvgraftd.store.trust_index import UNRECORDED, ChainMatch, is_trusted
+from kvgraftd.store.usage import Usage
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class RemoteBackedStore:
         )
         self._lock = threading.Lock()
         self.path = store.path
+        self.evictor = store.evictor
 
     # ------------------------------------------------------------------
     # the Store's interface, passed through
@@ -119,11 +121,67 @@ class RemoteBackedStore:
     def trust_artifact(self, artifact_id: str, provenance: pb.Provenance) -> pb.Provenance:
         return self._store.trust_artifact(artifact_id, provenance)
 
-    def delete_artifact(self, artifact_id: str) -> tuple[int, int]:
-        return self._store.delete_artifact(artifact_id)
+    def delete_artifact(self, artifact_id: str, wait_s: float = 30.0) -> tuple[int, int]:
+        return self._store.delete_artifact(artifact_id, wait_s)
 
-    def set_pinned(self, artifact_id: str, pinned: bool) -> ArtifactRecord:
-        return self._store.set_pinned(artifact_id, pinned)
+    def set_pinned(self, artifact_id: str, pinned: bool, ttl_s: float = 0) -> ArtifactRecord:
+        return self._store.set_pinned(artifact_id, pinned, ttl_s)
+
+    # the cache lifecycle (kvgraftd.store.lifecycle, kvgraftd.store.quarantine)
+
+    def reading(self, artifact_id: str, reused_tokens: int = 0) -> AbstractContextManager:
+        return self._store.reading(artifact_id, reused_tokens)
+
+    def usage(self, artifact_id: str) -> Usage | None:
+        return self._store.usage(artifact_id)
+
+    def evictable(self) -> dict[bytes, Usage]:
+        return self._store.evictable()
+
+    def cache_totals(self) -> tuple[int, int]:
+        return self._store.cache_totals()
+
+    def raise_inflation(self, priority: float) -> None:
+        self._store.raise_inflation(priority)
+
+    def remove(self, aids: Iterable[bytes], reason: int) -> tuple[int, int]:
+        return self._store.remove(aids, reason)
+
+    def flush_usage(self) -> int:
+        return self._store.flush_usage()
+
+    def pin_expiry(self, artifact_id: str) -> int:
+        return self._store.pin_expiry(artifact_id)
+
+    def due_expiries(self) -> tuple[list[bytes], int]:
+        return self._store.due_expiries()
+
+    def expire_due(self) -> int:
+        return self._store.expire_due()
+
+    def hash_batch(self, after: bytes, limit: int) -> tuple[bytes, int, int, list[bytes]]:
+        return self._store.hash_batch(after, limit)
+
+    def quarantine(self, digests: list[bytes]) -> list[str]:
+        return self._store.quarantine(digests)
+
+    def is_quarantined(self, artifact_id: str) -> bool:
+        return self._store.is_quarantined(artifact_id)
+
+    def quarantined_ids(self) -> list[str]:
+        return self._store.quarantined_ids()
+
+    def check_servable(self, artifact_id: str) -> None:
+        self._store.check_servable(artifact_id)
+
+    def meta_time(self, name: bytes) -> int:
+        return self._store.meta_time(name)
+
+    def set_meta_time(self, name: bytes, unix_ms: int) -> None:
+        self._store.set_meta_time(name, unix_ms)
+
+    def wake(self) -> None:
+        self._store.wake()
 
     def get_record(self, artifact_id: str) -> ArtifactRecord:
         return self._store.get_record(artifact_id)

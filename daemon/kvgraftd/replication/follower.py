@@ -64,9 +64,11 @@ class LocalTarget:
         return LocalTarget(self._service, self._store, source)
 
     def list_ids(self) -> Iterable[str]:
+        """The artifacts held whole (a quarantined one is copied again: a repair)."""
+        quarantined = set(self._store.quarantined_ids())
         after = b""
         while batch := self._store.list_records(after, 1000):
-            yield from (aid for aid, _ in batch)
+            yield from (aid for aid, _ in batch if aid not in quarantined)
             after = bytes.fromhex(batch[-1][0])
 
     def has_artifact(self, artifact_id: str) -> bool:

@@ -189,6 +189,9 @@ def _method_table(
             "Watch", lambda r, c: service.watch(r, c.is_active), pb.WatchRequest, serialize
         ),
         "Replicate": streaming("Replicate", pull, pb.ReplicateRequest, serialize),
+        "Scrub": streaming(
+            "Scrub", lambda r, c: service.scrub(r, c.is_active), pb.ScrubRequest, serialize
+        ),
         "PutArtifact": grpc.stream_unary_rpc_method_handler(
             _guard(
                 "PutArtifact",

@@ -42,7 +42,7 @@ import logging
 import shutil
 import struct
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,11 +63,15 @@ from kvgraftd.store.catalog import (
     encode_record,
     now_ms,
 )
+from kvgraftd.store.eviction import NO_BUDGET, CacheBudget, Evictor
+from kvgraftd.store.lifecycle import LIFECYCLE_DATABASES, Lifecycle, require_present, usage_of_new
 from kvgraftd.store.lmdb_env import LmdbEnv
 from kvgraftd.store.page_records import PageRecord
 from kvgraftd.store.page_store import PageStore
+from kvgraftd.store.quarantine import QUARANTINE_DATABASES, Quarantine
 from kvgraftd.store.segments import DEFAULT_SEGMENT_BYTES, Location
 from kvgraftd.store.trust_index import ChainMatch
+from kvgraftd.store.usage import UsageBook
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +101,9 @@ class StoreStats:
     last_sequence: int
 
 
-class Store:
-    """A kvgraft store in directory `path` (created if missing)."""
+class Store(Lifecycle, Quarantine):
+    """A kvgraft store in directory `path` (created if missing). `clock`: unix ms, for
+    last uses and pin expiries (tests move it)."""
 
     def __init__(
         self,
@@ -107,6 +112,8 @@ class Store:
         initial_map_bytes: int = 1 << 30,
         min_free_bytes: int = 256 << 20,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        clock: Callable[[], int] = now_ms,
+        budget: CacheBudget = NO_BUDGET,
     ) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
@@ -122,6 +129,8 @@ class Store:
                 "meta",
                 "provenance",
                 "vouchers",
+                *LIFECYCLE_DATABASES,
+                *QUARANTINE_DATABASES,
             ),
             initial_map_bytes=initial_map_bytes,
             min_free_bytes=min_free_bytes,
@@ -131,16 +140,25 @@ class Store:
         self._write = self._lmdb.write
         self._pages = PageStore(self._lmdb, self.path / "segments", segment_bytes=segment_bytes)
         self._changed = threading.Condition()
+        self._clock = clock
+        self._usage = UsageBook()
+        self.evictor = Evictor(self, budget)
+        self._admitting = threading.Lock()  # room made and used by one commit at a time
         try:
             version = store_migration.check_format(self._lmdb, self.path)
             self._pages.open(version)
             if version < store_migration.STORE_FORMAT_VERSION:
                 store_migration.migrate_v2(self._lmdb)
+            self._load_usage()
         except BaseException:
             self.close()
             raise
 
     def close(self) -> None:
+        try:
+            self.flush_usage()
+        except Exception:  # a closing store loses recent use times, never data
+            log.exception("could not record the artifacts' last uses")
         self._lmdb.close()
         self._pages.close()
 
@@ -237,9 +255,12 @@ class Store:
         def body(txn: lmdb.Transaction) -> CommitResult:
             found = txn.get(aid, db=self._db["artifacts"])
             if found is not None:
-                trust_index.record(txn, self._db, aid, manifest, provenance)
                 sequence = decode_record(found).sequence
-                return CommitResult(aid.hex(), True, 0, 0, sequence)
+                repaired = (0, 0)
+                if txn.get(aid, db=self._db["quarantine"]) is not None:
+                    repaired = self._repair_in(txn, aid, manifest, records)
+                trust_index.record(txn, self._db, aid, manifest, provenance)
+                return CommitResult(aid.hex(), True, *repaired, sequence)
             new = self._pages.new_pages(txn, sizes, records)
             self._pages.append(txn, new)
             for digest in sizes:
@@ -253,8 +274,11 @@ class Store:
             txn.put(aid, encode_record(record), db=self._db["artifacts"])
             return CommitResult(aid.hex(), False, written, written_bytes, sequence)
 
-        result = self._pages.write(index_bytes + len(canonical), file_bytes, body)
+        with self._admitting:
+            self.evictor.make_room(file_bytes)
+            result = self._pages.write(index_bytes + len(canonical), file_bytes, body)
         if not result.already_present:
+            self._usage.added(aid, usage_of_new(manifest, self._clock()))
             self._notify_change()
             log.info(  # one logfmt line per artifact written: machines read it
                 "event=artifact_written artifact_id=%s sequence=%d pages_written=%d "
@@ -328,38 +352,36 @@ class Store:
 
         return self._write(0, body)
 
+    def meta_time(self, name: bytes) -> int:
+        """A unix-ms time kept in `meta` (0 when never set)."""
+        with self._read() as txn:
+            return catalog.counter(txn, self._db["meta"], name)
+
+    def set_meta_time(self, name: bytes, unix_ms: int) -> None:
+        self._write(0, lambda txn: txn.put(name, _U64.pack(unix_ms), db=self._db["meta"]))
+
     def _add_page_bytes(self, txn, delta: int) -> None:
         catalog.add_counter(txn, self._db["meta"], b"page_bytes", delta)
 
-    def delete_artifact(self, artifact_id: str) -> tuple[int, int]:
-        """Remove an artifact; returns (pages freed, bytes freed)."""
+    def delete_artifact(self, artifact_id: str, wait_s: float = 30.0) -> tuple[int, int]:
+        """Remove an artifact; returns (pages freed, bytes freed). Waits up to `wait_s` for
+        its readers (grafts, exports) to finish."""
         aid = catalog.parse_full_id(artifact_id)
+        self._usage.claim_waiting(aid, wait_s)
 
-        def body(txn: lmdb.Transaction) -> tuple[int, int]:
-            found = txn.get(aid, db=self._db["artifacts"])
-            if found is None:
-                raise NotFound(
-                    f"artifact {artifact_id} is not in the store (kvgraft ls lists them)"
-                )
-            record = decode_record(found)
+        def body(txn: lmdb.Transaction) -> list[Location]:
+            record = require_present(txn, self._db, aid, artifact_id)
             if record.pinned:
                 raise FailedPrecondition(
                     f"artifact {artifact_id} is pinned; unpin it first (kvgraft pin --off ID)"
                 )
-            locations: list[Location] = []
-            for digest in page_sizes(record.manifest()):
-                count = _U64.unpack(txn.get(digest, db=self._db["refs"]))[0] - 1
-                if count:
-                    txn.put(digest, _U64.pack(count), db=self._db["refs"])
-                    continue
-                txn.delete(digest, db=self._db["refs"])
-                locations += self._drop_page(txn, digest)
-            trust_index.forget(txn, self._db, aid, record.manifest())
-            txn.delete(aid, db=self._db["artifacts"])
-            catalog.append_change(txn, self._db["log"], pb.ChangeRecord.KIND_DELETED, aid)
-            return locations
+            return self._remove_in(txn, aid, record, pb.ChangeRecord.REASON_UNSPECIFIED)
 
-        locations = self._write(0, body)
+        try:
+            locations = self._write(0, body)
+        finally:
+            self._usage.unclaim([aid])
+        self._usage.removed([aid])
         self._pages.free(locations)
         freed, freed_bytes = len(locations), sum(location.length for location in locations)
         self._notify_change()
@@ -371,7 +393,8 @@ class Store:
         )
         return freed, freed_bytes
 
-    def set_pinned(self, artifact_id: str, pinned: bool) -> ArtifactRecord:
+    def set_pinned(self, artifact_id: str, pinned: bool, ttl_s: float = 0) -> ArtifactRecord:
+        """Pin or unpin; a pin with `ttl_s` expires then (the artifact is deleted)."""
         aid = catalog.parse_full_id(self.resolve(artifact_id))
 
         def body(txn: lmdb.Transaction) -> ArtifactRecord:
@@ -379,10 +402,13 @@ class Store:
             if found is None:  # deleted since resolve()
                 raise NotFound(f"artifact {artifact_id} was deleted")
             record = dataclasses.replace(decode_record(found), pinned=pinned)
+            self._set_expiry_in(txn, aid, pinned, ttl_s)
             txn.put(aid, encode_record(record), db=self._db["artifacts"])
             return record
 
-        return self._write(0, body)
+        record = self._write(0, body)
+        self._usage.set_pinned(aid, pinned)
+        return record
 
     def resolve(self, id_or_prefix: str) -> str:
         """The full id of the one artifact whose id starts with `id_or_prefix`."""
@@ -412,6 +438,10 @@ class Store:
     def _notify_change(self) -> None:
         with self._changed:
             self._changed.notify_all()
+
+    def wake(self) -> None:
+        """Wake whoever waits for a change (a stopping maintenance thread)."""
+        self._notify_change()
 
     def wait_for_change(self, timeout_s: float) -> None:
         """Block until an artifact is added or deleted, or `timeout_s` passes."""

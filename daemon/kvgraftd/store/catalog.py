@@ -93,11 +93,14 @@ def parse_full_id(artifact_id: str) -> bytes:
     return aid
 
 
-def append_change(txn, db, kind: int, aid: bytes) -> int:
-    """Add a change record (`kind` of artifact `aid`) to the feed; returns its sequence."""
+def append_change(txn, db, kind: int, aid: bytes, reason: int = 0) -> int:
+    """Add a change record (`kind` of artifact `aid`, deleted for `reason`) to the feed;
+    returns its sequence."""
     cursor = txn.cursor(db=db)
     sequence = SEQUENCE_KEY.unpack(cursor.key())[0] + 1 if cursor.last() else 1
-    entry = pb.ChangeRecord(sequence=sequence, kind=kind, artifact_id=aid.hex(), unix_ms=now_ms())
+    entry = pb.ChangeRecord(
+        sequence=sequence, kind=kind, artifact_id=aid.hex(), unix_ms=now_ms(), reason=reason
+    )
     txn.put(SEQUENCE_KEY.pack(sequence), entry.SerializeToString(), db=db)
     return sequence
 

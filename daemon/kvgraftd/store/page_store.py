@@ -147,6 +147,9 @@ class PageStore:
     def disk_bytes(self) -> int:
         return self._segments.disk_bytes()
 
+    def live_bytes(self) -> int:
+        return self._segments.live_bytes()
+
     def count(self, txn: lmdb.Transaction) -> int:
         return txn.stat(self._db)["entries"]
 
@@ -170,6 +173,12 @@ class PageStore:
             joined, checks = page_records.gather_framed(stored, digests, frame)
         page_records.verify_framed(joined, checks)
         return joined
+
+    @contextmanager
+    def reading_index(self) -> Iterator[tuple[lmdb.Transaction, SegmentFiles]]:
+        """A read transaction of the index and the segments, whose views stay valid inside."""
+        with self._segments.reading(), self._env.read() as txn:
+            yield txn, self._segments
 
     @contextmanager
     def _reading(self) -> Iterator[StoredPages]:

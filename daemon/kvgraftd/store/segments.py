@@ -106,6 +106,7 @@ class SegmentFiles:
         self._maps: dict[int, memoryview] = {}  # of read-only mappings, whole segments
         self._map_lock = threading.Lock()
         self._lock = threading.Lock()  # epochs, readers, frees, live bytes
+        self._reclaiming = threading.Lock()
         self._epoch = 0
         self._readers: Counter[int] = Counter()
         self._freed: list[tuple[int, list[Location]]] = []
@@ -332,37 +333,47 @@ class SegmentFiles:
         self._reclaim()
 
     def _reclaim(self) -> None:
-        with self._lock:
-            oldest = min(self._readers, default=self._epoch + 1)
-            ready = [locations for epoch, locations in self._freed if epoch < oldest]
-            self._freed = [(epoch, locs) for epoch, locs in self._freed if epoch >= oldest]
-            emptied: set[int] = set()
-            for locations in ready:
-                for location in locations:
-                    self._live[location.segment] -= block_aligned(location.length)
-                    if self._live[location.segment] <= 0:
-                        emptied.add(location.segment)
-            active = {self._committed.segment, self.pending.segment}
-            removed = emptied - active
-            try:  # the index no longer names these bytes: failing here loses no data
+        with self._reclaiming:  # one reclaimer gives space back at a time, outside `_lock`
+            with self._lock:
+                oldest = min(self._readers, default=self._epoch + 1)
+                ready = [locations for epoch, locations in self._freed if epoch < oldest]
+                self._freed = [(epoch, locs) for epoch, locs in self._freed if epoch >= oldest]
+                emptied: set[int] = set()
+                for locations in ready:
+                    for location in locations:
+                        self._live[location.segment] -= block_aligned(location.length)
+                        if self._live[location.segment] <= 0:
+                            emptied.add(location.segment)
+                active = {self._committed.segment, self.pending.segment}
+                removed = emptied - active
                 for segment in removed:
                     del self._live[segment]
                     self._maps.pop(segment, None)
+            try:  # the index no longer names these bytes: failing here loses no data
+                for segment in removed:
                     self._path(segment).unlink(missing_ok=True)
                     log.info("segment %d emptied and removed", segment)
-                for locations in ready:
-                    self._punch([loc for loc in locations if loc.segment not in removed])
+                self._punch([loc for locs in ready for loc in locs if loc.segment not in removed])
             except OSError:
                 log.exception("could not give freed page space back; the next start will")
 
     def _punch(self, locations: list[Location]) -> None:
+        """Punch the locations' blocks out, neighbours as one range (an eviction frees runs
+        of pages written one after another)."""
         by_segment: dict[int, list[Location]] = {}
         for location in locations:
             by_segment.setdefault(location.segment, []).append(location)
         for segment, found in by_segment.items():
+            ranges: list[list[int]] = []
+            for location in sorted(found):
+                end = location.offset + block_aligned(location.length)
+                if ranges and ranges[-1][1] == location.offset:
+                    ranges[-1][1] = end
+                else:
+                    ranges.append([location.offset, end])
             with opened(self._path(segment)) as fd:
-                for location in found:
-                    punch_hole(fd, location.offset, block_aligned(location.length))
+                for start, end in ranges:
+                    punch_hole(fd, start, end - start)
 
     def _punch_gaps(self, segment: int, live: list[Location], end: int | None) -> None:
         with opened(self._path(segment)) as fd:
@@ -374,6 +385,13 @@ class SegmentFiles:
             size = os.fstat(fd).st_size if end is None else end
             if size > at:
                 punch_hole(fd, at, size - at)
+
+    def live_bytes(self) -> int:
+        """Bytes of the pages the index names (block-aligned): freed pages not counted, even
+        while a read that began before their delete keeps their space a little longer."""
+        with self._lock:
+            freeing = sum(block_aligned(loc.length) for _, locs in self._freed for loc in locs)
+            return sum(self._live.values()) - freeing
 
     def disk_bytes(self) -> int:
         """What the segment files take on disk (blocks allocated: holes not counted)."""

@@ -23,6 +23,7 @@ from kvgraftd.store.catalog import artifact_info
 from kvgraftd.store.intake import PageIntake
 from kvgraftd.store.migration import STORE_FORMAT_VERSION
 from kvgraftd.store.read_ahead import read_ahead
+from kvgraftd.store.scrub import Scrubber
 from kvgraftd.store.signing import Signer, TrustPolicy
 
 MAX_MISSING_QUERY = 100_000
@@ -31,6 +32,8 @@ DEFAULT_LIST_PAGE = 100
 WATCH_POLL_S = 0.5
 READ_AHEAD_MESSAGES = 2  # PutArtifact messages taken ahead of the one being stored
 
+MIN_SCRUB_BYTES_PER_S = 1 << 20
+MAX_PIN_TTL_S = 10 * 365 * 86400
 
 @dataclass(frozen=True)
 class ServiceLimits:
@@ -47,9 +50,13 @@ class StoreService:
         store: Store,
         limits: ServiceLimits = ServiceLimits(),
         trust: TrustPolicy | None = None,
+        scrubber: Scrubber | None = None,
+        cache_mode: str = "explicit",
     ) -> None:
         self._store = store
         self._limits = limits
+        self._scrubber = scrubber or Scrubber(store, 64 << 20)
+        self._cache_mode = cache_mode
         # Decides what arriving artifacts are worth (kvgraftd.store.signing); tests that build a
         # service alone get a key of their own.
         self.trust = trust or TrustPolicy(Signer.generate())
@@ -70,7 +77,49 @@ class StoreService:
             instance_id=self.instance_id,
             signing_key=self.trust.signer.public_key,
             tiers=[self._lmdb_tier(self._store.stats())],
+            cache=self.cache_info(),
+            scrub=self._scrubber.progress(),
         )
+
+    def cache_info(self) -> pb.CacheInfo:
+        evictor = self._store.evictor
+        return pb.CacheInfo(
+            budget_bytes=evictor.budget.bytes,
+            budget_artifacts=evictor.budget.artifacts,
+            policy=evictor.budget.policy,
+            mode=self._cache_mode,
+            evicted_artifacts=evictor.counters.artifacts,
+            evicted_bytes=evictor.counters.bytes,
+            expired_artifacts=evictor.counters.expired,
+            quarantined_artifacts=len(self._store.quarantined_ids()),
+        )
+
+    def scrub(self, request: pb.ScrubRequest, is_active: Callable[[], bool]) -> Iterator:
+        """Scrub the store (on a thread of its own: a caller that leaves does not stop it),
+        its progress about twice a second, its findings last."""
+        if request.bytes_per_s and request.bytes_per_s < MIN_SCRUB_BYTES_PER_S:
+            raise InvalidArgument(
+                "Scrub bytes_per_s is at least 1 MiB/s (0: the daemon's scrub_bytes_per_s)"
+            )
+        outcome: list = []
+        finished = threading.Event()
+
+        def work() -> None:
+            try:
+                outcome.append(self._scrubber.run(request.bytes_per_s))
+            except BaseException as exc:  # handed to the caller below
+                outcome.append(exc)
+            finally:
+                finished.set()
+
+        threading.Thread(target=work, name="scrub-call", daemon=True).start()
+        while not finished.wait(0.5):
+            if not is_active():
+                return
+            yield self._scrubber.progress()
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        yield outcome[0]
 
     @staticmethod
     def _lmdb_tier(stats: StoreStats) -> pb.TierInfo:
@@ -153,6 +202,7 @@ class StoreService:
         """The manifest, then the requested pages, framed as GetArtifactResponse bytes."""
         record = self._store.get_record(request.artifact_id)
         manifest = record.manifest()
+        self._store.check_servable(artifact_id(manifest))
         sizes = page_sizes(manifest)
         wanted = list(sizes)  # distinct pages in manifest order
         if request.only_pages:
@@ -170,7 +220,8 @@ class StoreService:
         )
         if request.manifest_only:
             return
-        yield from self._page_messages(wanted, sizes)
+        with self._store.reading(artifact_id(manifest)):  # an export is a use; never evicted
+            yield from self._page_messages(wanted, sizes)
 
     def _page_messages(self, digests: list[bytes], sizes: dict[bytes, int]) -> Iterator[bytes]:
         budget = self._limits.block_payload_bytes
@@ -251,13 +302,20 @@ class StoreService:
         return pb.DeleteResponse(pages_freed=freed, bytes_freed=freed_bytes)
 
     def pin(self, request: pb.PinRequest) -> pb.PinResponse:
+        if request.ttl_s > MAX_PIN_TTL_S:
+            raise InvalidArgument(f"Pin ttl_s is at most {MAX_PIN_TTL_S} (ten years)")
         aid = self._store.resolve(request.artifact_id)
-        record = self._store.set_pinned(aid, request.pinned)
+        record = self._store.set_pinned(aid, request.pinned, request.ttl_s)
         return pb.PinResponse(info=self._info(aid, record, record.manifest()))
 
     def _info(self, aid: str, record, manifest: pb.Manifest) -> pb.ArtifactInfo:
         info = artifact_info(aid, record, manifest)
         info.provenance.CopyFrom(self._store.provenance(aid))
+        info.pin_expires_unix_ms = self._store.pin_expiry(aid)
+        usage = self._store.usage(aid)
+        if usage is not None:
+            info.last_used_unix_ms, info.reused_tokens = usage.last_used_ms, usage.reused_tokens
+        info.quarantined = self._store.is_quarantined(aid)
         return info
 
     def watch(

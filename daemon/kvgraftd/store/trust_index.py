@@ -80,23 +80,32 @@ def record(txn, dbs, aid: bytes, manifest: pb.Manifest, provenance: pb.Provenanc
     after = merged(before, provenance) if before is not None else merged(provenance, provenance)
     before = before or UNRECORDED
     txn.put(aid, after.SerializeToString(deterministic=True), db=dbs["provenance"])
-    if is_trusted(after) and not is_trusted(before):
-        chains.register(txn, dbs["chains"], manifest, +1)
-        for key, entry in chains.manifest_entries(manifest):
-            found = txn.get(key, db=dbs["chains"])
-            # it vouches only where the index holds its bytes (not another's, kept first)
-            if found is not None and chains.ChainEntry.decode(found).page_sha256 == (
-                entry.page_sha256
-            ):
-                txn.put(key + aid, b"", db=dbs["vouchers"])
+    if is_trusted(after) and not is_trusted(before) and txn.get(aid, db=dbs["quarantine"]) is None:
+        vouch(txn, dbs, aid, manifest)
 
 
-def forget(txn, dbs, aid: bytes, manifest: pb.Manifest) -> None:
-    """An artifact is deleted: it vouches for nothing any more."""
+def vouch(txn, dbs, aid: bytes, manifest: pb.Manifest) -> None:
+    """A trusted artifact's pages enter the chain index, vouched for by it."""
+    chains.register(txn, dbs["chains"], manifest, +1)
+    for key, entry in chains.manifest_entries(manifest):
+        found = txn.get(key, db=dbs["chains"])
+        # it vouches only where the index holds its bytes (not another's, kept first)
+        if found is not None and chains.ChainEntry.decode(found).page_sha256 == (entry.page_sha256):
+            txn.put(key + aid, b"", db=dbs["vouchers"])
+
+
+def withdraw_vouchers(txn, dbs, aid: bytes, manifest: pb.Manifest) -> None:
+    """The artifact vouches for nothing any more (deleted, or quarantined: it stays trusted)."""
     if is_trusted(read(txn, dbs, aid)):
         chains.register(txn, dbs["chains"], manifest, -1)
         for key, _ in chains.manifest_entries(manifest):
             txn.delete(key + aid, db=dbs["vouchers"])
+
+
+def forget(txn, dbs, aid: bytes, manifest: pb.Manifest) -> None:
+    """An artifact is deleted: it vouches for nothing any more."""
+    if txn.get(aid, db=dbs["quarantine"]) is None:  # a quarantined one already withdrew
+        withdraw_vouchers(txn, dbs, aid, manifest)
     txn.delete(aid, db=dbs["provenance"])
 
 

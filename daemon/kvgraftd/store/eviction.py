@@ -1,0 +1,190 @@
+"""Budgets and eviction: the store keeps itself within `store_budget_bytes`.
+
+What counts: the bytes of the segment files' live pages (block-aligned, the
+disk the store's pages take) and, optionally, the number of artifacts. Past
+the high watermark (`high` of a budget) the keeper's thread evicts unpinned
+artifacts nobody is reading until the store is back under the low watermark;
+a commit that would take the store past the budget itself first evicts
+(`make_room`), so a write fails only when eviction cannot make room (every
+artifact pinned or being read): ResourceExhausted, saying so.
+
+Policies (the order artifacts go in; docs/architecture.md says why):
+* `lru`: least recently used first (last graft, prefix reuse or export; an
+  artifact never used counts from its creation).
+* `cost-aware`: GreedyDual-Size-Frequency. An artifact's priority is the
+  book's inflation at its last use plus the tokens other requests reused from
+  it per byte it holds; the lowest goes first and the inflation rises to its
+  priority, so what was valuable long ago ages out. An artifact nobody reused
+  (a one-off context kept by cache = "auto") goes before a shared prefix.
+
+Removal is kvgraftd.store.lifecycle's (batches of `BATCH` in one transaction,
+never an artifact being read). The `CacheKeeper` thread also deletes expired
+pins and writes last uses every USAGE_FLUSH_S.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from kvgraft.errors import InvalidArgument, ResourceExhausted
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.store.usage import USAGE_FLUSH_S, Usage
+
+log = logging.getLogger(__name__)
+
+POLICIES = ("lru", "cost-aware")
+BATCH = 32  # artifacts removed per transaction
+
+
+@dataclass(frozen=True)
+class CacheBudget:
+    bytes: int = 0  # 0: no byte budget
+    artifacts: int = 0  # 0: no count budget
+    high: float = 0.95
+    low: float = 0.85
+    policy: str = "lru"
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise InvalidArgument(f"eviction_policy must be one of {', '.join(POLICIES)}")
+        if not 0 < self.low < self.high <= 1:
+            raise InvalidArgument("eviction watermarks need 0 < low < high <= 1")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.bytes or self.artifacts)
+
+
+NO_BUDGET = CacheBudget()
+
+
+@dataclass
+class EvictionCounters:
+    artifacts: int = 0
+    bytes: int = 0
+    expired: int = 0
+
+
+def eviction_order(candidates: dict[bytes, Usage], policy: str) -> list[bytes]:
+    """The candidates in the order `policy` evicts them."""
+    if policy == "lru":
+        key = lambda aid: (candidates[aid].last_used_ms, aid)  # noqa: E731
+    else:
+        key = lambda aid: (candidates[aid].priority, candidates[aid].last_used_ms, aid)  # noqa: E731
+    return sorted(candidates, key=key)
+
+
+class Evictor:
+    """Keeps `store` (a kvgraftd.store.artifact_store.Store) within `budget`."""
+
+    def __init__(self, store, budget: CacheBudget) -> None:
+        self.store = store
+        self.budget = budget
+        self.counters = EvictionCounters()
+        self._lock = threading.Lock()  # one eviction at a time
+
+    def over(self, fraction: float, incoming_bytes: int = 0, incoming_artifacts: int = 0) -> bool:
+        artifacts, live = self.store.cache_totals()
+        budget = self.budget
+        return bool(
+            (budget.bytes and live + incoming_bytes > fraction * budget.bytes)
+            or (budget.artifacts and artifacts + incoming_artifacts > fraction * budget.artifacts)
+        )
+
+    def make_room(self, incoming_bytes: int) -> None:
+        """Before a commit of `incoming_bytes` of new pages: evict down to the low watermark
+        if it would pass the budget; ResourceExhausted if nothing more can go."""
+        if not self.budget.enabled or not self.over(1.0, incoming_bytes, 1):
+            return
+        self.evict(self.budget.low, incoming_bytes, 1)
+        if self.over(1.0, incoming_bytes, 1):
+            raise ResourceExhausted(
+                f"the store's budget (store_budget_bytes={self.budget.bytes}, "
+                f"store_budget_artifacts={self.budget.artifacts}) is full and every artifact "
+                "left is pinned or being read: unpin some (kvgraft pin --off ID) or raise a budget"
+            )
+
+    def evict(self, fraction: float, incoming_bytes: int = 0, incoming_artifacts: int = 0) -> int:
+        """Evict in policy order until under `fraction` of the budgets; returns artifacts."""
+        evicted = 0
+        with self._lock:
+            while self.over(fraction, incoming_bytes, incoming_artifacts):
+                candidates = self.store.evictable()
+                batch = self._victims(candidates, fraction, incoming_bytes, incoming_artifacts)
+                if not batch:
+                    break
+                if self.budget.policy == "cost-aware":  # GDSF: the rest age past this one
+                    self.store.raise_inflation(max(candidates[aid].priority for aid in batch))
+                count, freed = self.store.remove(batch, pb.ChangeRecord.REASON_EVICTED)
+                self.counters.artifacts += count
+                self.counters.bytes += freed
+                evicted += count
+                if not count:
+                    break
+        if evicted:
+            log.info("evicted %d artifacts (%s policy)", evicted, self.budget.policy)
+        return evicted
+
+    def _victims(
+        self, candidates: dict[bytes, Usage], fraction: float, incoming_bytes: int, incoming: int
+    ) -> list[bytes]:
+        """The next at most BATCH artifacts in policy order that bring the store under
+        `fraction` (counting each one's page bytes as freed: shared pages are not, so a
+        pass may need another)."""
+        artifacts, live = self.store.cache_totals()
+        budget = self.budget
+        excess_bytes = live + incoming_bytes - fraction * budget.bytes if budget.bytes else 0
+        excess_count = artifacts + incoming - fraction * budget.artifacts if budget.artifacts else 0
+        batch: list[bytes] = []
+        for aid in eviction_order(candidates, budget.policy):
+            if (excess_bytes <= 0 and excess_count <= 0) or len(batch) == BATCH:
+                break
+            batch.append(aid)
+            excess_bytes -= candidates[aid].page_bytes
+            excess_count -= 1
+        return batch
+
+    def evict_past_high(self) -> int:
+        if not self.budget.enabled or not self.over(self.budget.high):
+            return 0
+        return self.evict(self.budget.low)
+
+
+class CacheKeeper:
+    """The store's maintenance thread: eviction past the high watermark, expired pins,
+    last uses written. Wakes on every change to the store, at least every second."""
+
+    def __init__(self, store, evictor: Evictor) -> None:
+        self.store = store
+        self.evictor = evictor
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cache-keeper", daemon=True)
+
+    def start(self) -> CacheKeeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.store.wake()
+        self._thread.join()
+
+    def pass_once(self) -> None:
+        self.evictor.counters.expired += self.store.expire_due()
+        self.evictor.evict_past_high()
+
+    def _run(self) -> None:
+        flushed = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.pass_once()
+                if time.monotonic() - flushed >= USAGE_FLUSH_S:
+                    self.store.flush_usage()
+                    flushed = time.monotonic()
+            except Exception:  # a pass that fails is tried again at the next wake
+                log.exception("cache maintenance failed; trying again")
+                self._stop.wait(1.0)
+            self.store.wait_for_change(1.0)

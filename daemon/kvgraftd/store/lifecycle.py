@@ -1,0 +1,230 @@
+"""The store as a cache: readers, use, removal in batches, pins that expire.
+
+`Lifecycle` is a part of kvgraftd.store.artifact_store.Store (a mixin over its
+LMDB environment, pages and usage book); kvgraftd.store.eviction decides what
+to remove, this module removes it safely.
+
+Contract:
+* `reading(artifact_id)` holds a lease for a graft or an export: the artifact
+  is neither evicted, expired nor deleted until it ends (NotFound if it is
+  already gone: the caller computes instead). It counts as a use.
+* `remove(aids, reason)` deletes, in one transaction, those of `aids` that
+  nobody reads, pinned ones included only for `REASON_EXPIRED`; each gets a
+  change record with its reason (followers keep evicted artifacts, delete
+  expired ones). Pages another artifact holds stay.
+* Pins with a TTL: `pin_expiry` (artifact id -> unix ms) is written in the
+  pin's own transaction, so an expiry survives a restart exactly; `expire_due`
+  deletes what is due by the store's clock.
+* Last use and reused tokens (kvgraftd.store.usage) are written to `usage` by
+  `flush_usage` (every 30 s by the maintenance loop, and at close).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+
+import lmdb
+
+from kvgraft.artifact import page_sizes
+from kvgraft.errors import InvalidArgument, NotFound
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.store import catalog, chains, trust_index
+from kvgraftd.store.catalog import decode_record
+from kvgraftd.store.segments import Location
+from kvgraftd.store.usage import USAGE_RECORD, Usage, UsageBook
+
+log = logging.getLogger(__name__)
+
+_EXPIRY = struct.Struct("<q")
+_U64 = struct.Struct("<Q")
+LIFECYCLE_DATABASES = ("usage", "pin_expiry")
+
+
+class Lifecycle:
+    """Mixin of Store: needs `_db`, `_read`, `_write`, `_pages`, `_drop_page`, `_notify_change`."""
+
+    _usage: UsageBook
+    _clock: Callable[[], int]
+
+    def _load_usage(self) -> None:
+        """Fill the usage book from the catalogue and the `usage` sub-database."""
+        with self._read() as txn:
+            usage_db, artifacts = self._db["usage"], self._db["artifacts"]
+            for key, value in txn.cursor(db=artifacts):
+                aid = bytes(key)
+                record = decode_record(value)
+                manifest = record.manifest()
+                used = txn.get(aid, db=usage_db)
+                last, reused = (
+                    USAGE_RECORD.unpack(used) if used is not None else (record.created_unix_ms, 0)
+                )
+                self._usage.added(aid, _usage_of(manifest, record.pinned, last, reused))
+
+    def flush_usage(self) -> int:
+        """Write the uses noted since the last flush; returns how many artifacts."""
+        dirty = self._usage.dirty()
+        if not dirty:
+            return 0
+
+        def body(txn: lmdb.Transaction) -> None:
+            for aid, value in dirty.items():
+                if txn.get(aid, db=self._db["artifacts"]) is not None:
+                    txn.put(aid, value, db=self._db["usage"])
+
+        self._write(64 * len(dirty), body)
+        return len(dirty)
+
+    # ------------------------------------------------------------------
+    # readers
+
+    @contextmanager
+    def reading(self, artifact_id: str, reused_tokens: int = 0) -> Iterator[None]:
+        """Hold the artifact for a reader (see the module's contract); counts as a use."""
+        aid = catalog.parse_full_id(artifact_id)
+        with self._usage.lease(aid):
+            self._usage.used(aid, self._clock(), reused_tokens)
+            yield
+
+    def usage(self, artifact_id: str) -> Usage | None:
+        return self._usage.get(catalog.parse_full_id(artifact_id))
+
+    def evictable(self) -> dict[bytes, Usage]:
+        """Every artifact a policy may evict now (not pinned, not read)."""
+        return self._usage.snapshot()
+
+    def cache_totals(self) -> tuple[int, int]:
+        """(artifacts, bytes of the segment files' live pages): what budgets count."""
+        return self._usage.count(), self._pages.live_bytes()
+
+    def raise_inflation(self, priority: float) -> None:
+        self._usage.inflate(priority)
+
+    # ------------------------------------------------------------------
+    # removal
+
+    def remove(self, aids: Iterable[bytes], reason: int) -> tuple[int, int]:
+        """Delete those of `aids` nobody reads, in one transaction; returns (artifacts,
+        page bytes freed)."""
+        taken = self._usage.claim(aids)
+        if not taken:
+            return 0, 0
+        force = reason == pb.ChangeRecord.REASON_EXPIRED
+
+        def body(txn: lmdb.Transaction) -> tuple[list[bytes], list[Location], dict]:
+            gone, freed, credits = [], [], {}
+            for aid in taken:
+                found = txn.get(aid, db=self._db["artifacts"])
+                if found is None or (decode_record(found).pinned and not force):
+                    continue
+                record = decode_record(found)
+                freed += self._remove_in(txn, aid, record, reason)
+                gone.append(aid)
+                heir = _heir(txn, self._db, record.manifest())
+                earned = self._usage.get(aid)
+                if heir is not None and earned is not None:
+                    credits[heir] = credits.get(heir, 0) + earned.reused_tokens
+            return gone, freed, credits
+
+        try:
+            gone, freed, credits = self._write(0, body)
+        finally:
+            self._usage.unclaim(taken)
+        self._usage.removed(gone)
+        for heir, tokens in credits.items():  # the reuse a prefix earned stays with the prefix
+            self._usage.used(heir, 0, tokens)
+        self._pages.free(freed)
+        if gone:
+            self._notify_change()
+        freed_bytes = sum(location.length for location in freed)
+        name = pb.ChangeRecord.Reason.Name(reason).removeprefix("REASON_").lower()
+        for aid in gone:
+            log.info("event=artifact_deleted artifact_id=%s reason=%s", aid.hex(), name)
+        return len(gone), freed_bytes
+
+    def _remove_in(self, txn, aid: bytes, record, reason: int) -> list[Location]:
+        """Delete one artifact inside `txn`; the locations to free after the commit."""
+        manifest = record.manifest()
+        locations: list[Location] = []
+        for digest in page_sizes(manifest):
+            count = _U64.unpack(txn.get(digest, db=self._db["refs"]))[0] - 1
+            if count:
+                txn.put(digest, _U64.pack(count), db=self._db["refs"])
+                continue
+            txn.delete(digest, db=self._db["refs"])
+            locations += self._drop_page(txn, digest)
+        trust_index.forget(txn, self._db, aid, manifest)
+        txn.delete(aid, db=self._db["artifacts"])
+        txn.delete(aid, db=self._db["usage"])
+        txn.delete(aid, db=self._db["pin_expiry"])
+        txn.delete(aid, db=self._db["quarantine"])
+        catalog.append_change(txn, self._db["log"], pb.ChangeRecord.KIND_DELETED, aid, reason)
+        return locations
+
+    # ------------------------------------------------------------------
+    # pins that expire
+
+    def pin_expiry(self, artifact_id: str) -> int:
+        """When the artifact's pin expires (unix ms), 0 for none."""
+        with self._read() as txn:
+            found = txn.get(catalog.parse_full_id(artifact_id), db=self._db["pin_expiry"])
+            return _EXPIRY.unpack(found)[0] if found is not None else 0
+
+    def _set_expiry_in(self, txn, aid: bytes, pinned: bool, ttl_s: float) -> None:
+        if ttl_s and not pinned:
+            raise InvalidArgument("a TTL goes with a pin: pin it with a TTL, or unpin it")
+        if ttl_s:
+            expires = self._clock() + int(ttl_s * 1000)
+            txn.put(aid, _EXPIRY.pack(expires), db=self._db["pin_expiry"])
+        else:
+            txn.delete(aid, db=self._db["pin_expiry"])
+
+    def due_expiries(self) -> tuple[list[bytes], int]:
+        """(artifacts whose pin has expired, unix ms of the next expiry or 0)."""
+        now = self._clock()
+        due, upcoming = [], 0
+        with self._read() as txn:
+            for key, value in txn.cursor(db=self._db["pin_expiry"]):
+                expires = _EXPIRY.unpack(value)[0]
+                if expires <= now:
+                    due.append(bytes(key))
+                elif not upcoming or expires < upcoming:
+                    upcoming = expires
+        return due, upcoming
+
+    def expire_due(self) -> int:
+        """Delete the artifacts whose pins have expired; returns how many."""
+        due, _ = self.due_expiries()
+        return self.remove(due, pb.ChangeRecord.REASON_EXPIRED)[0] if due else 0
+
+
+def _heir(txn, dbs, manifest: pb.Manifest) -> bytes | None:
+    """The artifact vouching now for the last chain page of a removed artifact: it holds
+    the same prefix, and takes over the reuse that prefix earned."""
+    entries = list(chains.manifest_entries(manifest))
+    return trust_index.voucher(txn, dbs, entries[-1][0]) if entries else None
+
+
+def _usage_of(manifest: pb.Manifest, pinned: bool, last_used_ms: int, reused: int) -> Usage:
+    sizes = page_sizes(manifest)
+    return Usage(
+        last_used_ms=last_used_ms,
+        reused_tokens=reused,
+        page_bytes=sum(sizes.values()),
+        pinned=pinned,
+        tokens=len(manifest.token_ids),
+    )
+
+
+def usage_of_new(manifest: pb.Manifest, now_ms: int) -> Usage:
+    """The usage of an artifact just committed."""
+    return _usage_of(manifest, False, now_ms, 0)
+
+
+def require_present(txn, dbs, aid: bytes, artifact_id: str):
+    found = txn.get(aid, db=dbs["artifacts"])
+    if found is None:
+        raise NotFound(f"artifact {artifact_id} is not in the store (kvgraft ls lists them)")
+    return decode_record(found)

@@ -1,0 +1,145 @@
+"""Pages that no longer hash to their names, and the artifacts holding them.
+
+`Quarantine` is a part of kvgraftd.store.artifact_store.Store (a mixin, like
+kvgraftd.store.lifecycle). kvgraftd.store.scrub reads every page with
+`hash_batch` and hands the corrupt ones to `quarantine`.
+
+Contract:
+* `hash_batch(after, limit)` recomputes the SHA-256 of up to `limit` stored
+  pages (staged ones included) after the key `after`, in key order, inside one
+  read transaction, and returns the digests whose bytes do not hash to them.
+* `quarantine(digests)` in one write transaction: every artifact naming one
+  of them is recorded in the `quarantine` sub-database (and its change-feed
+  status stays: it is still stored), leaves the chain index (no prefix reuse
+  through it), and is refused by grafts and exports with DataLoss; the corrupt
+  pages' records are dropped (their bytes freed) while their reference counts
+  stay, so MissingPages lists them and a good copy (a replica, a pull, the
+  remote tier) sends them again.
+* A commit of a quarantined artifact (`repair_in`, from commit_artifact)
+  writes the pages it brings; every quarantined artifact whose pages are all
+  stored again leaves the quarantine and, if trusted, re-enters the chain index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+
+import lmdb
+
+from kvgraft.artifact import page_sizes
+from kvgraft.errors import DataLoss
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.store import catalog, staging, trust_index
+from kvgraftd.store.catalog import decode_record
+from kvgraftd.store.page_records import INDEX_RECORD
+from kvgraftd.store.segments import Location
+
+log = logging.getLogger(__name__)
+
+_WHEN = struct.Struct("<q")
+QUARANTINE_DATABASES = ("quarantine",)
+
+
+class Quarantine:
+    """Mixin of Store: needs `_db`, `_read`, `_write`, `_pages`, `_drop_page`."""
+
+    def hash_batch(self, after: bytes, limit: int) -> tuple[bytes, int, int, list[bytes]]:
+        """(last key read, pages, bytes, corrupt digests) of up to `limit` pages after `after`."""
+        corrupt: list[bytes] = []
+        last, pages, size = after, 0, 0
+        with self._pages.reading_index() as (txn, segments):
+            cursor = txn.cursor(db=self._db["page_locations"])
+            found = cursor.set_range(after) if after else cursor.first()
+            while found and pages < limit:
+                key = bytes(cursor.key())
+                if key == after:
+                    found = cursor.next()
+                    continue
+                _, segment, offset, length = INDEX_RECORD.unpack(cursor.value())
+                try:
+                    data = segments.view(segment, offset, length)
+                    intact = hashlib.sha256(data).digest() == key
+                except DataLoss:  # the segment is short or missing
+                    intact = False
+                if not intact:
+                    corrupt.append(key)
+                last, pages, size = key, pages + 1, size + length
+                found = cursor.next()
+        return last, pages, size, corrupt
+
+    def quarantine(self, digests: list[bytes]) -> list[str]:
+        """Quarantine the artifacts holding `digests` (see the contract); their ids."""
+        bad = set(digests)
+        if not bad:
+            return []
+
+        def body(txn: lmdb.Transaction) -> tuple[list[str], list[Location]]:
+            held: list[str] = []
+            for key, value in txn.cursor(db=self._db["artifacts"]):
+                manifest = decode_record(value).manifest()
+                if bad.isdisjoint(manifest.page_sha256):
+                    continue
+                aid = bytes(key)
+                held.append(aid.hex())
+                if txn.get(aid, db=self._db["quarantine"]) is None:
+                    trust_index.withdraw_vouchers(txn, self._db, aid, manifest)
+                    txn.put(aid, _WHEN.pack(catalog.now_ms()), db=self._db["quarantine"])
+            freed: list[Location] = []
+            for digest in bad:
+                location = self._pages.drop(txn, digest)
+                if location is not None:
+                    self._add_page_bytes(txn, -location.length)
+                    freed.append(location)
+                if txn.get(digest, db=self._db["refs"]) is None:
+                    staging.unstage(txn, self._db, digest)  # a staged page: just gone
+            return held, freed
+
+        held, freed = self._write(0, body)
+        self._pages.free(freed)
+        for aid in held:
+            log.error("event=artifact_quarantined artifact_id=%s", aid)
+        return held
+
+    def is_quarantined(self, artifact_id: str) -> bool:
+        with self._read() as txn:
+            aid = catalog.parse_full_id(artifact_id)
+            return txn.get(aid, db=self._db["quarantine"]) is not None
+
+    def quarantined_ids(self) -> list[str]:
+        with self._read() as txn:
+            cursor = txn.cursor(db=self._db["quarantine"])
+            return [bytes(key).hex() for key in cursor.iternext(values=False)]
+
+    def check_servable(self, artifact_id: str) -> None:
+        """DataLoss for a quarantined artifact: its bytes are not all there."""
+        if self.is_quarantined(artifact_id):
+            raise DataLoss(
+                f"artifact {artifact_id[:16]} is quarantined: a scrub found a page of it "
+                "corrupt. Repair it from a good copy (kvgraft replicate from a replica, or "
+                "kvgraft remote pull), or delete it"
+            )
+
+    def _repair_in(self, txn, aid: bytes, manifest: pb.Manifest, records) -> tuple[int, int]:
+        """Inside commit_artifact's transaction: write the pages a quarantined artifact's
+        repair brings and lift every quarantine now whole. (pages, bytes) written."""
+        sizes = page_sizes(manifest)
+        new = {
+            digest: record
+            for digest, record in records.items()
+            if digest in sizes and not self._pages.is_stored(txn, digest)
+        }
+        self._pages.append(txn, new)
+        written = sum(len(record.data) for record in new.values())
+        self._add_page_bytes(txn, written)
+        for key in list(txn.cursor(db=self._db["quarantine"]).iternext(values=False)):
+            held = bytes(key)
+            record = decode_record(txn.get(held, db=self._db["artifacts"]))
+            held_manifest = record.manifest()
+            if all(self._pages.is_stored(txn, d) for d in page_sizes(held_manifest)):
+                txn.delete(held, db=self._db["quarantine"])
+                if trust_index.is_trusted(trust_index.read(txn, self._db, held)):
+                    trust_index.vouch(txn, self._db, held, held_manifest)
+                log.warning("event=artifact_repaired artifact_id=%s", held.hex())
+        return len(new), written
