@@ -5,14 +5,15 @@ model's geometry (SmolLM2-135M: 30 layers, 3 KV heads, head dim 64, float32,
 64-token pages of 98,304 bytes; 2,048-token artifacts of 94 MB), random bytes
 built into artifacts with the real `Artifact.build`:
 
-* one-shot: `Client.replicate_to` (what `kvgraft replicate --from A --to B`
-  runs) from a source kvgraftd holding the corpus to a fresh, empty target
-  kvgraftd, both on loopback, each in its own process, the replicator in this
-  one: source GetArtifact -> this process (every page's xxh3-128 checked) ->
-  target PutArtifact (every page's SHA-256 checked, committed and synced to
-  LMDB). Timed from the call to its return; the target's daemon start and
-  the source's load are excluded. Every trial checks that the target holds
-  every artifact and that exactly the corpus's bytes were moved.
+* one-shot: `Client.replicate_to(pull=False)` (the relay that `kvgraft replicate
+  --from A --to B` runs, and replicate_to's fallback) from a source kvgraftd
+  holding the corpus to a fresh, empty target kvgraftd, both on loopback, each
+  in its own process, the replicator in this one: source GetArtifact -> this
+  process (every page's xxh3-128 checked) -> target PutArtifact (every page's
+  SHA-256 checked, committed and synced to LMDB). Timed from the call to its
+  return; the target's daemon start and the source's load are excluded. Every
+  trial checks that the target holds every artifact and that exactly the
+  corpus's bytes were moved.
 * one-shot pull: `Client.pull_from` (what `kvgraft replicate --pull` runs):
   the fresh target daemon copies from the source itself (the Replicate RPC),
   the bytes going from the source to the target only. Timed the same way.
@@ -134,7 +135,7 @@ def bench_one_shot(
 
     def one_shot() -> float:
         with Client(source.address, timeout_s=60, transfer_timeout_s=900) as a:
-            return filled(a.replicate_to)
+            return filled(lambda b: a.replicate_to(b, pull=False))  # the relay, measured alone
 
     def pull_once() -> float:
         return filled(

@@ -102,20 +102,18 @@ def test_concurrent_deposits_and_reads_stay_within_the_budget(tmp_path, rng) -> 
     store.close()
 
 
-def test_lru_evicts_the_least_recently_used_and_the_order_survives_a_restart(
-    tmp_path, rng
-) -> None:
+def test_lru_evicts_the_least_recently_used_and_the_order_survives_a_restart(tmp_path, rng) -> None:
     clock = Clock()
     path = tmp_path / "s"
     store = _open(path, clock, artifacts=100)
     ids = []
     for _ in range(6):
         ids.append(_commit(store, _artifact(rng)))
-    for step, aid in enumerate([ids[3], ids[0], ids[5], ids[1], ids[4], ids[2]]):
+    used_order = [ids[3], ids[0], ids[5], ids[1], ids[4], ids[2]]
+    for aid in used_order:
         clock.now += 1000
         with store.reading(aid):
             pass
-    used_order = [ids[3], ids[0], ids[5], ids[1], ids[4], ids[2]]
     assert eviction_order(store.evictable(), "lru") == [bytes.fromhex(a) for a in used_order]
     store.close()  # writes the last uses
     store = _open(path, clock, artifacts=4)
@@ -162,9 +160,8 @@ def test_a_leased_artifact_is_never_evicted_nor_deleted_under_its_reader(tmp_pat
         store.read_pages_into(digests, dests)  # every byte still there
     second = _commit(store, _artifact(rng))  # now it makes room
     assert store.usage(aid) is None and store.usage(second) is not None
-    with pytest.raises(NotFound):
-        with store.reading(aid):
-            pass
+    with pytest.raises(NotFound), store.reading(aid):
+        pass
 
 
 def test_pins_with_a_ttl_expire_on_time_and_the_feed_says_so(tmp_path, rng) -> None:

@@ -27,19 +27,17 @@ max_queued_requests, then are refused with RESOURCE_EXHAUSTED).
 from __future__ import annotations
 
 import hashlib
-import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 
 import torch
 
-from kvgraft.artifact import Artifact, page_sizes
-from kvgraft.errors import FailedPrecondition, InvalidArgument, KvgraftError, NotFound
-from kvgraft.page_buffers import slot_copies
+from kvgraft.errors import FailedPrecondition, InvalidArgument
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine import compute_thread
 from kvgraftd.engine.batcher import Admission, Batcher
 from kvgraftd.engine.decoding import DecodeOptions, ResultEvent, TokenEvent
+from kvgraftd.engine.deposits import Deposits
 from kvgraftd.engine.kv_context import KvContext
 from kvgraftd.engine.model_adapter import ModelAdapter
 from kvgraftd.engine.receipts import (
@@ -51,14 +49,11 @@ from kvgraftd.engine.receipts import (
 )
 from kvgraftd.engine.recompute import Recompute
 from kvgraftd.store.artifact_store import Store
-from kvgraftd.store.page_records import page_records_of
 from kvgraftd.store.signing import Signer, TrustPolicy
 from kvgraftd.store.trust_index import ChainMatch, is_trusted
 from kvgraftd.tiers.device_pool import DevicePool
 from kvgraftd.tiers.host_cache import HostCache
 from kvgraftd.tiers.stack import Tiers
-
-log = logging.getLogger(__name__)
 
 
 def choose_token(logits: torch.Tensor, options: DecodeOptions, generator: torch.Generator) -> int:
@@ -68,7 +63,7 @@ def choose_token(logits: torch.Tensor, options: DecodeOptions, generator: torch.
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-class Engine(Recompute):
+class Engine(Recompute, Deposits):
     def __init__(
         self,
         adapter: ModelAdapter,
@@ -98,7 +93,6 @@ class Engine(Recompute):
         )
         # cache = "auto": every Generate keeps its finished context (never failing for it)
         self.auto_cache = auto_cache
-        self.auto_deposits = self.auto_deposits_skipped = 0
         self.page_tokens = page_tokens
         self.block_tokens = block_tokens
         self.max_context_tokens = max_context_tokens
@@ -223,9 +217,11 @@ class Engine(Recompute):
         tokens = sum(len(entry.token_ids) for entry in match.entries)
         return tokens, tokens // self.page_tokens
 
-    def _matched_pages(self, token_ids: Sequence[int], max_pages: int) -> ChainMatch:
+    def _matched_pages(
+        self, token_ids: Sequence[int], max_pages: int, hold: ExitStack | None = None
+    ) -> ChainMatch:
         return self.store.longest_chain(
-            self.fingerprint, self.profile, self.layout, token_ids, max_pages
+            self.fingerprint, self.profile, self.layout, token_ids, max_pages, hold
         )
 
     # ------------------------------------------------------------------
@@ -249,7 +245,10 @@ class Engine(Recompute):
         with self._serving(is_active) as context, ExitStack() as held:
             reused, grafted = 0, []
             if not options.no_cache:
-                match = self._held_match(held, prompt)
+                # its voucher leased: not evicted while its pages are read (computed if so)
+                match = self._matched_pages(
+                    prompt[:-1], (len(prompt) - 1) // self.page_tokens, held
+                )
                 if match.entries:
                     reused = sum(len(entry.token_ids) for entry in match.entries)
                     hashes = [digest for entry in match.entries for digest in entry.page_sha256]
@@ -260,23 +259,6 @@ class Engine(Recompute):
             yield from self._decode(
                 context, logits, options, reused, len(prompt) - reused, grafted, auto_deposit=auto
             )
-
-    def _held_match(self, held: ExitStack, prompt: list[int]) -> ChainMatch:
-        """The prompt's stored prefix, its vouching artifact leased for the request (a use of
-        it: not evicted while read). One evicted between the lookup and the lease is looked
-        up again: what is left of it, if anything, is computed. A prefix from the remote
-        tier has no local artifact to lease."""
-        for _ in range(2):
-            match = self._matched_pages(prompt[:-1], (len(prompt) - 1) // self.page_tokens)
-            if not match.entries:
-                return match
-            tokens = sum(len(entry.token_ids) for entry in match.entries)
-            try:
-                held.enter_context(self.store.reading(match.grafted[0].artifact_id, tokens))
-                return match
-            except NotFound:
-                pass
-        return match
 
     def graft(
         self,
@@ -363,65 +345,9 @@ class Engine(Recompute):
             if token in self.adapter.eos_token_ids or token in options.stop_token_ids:
                 break
         receipt.generated_logits_sha256 = generated_digest.digest()
-        artifact_id = ""
-        if options.deposit:
-            artifact_id = self._deposit(context, receipt, options.labels, grafted)
-        elif auto_deposit:
-            try:
-                artifact_id = self._deposit(context, receipt, options.labels, grafted)
-                self.auto_deposits += 1
-            except KvgraftError as exc:  # the request does not fail for the cache
-                self.auto_deposits_skipped += 1
-                log.warning("the finished context was not kept (cache = auto): %s", exc)
+        artifact_id = self._keep(context, receipt, options, grafted, auto_deposit)
         receipt.reused_tokens, receipt.computed_tokens = reused, computed
         receipt.grafted.extend(grafted)
         receipt.grafted_artifact_id = whole_artifact
         text = self.adapter.decode(list(receipt.generated_token_ids), skip_special=True)
         yield ResultEvent(receipt, text, artifact_id, prompt_logits, tuple(generated_logits))
-
-    def _deposit(
-        self,
-        context: KvContext,
-        receipt: pb.Receipt,
-        labels: Mapping[str, str],
-        grafted: list[pb.GraftedArtifact],
-    ) -> str:
-        """Store the context. The manifest keeps the run-independent part of the receipt,
-        so the same context deposited by a fresh or a grafted run has one id. It is as
-        trusted as what it grafted: computed here on untrusted pages (a Graft with
-        allow_untrusted) it is stored untrusted, never signed."""
-        pages = [
-            context.page_bytes(page, layer)
-            for page in range(context.page_count())
-            for layer in range(self.layout.num_layers)
-        ]
-        artifact = Artifact.build(
-            model_fingerprint=self.fingerprint,
-            layout=self.layout,
-            profile=self.profile,
-            token_ids=context.token_ids,
-            page_bytes=pages,
-            segment_ends=context.segment_ends,
-            labels=labels,
-            receipt=receipt,
-        )
-        if all(is_trusted(pb.Provenance(trust=g.trust)) for g in grafted):
-            provenance = self.trust.computed(artifact.id)
-        else:
-            provenance = pb.Provenance(
-                trust=pb.Provenance.TRUST_UNTRUSTED, origin="computed on untrusted pages"
-            )
-        for attempt in range(1, 4):
-            missing = self.store.missing_pages(list(page_sizes(artifact.manifest)))
-            # block-aligned copies: the store writes them to disk with direct I/O
-            copies = slot_copies({d: artifact.pages[d] for d in missing}) if missing else {}
-            try:
-                commit = self.store.commit_artifact(
-                    artifact.manifest, page_records_of(copies), provenance
-                )
-                return commit.artifact_id
-            except InvalidArgument:
-                # a page stored when asked was evicted before the commit: ask again
-                if attempt == 3:
-                    raise
-        raise AssertionError("unreachable")

@@ -36,7 +36,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 
 import numpy as np
 
@@ -249,8 +249,9 @@ class RemoteBackedStore:
         layout: pb.KvLayout,
         token_ids: Sequence[int],
         max_pages: int,
+        hold: ExitStack | None = None,
     ) -> ChainMatch:
-        found = self._store.longest_chain(fingerprint, profile, layout, token_ids, max_pages)
+        found = self._store.longest_chain(fingerprint, profile, layout, token_ids, max_pages, hold)
         ends_in_tail = found.entries and len(found.entries[-1].token_ids) < profile.page_tokens
         if (
             not self._read_through

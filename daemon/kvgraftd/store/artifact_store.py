@@ -10,6 +10,9 @@ Sub-databases (docs/architecture.md, "The store"):
   meta       name -> value                         format version, counters, segment tail
   provenance artifact id -> Provenance             why it is trusted (kvgraftd.store.trust_index)
   vouchers   chain key || artifact id -> ""       trusted artifacts holding a chain page
+  usage      artifact id -> last use, reused tokens   (kvgraftd.store.lifecycle)
+  pin_expiry artifact id -> unix ms                    when a TTL pin expires
+  quarantine artifact id -> unix ms                    a scrub found it corrupt
 
 Invariants:
 * An artifact's pages, reference counts, manifest and log record commit in
@@ -29,9 +32,12 @@ Invariants:
   map growth, the disk reserve).
 
 This module keeps artifacts, references and the change log; the pages are
-kvgraftd.store.page_store's. Only this module, kvgraftd.store.lmdb_env, kvgraftd.store.page_store,
-kvgraftd.store.page_records and kvgraftd.store.migration import lmdb; none of them
-knows about gRPC.
+kvgraftd.store.page_store's. The Store's other parts are mixins, each its own
+concept: staged pages (kvgraftd.store.staging), trust and prefix lookups
+(kvgraftd.store.trusted_prefixes), the cache lifecycle: readers' leases, removal,
+expiring pins (kvgraftd.store.lifecycle, its budget kvgraftd.store.eviction), and
+quarantine (kvgraftd.store.quarantine). Only modules of kvgraftd.store import
+lmdb; none of them knows about gRPC.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import logging
 import shutil
 import struct
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +58,6 @@ import numpy as np
 
 from kvgraft.artifact import canonical_bytes, page_sizes
 from kvgraft.errors import FailedPrecondition, NotFound
-from kvgraft.page_buffers import block_aligned
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import catalog, page_records, staging, trust_index
 from kvgraftd.store import migration as store_migration
@@ -66,17 +71,17 @@ from kvgraftd.store.catalog import (
 from kvgraftd.store.eviction import NO_BUDGET, CacheBudget, Evictor
 from kvgraftd.store.lifecycle import LIFECYCLE_DATABASES, Lifecycle, require_present, usage_of_new
 from kvgraftd.store.lmdb_env import LmdbEnv
-from kvgraftd.store.page_records import PageRecord
+from kvgraftd.store.page_records import PageRecord, write_needs
 from kvgraftd.store.page_store import PageStore
 from kvgraftd.store.quarantine import QUARANTINE_DATABASES, Quarantine
 from kvgraftd.store.segments import DEFAULT_SEGMENT_BYTES, Location
-from kvgraftd.store.trust_index import ChainMatch
+from kvgraftd.store.staging import Staging
+from kvgraftd.store.trusted_prefixes import TrustedPrefixes
 from kvgraftd.store.usage import UsageBook
 
 log = logging.getLogger(__name__)
 
 _U64 = struct.Struct("<Q")
-INDEX_BYTES_PER_PAGE = 256  # what a page's records cost LMDB, with room to spare
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,7 @@ class StoreStats:
     last_sequence: int
 
 
-class Store(Lifecycle, Quarantine):
+class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
     """A kvgraft store in directory `path` (created if missing). `clock`: unix ms, for
     last uses and pin expiries (tests move it)."""
 
@@ -200,37 +205,6 @@ class Store(Lifecycle, Quarantine):
         sha256, xxh3, size)` gives the bytes before page `index` (the wire, one copy)."""
         return self._pages.read_framed(digests, frame)
 
-    def stage_pages(self, records: Mapping[bytes, PageRecord], limit_bytes: int = 0) -> int:
-        """Persist received pages ahead of their manifest; returns pages written. All staged
-        pages together stay within `limit_bytes` of disk (0: no limit; kvgraftd.store.staging)."""
-
-        def body(txn: lmdb.Transaction) -> int:
-            new = staging.stage(txn, self._db, self._pages, records, limit_bytes)
-            self._add_page_bytes(txn, sum(len(record.data) for record in new.values()))
-            return len(new)
-
-        return self._pages.write(*_needs(records.values()), body)
-
-    def collect_staged(self, older_than_s: float) -> int:
-        """Delete staged pages older than `older_than_s` that nothing references."""
-        limit = now_ms() - int(older_than_s * 1000)
-
-        def body(txn: lmdb.Transaction) -> tuple[int, list[Location]]:
-            doomed = staging.staged_before(txn, self._db, limit)
-            freed: list[Location] = []
-            for digest in doomed:
-                staging.unstage(txn, self._db, digest)
-                if txn.get(digest, db=self._db["refs"]) is not None:
-                    continue  # claimed by an artifact since: keep it
-                freed += self._drop_page(txn, digest)
-            return len(doomed), freed
-
-        collected, freed = self._write(0, body)
-        self._pages.free(freed)
-        if collected:
-            log.info("collected %d staged pages older than %.0f s", collected, older_than_s)
-        return collected
-
     # ------------------------------------------------------------------
     # artifacts
 
@@ -250,7 +224,7 @@ class Store(Lifecycle, Quarantine):
         canonical = canonical_bytes(manifest)
         aid = hashlib.sha256(canonical).digest()
         sizes = page_sizes(manifest)
-        index_bytes, file_bytes = _needs(records[d] for d in sizes if d in records)
+        index_bytes, file_bytes = write_needs(records[d] for d in sizes if d in records)
 
         def body(txn: lmdb.Transaction) -> CommitResult:
             found = txn.get(aid, db=self._db["artifacts"])
@@ -306,51 +280,6 @@ class Store(Lifecycle, Quarantine):
             return []
         self._add_page_bytes(txn, -location.length)
         return [location]
-
-    def longest_chain(
-        self,
-        fingerprint: bytes,
-        profile: pb.ComputeProfile,
-        layout: pb.KvLayout,
-        token_ids: Sequence[int],
-        max_pages: int,
-    ) -> ChainMatch:
-        """The longest run of trusted whole pages starting `token_ids`, and the artifact
-        that vouches for it."""
-        with self._read() as txn:
-            return trust_index.longest_trusted_run(
-                txn, self._db, fingerprint, profile, layout, token_ids, max_pages
-            )
-
-    def withdraw_trust(self, keys: frozenset[bytes]) -> int:
-        """Trust only `keys` from now on (a key removed from [trust] keys): see
-        trust_index.withdraw. Returns how many artifacts became untrusted."""
-
-        def body(txn: lmdb.Transaction) -> int:
-            def manifest_of(aid: bytes) -> pb.Manifest:
-                return decode_record(txn.get(aid, db=self._db["artifacts"])).manifest()
-
-            return trust_index.withdraw(txn, self._db, keys, manifest_of)
-
-        return self._write(0, body)
-
-    def provenance(self, artifact_id: str) -> pb.Provenance:
-        with self._read() as txn:
-            return trust_index.read(txn, self._db, catalog.parse_full_id(artifact_id))
-
-    def trust_artifact(self, artifact_id: str, provenance: pb.Provenance) -> pb.Provenance:
-        """Record more trust in a stored artifact (a Verify, a trusted signature); returns
-        the provenance it now has. Its pages enter the chain index when it becomes trusted."""
-        aid = catalog.parse_full_id(artifact_id)
-
-        def body(txn: lmdb.Transaction) -> pb.Provenance:
-            found = txn.get(aid, db=self._db["artifacts"])
-            if found is None:
-                raise NotFound(f"artifact {artifact_id} is not in the store")
-            trust_index.record(txn, self._db, aid, decode_record(found).manifest(), provenance)
-            return trust_index.read(txn, self._db, aid)
-
-        return self._write(0, body)
 
     def meta_time(self, name: bytes) -> int:
         """A unix-ms time kept in `meta` (0 when never set)."""
@@ -465,9 +394,3 @@ class Store(Lifecycle, Quarantine):
             )
         map_size, map_used = self._lmdb.map_bytes()
         return dataclasses.replace(stats, map_size_bytes=map_size, map_used_bytes=map_used)
-
-
-def _needs(records: Iterable[PageRecord]) -> tuple[int, int]:
-    """(bytes of the index, bytes of the segments) that writing `records` takes."""
-    sizes = [len(record.data) for record in records]
-    return INDEX_BYTES_PER_PAGE * len(sizes), sum(block_aligned(size) for size in sizes)

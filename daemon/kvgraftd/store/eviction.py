@@ -91,8 +91,12 @@ class Evictor:
         budget = self.budget
         return bool(
             (budget.bytes and live + incoming_bytes > fraction * budget.bytes)
-            or (budget.artifacts and artifacts + incoming_artifacts > fraction * budget.artifacts)
+            or (budget.artifacts and artifacts + incoming_artifacts > self._count(fraction))
         )
+
+    def _count(self, fraction: float) -> int:
+        """A watermark of the artifact budget, in whole artifacts (at least one)."""
+        return max(1, int(fraction * self.budget.artifacts))
 
     def make_room(self, incoming_bytes: int) -> None:
         """Before a commit of `incoming_bytes` of new pages: evict down to the low watermark
@@ -137,7 +141,7 @@ class Evictor:
         artifacts, live = self.store.cache_totals()
         budget = self.budget
         excess_bytes = live + incoming_bytes - fraction * budget.bytes if budget.bytes else 0
-        excess_count = artifacts + incoming - fraction * budget.artifacts if budget.artifacts else 0
+        excess_count = artifacts + incoming - self._count(fraction) if budget.artifacts else 0
         batch: list[bytes] = []
         for aid in eviction_order(candidates, budget.policy):
             if (excess_bytes <= 0 and excess_count <= 0) or len(batch) == BATCH:

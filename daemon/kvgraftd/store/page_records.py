@@ -26,17 +26,19 @@ kvgraftd.store.artifact_store owns the transactions and reads inside `segments.r
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 import lmdb
 import numpy as np
 
 from kvgraft.errors import DataLoss, NotFound
+from kvgraft.page_buffers import block_aligned
 from kvgraft.page_checks import first_mismatch, split_pages, xxh3_128
 from kvgraftd.store.segments import Location, SegmentFiles
 
 INDEX_RECORD = struct.Struct("<16sIQQ")  # xxh3-128, segment, offset, length
+INDEX_BYTES_PER_PAGE = 256  # what a page's records cost LMDB, with room to spare
 
 Buffer = bytes | bytearray | memoryview | np.ndarray  # a page's bytes, C-contiguous
 
@@ -97,6 +99,12 @@ class StoredPages(NamedTuple):
             checksum, segment, offset, length = unpack(record)
             found.append((checksum, view(segment, offset, length)))
         return found
+
+
+def write_needs(records: Iterable[PageRecord]) -> tuple[int, int]:
+    """(bytes of the index, bytes of the segments) that writing `records` takes."""
+    sizes = [len(record.data) for record in records]
+    return INDEX_BYTES_PER_PAGE * len(sizes), sum(block_aligned(size) for size in sizes)
 
 
 def write_pages(stored: StoredPages, records: Mapping[bytes, PageRecord]) -> None:

@@ -35,6 +35,7 @@ READ_AHEAD_MESSAGES = 2  # PutArtifact messages taken ahead of the one being sto
 MIN_SCRUB_BYTES_PER_S = 1 << 20
 MAX_PIN_TTL_S = 10 * 365 * 86400
 
+
 @dataclass(frozen=True)
 class ServiceLimits:
     spill_bytes: int = 256 << 20  # held page bytes per PutArtifact before staging them

@@ -13,6 +13,7 @@ reference count) or when it is collected after `staged_ttl_s`.
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Mapping
 
@@ -21,8 +22,11 @@ import lmdb
 from kvgraft.errors import ResourceExhausted
 from kvgraft.page_buffers import block_aligned
 from kvgraftd.store.catalog import add_counter, counter, now_ms
-from kvgraftd.store.page_records import PageRecord
+from kvgraftd.store.page_records import PageRecord, write_needs
 from kvgraftd.store.page_store import PageStore
+from kvgraftd.store.segments import Location
+
+log = logging.getLogger(__name__)
 
 _STAGED = struct.Struct("<QQ")  # when a page was staged (unix ms), the disk it takes
 STAGED_BYTES = b"staged_bytes"
@@ -68,3 +72,39 @@ def staged_before(txn: lmdb.Transaction, dbs, unix_ms: int) -> list[bytes]:
 
 
 _U64 = struct.Struct("<Q")
+
+
+class Staging:
+    """Mixin of kvgraftd.store.artifact_store.Store: staged pages persisted and collected.
+    Needs `_db`, `_pages`, `_write`, `_drop_page`, `_add_page_bytes`."""
+
+    def stage_pages(self, records: Mapping[bytes, PageRecord], limit_bytes: int = 0) -> int:
+        """Persist received pages ahead of their manifest; returns pages written. All staged
+        pages together stay within `limit_bytes` of disk (0: no limit; kvgraftd.store.staging)."""
+
+        def body(txn: lmdb.Transaction) -> int:
+            new = stage(txn, self._db, self._pages, records, limit_bytes)
+            self._add_page_bytes(txn, sum(len(record.data) for record in new.values()))
+            return len(new)
+
+        return self._pages.write(*write_needs(records.values()), body)
+
+    def collect_staged(self, older_than_s: float) -> int:
+        """Delete staged pages older than `older_than_s` that nothing references."""
+        limit = now_ms() - int(older_than_s * 1000)
+
+        def body(txn: lmdb.Transaction) -> tuple[int, list[Location]]:
+            doomed = staged_before(txn, self._db, limit)
+            freed: list[Location] = []
+            for digest in doomed:
+                unstage(txn, self._db, digest)
+                if txn.get(digest, db=self._db["refs"]) is not None:
+                    continue  # claimed by an artifact since: keep it
+                freed += self._drop_page(txn, digest)
+            return len(doomed), freed
+
+        collected, freed = self._write(0, body)
+        self._pages.free(freed)
+        if collected:
+            log.info("collected %d staged pages older than %.0f s", collected, older_than_s)
+        return collected
