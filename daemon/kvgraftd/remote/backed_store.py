@@ -141,6 +141,9 @@ class RemoteBackedStore:
     def cache_totals(self) -> tuple[int, int]:
         return self._store.cache_totals()
 
+    def give_back(self) -> None:
+        self._store.give_back()
+
     def raise_inflation(self, priority: float) -> None:
         self._store.raise_inflation(priority)
 

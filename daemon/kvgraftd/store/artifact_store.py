@@ -304,7 +304,8 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
                 raise FailedPrecondition(
                     f"artifact {artifact_id} is pinned; unpin it first (kvgraft pin --off ID)"
                 )
-            return self._remove_in(txn, aid, record, pb.ChangeRecord.REASON_UNSPECIFIED)
+            reason = pb.ChangeRecord.REASON_UNSPECIFIED
+            return self._remove_in(txn, aid, record.manifest(), reason)
 
         try:
             locations = self._write(0, body)

@@ -141,9 +141,10 @@ def manifest_entries(manifest: pb.Manifest) -> Iterator[tuple[bytes, ChainEntry]
         yield key, ChainEntry(1, page, tokens, hashes)
 
 
-def register(txn, db, manifest: pb.Manifest, delta: int) -> None:
-    """Count an artifact's whole pages in (+1) or out (-1) of the chain index."""
-    for key, entry in manifest_entries(manifest):
+def register(txn, db, entries: list[tuple[bytes, ChainEntry]], delta: int) -> None:
+    """Count an artifact's whole pages (its `manifest_entries`) in (+1) or out (-1) of the
+    chain index."""
+    for key, entry in entries:
         found = txn.get(key, db=db)
         current = ChainEntry.decode(found) if found is not None else None
         if current is None or current.page_sha256 != entry.page_sha256:

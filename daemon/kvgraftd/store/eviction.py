@@ -159,7 +159,8 @@ class Evictor:
 
 class CacheKeeper:
     """The store's maintenance thread: eviction past the high watermark, expired pins,
-    last uses written. Wakes on every change to the store, at least every second."""
+    evicted pages' holes punched (every second), last uses written (every 30 s). Wakes on
+    every change to the store, at least every second."""
 
     def __init__(self, store, evictor: Evictor) -> None:
         self.store = store
@@ -181,10 +182,13 @@ class CacheKeeper:
         self.evictor.evict_past_high()
 
     def _run(self) -> None:
-        flushed = time.monotonic()
+        flushed = given_back = time.monotonic()
         while not self._stop.is_set():
             try:
                 self.pass_once()
+                if time.monotonic() - given_back >= 1.0:
+                    self.store.give_back()
+                    given_back = time.monotonic()
                 if time.monotonic() - flushed >= USAGE_FLUSH_S:
                     self.store.flush_usage()
                     flushed = time.monotonic()

@@ -95,6 +95,10 @@ class Lifecycle:
         """Every artifact a policy may evict now (not pinned, not read)."""
         return self._usage.snapshot()
 
+    def give_back(self) -> None:
+        """Punch out the holes of evicted pages now (the keeper does, every second)."""
+        self._pages.give_back()
+
     def cache_totals(self) -> tuple[int, int]:
         """(artifacts, bytes of the segment files' live pages): what budgets count."""
         return self._usage.count(), self._pages.live_bytes()
@@ -117,14 +121,16 @@ class Lifecycle:
             gone, freed, credits = [], [], {}
             for aid in taken:
                 found = txn.get(aid, db=self._db["artifacts"])
-                if found is None or (decode_record(found).pinned and not force):
+                record = decode_record(found) if found is not None else None
+                if record is None or (record.pinned and not force):
                     continue
-                record = decode_record(found)
-                freed += self._remove_in(txn, aid, record, reason)
+                manifest = record.manifest()
+                entries = list(chains.manifest_entries(manifest))
+                freed += self._remove_in(txn, aid, manifest, reason, entries)
                 gone.append(aid)
-                heir = _heir(txn, self._db, record.manifest())
                 earned = self._usage.get(aid)
-                if heir is not None and earned is not None:
+                heir = _heir(txn, self._db, entries) if earned and earned.reused_tokens else None
+                if heir is not None:
                     credits[heir] = credits.get(heir, 0) + earned.reused_tokens
             return gone, freed, credits
 
@@ -135,7 +141,7 @@ class Lifecycle:
         self._usage.removed(gone)
         for heir, tokens in credits.items():  # the reuse a prefix earned stays with the prefix
             self._usage.used(heir, 0, tokens)
-        self._pages.free(freed)
+        self._pages.free(freed, defer=True)  # punched in batches: see SegmentFiles.give_back
         if gone:
             self._notify_change()
         freed_bytes = sum(location.length for location in freed)
@@ -144,18 +150,24 @@ class Lifecycle:
             log.info("event=artifact_deleted artifact_id=%s reason=%s", aid.hex(), name)
         return len(gone), freed_bytes
 
-    def _remove_in(self, txn, aid: bytes, record, reason: int) -> list[Location]:
-        """Delete one artifact inside `txn`; the locations to free after the commit."""
-        manifest = record.manifest()
+    def _remove_in(
+        self, txn, aid: bytes, manifest: pb.Manifest, reason: int, entries=None
+    ) -> list[Location]:
+        """Delete one artifact inside `txn`; the locations to free after the commit.
+        `entries`: its chain entries, when the caller has them."""
         locations: list[Location] = []
+        refs, get, put, pack, unpack = self._db["refs"], txn.get, txn.put, _U64.pack, _U64.unpack
         for digest in page_sizes(manifest):
-            count = _U64.unpack(txn.get(digest, db=self._db["refs"]))[0] - 1
+            count = unpack(get(digest, db=refs))[0] - 1
             if count:
-                txn.put(digest, _U64.pack(count), db=self._db["refs"])
+                put(digest, pack(count), db=refs)
                 continue
-            txn.delete(digest, db=self._db["refs"])
-            locations += self._drop_page(txn, digest)
-        trust_index.forget(txn, self._db, aid, manifest)
+            txn.delete(digest, db=refs)
+            location = self._pages.drop(txn, digest)
+            if location is not None:
+                locations.append(location)
+        self._add_page_bytes(txn, -sum(location.length for location in locations))
+        trust_index.forget(txn, self._db, aid, manifest, entries)
         txn.delete(aid, db=self._db["artifacts"])
         txn.delete(aid, db=self._db["usage"])
         txn.delete(aid, db=self._db["pin_expiry"])
@@ -200,10 +212,9 @@ class Lifecycle:
         return self.remove(due, pb.ChangeRecord.REASON_EXPIRED)[0] if due else 0
 
 
-def _heir(txn, dbs, manifest: pb.Manifest) -> bytes | None:
-    """The artifact vouching now for the last chain page of a removed artifact: it holds
-    the same prefix, and takes over the reuse that prefix earned."""
-    entries = list(chains.manifest_entries(manifest))
+def _heir(txn, dbs, entries: list) -> bytes | None:
+    """The artifact vouching now for the last chain page of a removed artifact (`entries`:
+    its chain entries): it holds the same prefix, and takes over the reuse it earned."""
     return trust_index.voucher(txn, dbs, entries[-1][0]) if entries else None
 
 

@@ -132,8 +132,11 @@ class PageStore:
         record = txn.pop(digest, db=self._db)
         return None if record is None else location_of(record)
 
-    def free(self, locations: list[Location]) -> None:
-        self._segments.free(locations)
+    def free(self, locations: list[Location], defer: bool = False) -> None:
+        self._segments.free(locations, defer)
+
+    def give_back(self) -> None:
+        self._segments.give_back()
 
     # ------------------------------------------------------------------
     # reads

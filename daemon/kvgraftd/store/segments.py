@@ -75,6 +75,9 @@ _NAME = re.compile(r"^(\d{8})\.seg$")
 _ZEROS = memoryview(bytes(BLOCK_BYTES))
 
 
+PUNCH_BATCH_BYTES = 16 << 20  # freed bytes gathered before their holes are punched
+
+
 class Location(NamedTuple):
     """Where a page's bytes are: `length` bytes at `offset` of segment `segment`."""
 
@@ -106,10 +109,11 @@ class SegmentFiles:
         self._maps: dict[int, memoryview] = {}  # of read-only mappings, whole segments
         self._map_lock = threading.Lock()
         self._lock = threading.Lock()  # epochs, readers, frees, live bytes
-        self._reclaiming = threading.Lock()
+        self._reclaiming = threading.Lock()  # also guards _unpunched
+        self._unpunched: list[Location] = []  # freed, their holes not punched yet
         self._epoch = 0
         self._readers: Counter[int] = Counter()
-        self._freed: list[tuple[int, list[Location]]] = []
+        self._freed: list[tuple[int, list[Location], bool]] = []  # epoch, pages, deferred
         self._live: Counter[int] = Counter()
 
     # ------------------------------------------------------------------
@@ -143,6 +147,7 @@ class SegmentFiles:
         sync_directory(self.directory)
 
     def close(self) -> None:
+        self.give_back()
         self._writer.shutdown()
         self._close_fds()
         self._maps.clear()  # a mapping closes when its last view is gone
@@ -323,12 +328,14 @@ class SegmentFiles:
     # ------------------------------------------------------------------
     # freeing space
 
-    def free(self, locations: list[Location]) -> None:
-        """Give back the space of pages the index has dropped (once no reader can see them)."""
+    def free(self, locations: list[Location], defer: bool = False) -> None:
+        """Give back the space of pages the index has dropped (once no reader can see them).
+        `defer` (eviction's): their holes are punched with others, PUNCH_BATCH_BYTES at a
+        time or at `give_back`; otherwise at once."""
         if not locations:
             return
         with self._lock:
-            self._freed.append((self._epoch, locations))
+            self._freed.append((self._epoch, locations, defer))
             self._epoch += 1
         self._reclaim()
 
@@ -336,8 +343,9 @@ class SegmentFiles:
         with self._reclaiming:  # one reclaimer gives space back at a time, outside `_lock`
             with self._lock:
                 oldest = min(self._readers, default=self._epoch + 1)
-                ready = [locations for epoch, locations in self._freed if epoch < oldest]
-                self._freed = [(epoch, locs) for epoch, locs in self._freed if epoch >= oldest]
+                ready = [locations for epoch, locations, _ in self._freed if epoch < oldest]
+                at_once = any(not defer for epoch, _, defer in self._freed if epoch < oldest)
+                self._freed = [entry for entry in self._freed if entry[0] >= oldest]
                 emptied: set[int] = set()
                 for locations in ready:
                     for location in locations:
@@ -349,13 +357,30 @@ class SegmentFiles:
                 for segment in removed:
                     del self._live[segment]
                     self._maps.pop(segment, None)
+            self._unpunched += [loc for locs in ready for loc in locs]
             try:  # the index no longer names these bytes: failing here loses no data
                 for segment in removed:
                     self._path(segment).unlink(missing_ok=True)
                     log.info("segment %d emptied and removed", segment)
-                self._punch([loc for locs in ready for loc in locs if loc.segment not in removed])
+                self._unpunched = [loc for loc in self._unpunched if loc.segment not in removed]
+                if at_once or sum(loc.length for loc in self._unpunched) >= PUNCH_BATCH_BYTES:
+                    self._punch_unpunched()
             except OSError:
                 log.exception("could not give freed page space back; the next start will")
+
+    def give_back(self) -> None:
+        """Punch out every freed page's blocks now (they go in batches of PUNCH_BATCH_BYTES:
+        one range for neighbours, fewer calls that each cost the filesystem a journal
+        entry; a crash before leaves them to the next start, which punches every gap)."""
+        with self._reclaiming:
+            try:
+                self._punch_unpunched()
+            except OSError:
+                log.exception("could not give freed page space back; the next start will")
+
+    def _punch_unpunched(self) -> None:
+        pending, self._unpunched = self._unpunched, []
+        self._punch(pending)
 
     def _punch(self, locations: list[Location]) -> None:
         """Punch the locations' blocks out, neighbours as one range (an eviction frees runs
@@ -390,7 +415,7 @@ class SegmentFiles:
         """Bytes of the pages the index names (block-aligned): freed pages not counted, even
         while a read that began before their delete keeps their space a little longer."""
         with self._lock:
-            freeing = sum(block_aligned(loc.length) for _, locs in self._freed for loc in locs)
+            freeing = sum(block_aligned(loc.length) for _, locs, _ in self._freed for loc in locs)
             return sum(self._live.values()) - freeing
 
     def disk_bytes(self) -> int:

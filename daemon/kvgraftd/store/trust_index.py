@@ -86,26 +86,29 @@ def record(txn, dbs, aid: bytes, manifest: pb.Manifest, provenance: pb.Provenanc
 
 def vouch(txn, dbs, aid: bytes, manifest: pb.Manifest) -> None:
     """A trusted artifact's pages enter the chain index, vouched for by it."""
-    chains.register(txn, dbs["chains"], manifest, +1)
-    for key, entry in chains.manifest_entries(manifest):
+    entries = list(chains.manifest_entries(manifest))
+    chains.register(txn, dbs["chains"], entries, +1)
+    for key, entry in entries:
         found = txn.get(key, db=dbs["chains"])
         # it vouches only where the index holds its bytes (not another's, kept first)
         if found is not None and chains.ChainEntry.decode(found).page_sha256 == (entry.page_sha256):
             txn.put(key + aid, b"", db=dbs["vouchers"])
 
 
-def withdraw_vouchers(txn, dbs, aid: bytes, manifest: pb.Manifest) -> None:
-    """The artifact vouches for nothing any more (deleted, or quarantined: it stays trusted)."""
+def withdraw_vouchers(txn, dbs, aid: bytes, manifest: pb.Manifest, entries=None) -> None:
+    """The artifact vouches for nothing any more (deleted, or quarantined: it stays trusted).
+    `entries`: its chain entries, when the caller has them."""
     if is_trusted(read(txn, dbs, aid)):
-        chains.register(txn, dbs["chains"], manifest, -1)
-        for key, _ in chains.manifest_entries(manifest):
+        entries = entries if entries is not None else list(chains.manifest_entries(manifest))
+        chains.register(txn, dbs["chains"], entries, -1)
+        for key, _ in entries:
             txn.delete(key + aid, db=dbs["vouchers"])
 
 
-def forget(txn, dbs, aid: bytes, manifest: pb.Manifest) -> None:
+def forget(txn, dbs, aid: bytes, manifest: pb.Manifest, entries=None) -> None:
     """An artifact is deleted: it vouches for nothing any more."""
     if txn.get(aid, db=dbs["quarantine"]) is None:  # a quarantined one already withdrew
-        withdraw_vouchers(txn, dbs, aid, manifest)
+        withdraw_vouchers(txn, dbs, aid, manifest, entries)
     txn.delete(aid, db=dbs["provenance"])
 
 
