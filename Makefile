@@ -57,12 +57,14 @@ proto-check: $(STAMP) ## fail when the committed stubs differ from the proto
 
 check: lint layers proto-check test ## lint, import contracts, stale generated code, tests
 
-bench: $(STAMP) ## run the benchmarks (each ends with one JSON line; ~18 min)
+bench: $(STAMP) ## run the benchmarks (each ends with one JSON line; ~22 min)
 	$(BIN)/python bench/store_bench.py
 	$(BIN)/python bench/graft_bench.py
 	$(BIN)/python bench/engine_bench.py
 	$(BIN)/python bench/replication_bench.py
 	$(BIN)/python bench/remote_bench.py
+	$(BIN)/python bench/cache_bench.py
+	$(BIN)/python bench/scrub_bench.py
 
 bench-long: $(STAMP) ## the long benchmarks: 10M-token context (~16 GB of disk), knowledge library
 	$(BIN)/python bench/long_context.py

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -516,3 +517,29 @@ def test_json_after_the_command_prints_the_same_document(daemon: DaemonProcess) 
     after = kvgraft("ls", "--json", server=daemon.address)
     assert after.returncode == 0, after.stderr
     assert json.loads(after.stdout) == kvgraft_json("ls", server=daemon.address)
+
+
+def test_pin_with_a_ttl_scrub_and_info_say_the_cache(daemon: DaemonProcess, client, rng) -> None:
+    artifact = _artifact(rng)
+    client.put_artifact(artifact)
+    address = daemon.address
+    pinned = kvgraft_json("pin", artifact.id[:12], "--ttl", "2h", server=address)
+    expires = int(pinned["pin_expires_unix_ms"])
+    assert pinned["pinned"] and abs(expires - time.time() * 1000 - 7_200_000) < 60_000
+    text = kvgraft("pin", artifact.id, "--ttl", "90m", server=address).stdout
+    assert text.startswith(f"pinned {artifact.id} until ") and text.strip().endswith("deleted")
+    bad = kvgraft("pin", artifact.id, "--ttl", "soon", server=address)
+    assert bad.returncode == 2 and "not a duration" in bad.stderr
+    both = kvgraft("pin", artifact.id, "--off", "--ttl", "1h", server=address)
+    assert both.returncode == 1 and "--ttl goes with a pin" in both.stderr
+
+    scrub = kvgraft("scrub", "--rate", "100MB", server=address)
+    pages = len(page_sizes(artifact.manifest))
+    assert scrub.returncode == 0, scrub.stderr
+    assert scrub.stdout.startswith(f"scrubbed {pages} pages (")
+    assert ": 0 corrupt, 0 artifacts quarantined" in scrub.stdout
+    assert kvgraft("scrub", "--rate", "1KB", server=address).returncode == 1  # under 1 MiB/s
+
+    info = kvgraft("info", server=address).stdout
+    assert "cache: budget none, lru eviction, deposits explicit; evicted 0" in info
+    assert "scrub: finished " in info and f"{pages} of {pages} pages, 0 corrupt" in info

@@ -148,3 +148,24 @@ def test_receipts_count_grafts_and_reused_tokens(start_daemon) -> None:
     for idle in ("kvgraft_batch_waiting_passes", "kvgraft_requests_running"):
         assert _get(samples, idle) == 0, idle
     assert _get(samples, "kvgraft_requests_queued") == 0
+
+
+def test_the_cache_and_the_scrub_in_a_scrape(start_daemon, rng) -> None:
+    """Budget, evictions and the last scrub, as Info says them, in a scrape."""
+    daemon = start_daemon(
+        extra_args=["--metrics-listen", "127.0.0.1:0", "--store-budget-artifacts", "2"]
+    )
+    with Client(daemon.address) as client:
+        for _ in range(4):
+            client.put_artifact(random_artifact(rng, tokens=16))
+        found = client.scrub()
+        info = client.info()
+    samples = _scrape(daemon)
+    assert _get(samples, "kvgraft_cache_budget_artifacts") == 2
+    assert _get(samples, "kvgraft_cache_evicted_artifacts_total") == info.cache.evicted_artifacts
+    assert info.cache.evicted_artifacts >= 2
+    assert _get(samples, "kvgraft_scrub_pages_done") == found.pages_done > 0
+    assert _get(samples, "kvgraft_scrub_corrupt_pages") == 0
+    assert _get(samples, "kvgraft_scrub_running") == 0
+    finished = _get(samples, "kvgraft_scrub_last_finished_unix_seconds")
+    assert finished == found.finished_unix_ms / 1000
