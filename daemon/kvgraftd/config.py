@@ -135,7 +135,7 @@ class DaemonConfig:
     )
     max_follow_streams: int = _opt(
         64,
-        "Watch and Replicate streams open at once (long-lived: they take no worker and do "
+        "Watch, Replicate and Scrub streams open at once (long-lived: they take no worker and do "
         "not count in max_concurrent_rpcs); more are refused with RESOURCE_EXHAUSTED",
     )
     max_streams_per_connection: int = _opt(
@@ -306,7 +306,7 @@ def parse_bytes(value: int | str, key: str = "value") -> int:
 def _coerce(name: str, value: Any) -> Any:
     kind = _FIELDS[name].type
     try:
-        if name.endswith("_bytes"):
+        if name.endswith(("_bytes", "_bytes_per_s")):
             return parse_bytes(value, name)
         if kind == "Path":
             return Path(value)

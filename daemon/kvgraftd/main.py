@@ -256,9 +256,10 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
         log.warning("%d artifacts signed by keys no longer trusted are untrusted now", withdrawn)
     # The remote tier ([remote]): bad credentials stop the daemon here, before it serves.
     remote = RemoteService.open(config, store, trust)
-    # The store runs itself as a cache: budgets, expired pins, last uses, scrubs.
-    keeper = CacheKeeper(store, store.evictor).start()
-    scrubber = Scrubber(store, config.scrub_bytes_per_s).start_periodic(config.scrub_interval_s)
+    # The store runs itself as a cache: budgets, expired pins, last uses, scrubs (their
+    # threads start with the server).
+    keeper = CacheKeeper(store, store.evictor)
+    scrubber = Scrubber(store, config.scrub_bytes_per_s)
     service = StoreService(
         remote.view(store, read_through=False),
         ServiceLimits(spill_bytes=config.spill_bytes, staged_max_bytes=config.staged_max_bytes),
@@ -291,6 +292,8 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
             lambda: info_response(service, engine, pb.InfoRequest(), remote),
         )
         metrics = MetricsServer.start(config, collector)
+    keeper.start()
+    scrubber.start_periodic(config.scrub_interval_s)
     server.start()
     set_serving(health_servicer, True)
     host = config.listen.rsplit(":", 1)[0]

@@ -531,7 +531,7 @@ def test_pin_with_a_ttl_scrub_and_info_say_the_cache(daemon: DaemonProcess, clie
     bad = kvgraft("pin", artifact.id, "--ttl", "soon", server=address)
     assert bad.returncode == 2 and "not a duration" in bad.stderr
     both = kvgraft("pin", artifact.id, "--off", "--ttl", "1h", server=address)
-    assert both.returncode == 1 and "--ttl goes with a pin" in both.stderr
+    assert both.returncode == 1 and "a TTL goes with a pin" in both.stderr
 
     scrub = kvgraft("scrub", "--rate", "100MB", server=address)
     pages = len(page_sizes(artifact.manifest))

@@ -35,7 +35,7 @@ import pytest
 
 from kvgraft import Artifact, Client
 from kvgraft.artifact import page_sizes
-from kvgraft.errors import Unavailable
+from kvgraft.errors import DataLoss, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.remote.backed_store import RemoteBackedStore
 from kvgraftd.remote.s3 import RemoteSettings
@@ -46,6 +46,7 @@ from kvgraftd.store.page_records import page_record
 from kvgraftd.store.signing import Signer, TrustPolicy
 from kvgraftd.testing.s3_server import SECRET_KEY, SeaweedS3, free_ports, s3_env, weed_binary
 from tests.support.factory import FINGERPRINT, random_artifact
+from tests.support.on_disk import flip_stored_page
 
 BUCKET = "kvgraft"
 
@@ -402,3 +403,26 @@ def test_the_remote_view_offers_the_whole_store_interface() -> None:
     missing = sorted(name for name in public if name not in vars(RemoteBackedStore))
     assert not missing, f"RemoteBackedStore does not pass on {missing}"
     assert not hasattr(RemoteBackedStore, "__getattr__")
+
+
+def test_the_bucket_repairs_a_quarantined_artifact(s3, start_daemon, rng, request) -> None:
+    """A scrub quarantines an artifact whose page rotted on disk; a pull from the bucket
+    (remote sync) sends just that page and lifts the quarantine; a push skips it meanwhile."""
+    prefix = prefix_of(request)
+    artifact = small_artifact(rng)
+    daemon = start_daemon(extra_args=remote_args(s3, prefix), env=s3_env())
+    with Client(daemon.address) as client:
+        client.put_artifact(artifact)  # written through: the bucket holds a good copy
+        bad = artifact.manifest.page_sha256[3]
+        assert flip_stored_page(daemon.data_dir / "store", artifact.pages[bad]) == 1
+        assert client.scrub().quarantined == [artifact.id]
+        with pytest.raises(DataLoss, match="quarantined"):
+            client.get_artifact(artifact.id)
+        pushed = client.remote_sync(push=True, pull=False)
+        assert pushed.pushed_artifacts == 0 and pushed.in_both == 1  # the bucket has it
+        pulled = client.remote_sync(push=False, pull=True)
+        assert list(pulled.failures) == []
+        assert (pulled.pulled_artifacts, pulled.pulled_pages) == (1, 1)
+        assert not client.stat(artifact.id).info.quarantined
+        copy = client.get_artifact(artifact.id, check_sha256=True)
+        assert bytes(copy.pages[bad]) == bytes(artifact.pages[bad])

@@ -61,13 +61,8 @@ def test_a_full_store_skips_the_deposit_never_the_request(start_daemon) -> None:
     assert "Traceback" not in daemon.log()
 
 
-def test_explicit_is_the_default(start_daemon) -> None:
-    daemon = start_daemon(extra_args=TINY)
-    wait_model_ready(daemon.address)
-    with Client(daemon.address) as client:
-        result = client.generate(token_ids=PROMPT, max_new_tokens=2)
-        assert not result.deposited_artifact_id and not list(client.list_artifacts())
-        assert client.info().cache.mode == "explicit"
+def test_explicit_is_the_default(client) -> None:
+    assert client.info().cache.mode == "explicit"
 
 
 def test_deposits_and_grafts_under_a_budget(start_daemon) -> None:
@@ -78,7 +73,7 @@ def test_deposits_and_grafts_under_a_budget(start_daemon) -> None:
     budget = 8 * artifact_bytes
     daemon = start_daemon(extra_args=[*TINY, "--store-budget-bytes", str(budget)])
     wait_model_ready(daemon.address)
-    errors, peaks, deposited = [], [], []
+    errors, peaks, deposited, reused = [], [], [], []
     with Client(daemon.address) as client:
         pinned = client.deposit(token_ids=list(range(300, 364))).artifact_id
         client.pin(pinned)
@@ -90,8 +85,8 @@ def test_deposits_and_grafts_under_a_budget(start_daemon) -> None:
         with Client(daemon.address) as c:
             for n in range(offset, 64, 2):
                 prompt = [n, *range(10, 73)]  # 64 distinct tokens each
-                deposited.append(prompt)
                 c.deposit(token_ids=prompt)
+                deposited.append(prompt)
                 peaks.append(c.stats().page_bytes)
 
     def graft() -> None:
@@ -100,9 +95,12 @@ def test_deposits_and_grafts_under_a_budget(start_daemon) -> None:
                 try:
                     got = c.graft(pinned, token_ids=[1, 2], max_new_tokens=2)
                     assert _hashes(got) == graft_fresh and got.reused_tokens == 64
-                    if deposited:
+                    if deposited:  # its prefix grafted, or computed if evicted meanwhile
                         prompt = [*deposited[-1], round_ + 1]
-                        c.generate(token_ids=prompt, max_new_tokens=1)
+                        got = c.generate(token_ids=prompt, max_new_tokens=1)
+                        fresh = c.generate(token_ids=prompt, max_new_tokens=1, no_cache=True)
+                        assert _hashes(got) == _hashes(fresh)
+                        reused.append(got.reused_tokens)
                 except Exception as exc:  # collected, asserted empty below
                     errors.append(exc)
 
@@ -115,6 +113,7 @@ def test_deposits_and_grafts_under_a_budget(start_daemon) -> None:
     with Client(daemon.address) as client:
         cache = client.info().cache
         assert not errors
+        assert any(reused)  # some prefixes were grafted
         assert max(peaks) <= budget + artifact_bytes
         assert cache.evicted_artifacts >= 20
         assert pinned in {i.artifact_id for i in client.list_artifacts()}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kvgraft.artifact import page_sizes
-from kvgraft.errors import FailedPrecondition, NotFound, ResourceExhausted
+from kvgraft.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from kvgraft.page_buffers import block_aligned
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store.artifact_store import Store
@@ -74,16 +74,20 @@ def test_concurrent_deposits_and_reads_stay_within_the_budget(tmp_path, rng) -> 
         while not stop.is_set() or reads < 20:
             after = bytes(32)
             for aid, record in store.list_records(after, 1000):
+                lease = store.reading(aid)
                 try:
-                    with store.reading(aid):
-                        digests = list(page_sizes(record.manifest()))
-                        with store.verified_pages(digests) as views:
-                            assert all(len(v) for v in views)
-                    reads += 1
+                    lease.__enter__()
                 except NotFound:
                     continue  # evicted before the lease: the caller computes it
-                except Exception as exc:  # a read cut under its lease
+                try:  # anything raised under the lease is a read cut: a failure
+                    digests = list(page_sizes(record.manifest()))
+                    with store.verified_pages(digests) as views:
+                        assert all(len(v) for v in views)
+                    reads += 1
+                except Exception as exc:
                     failures.append(exc)
+                finally:
+                    lease.__exit__(None, None, None)
 
     writers = [threading.Thread(target=write, args=(artifacts[i::4],)) for i in range(4)]
     readers = [threading.Thread(target=read) for _ in range(2)]
@@ -118,7 +122,7 @@ def test_lru_evicts_the_least_recently_used_and_the_order_survives_a_restart(tmp
     store.close()  # writes the last uses
     store = _open(path, clock, artifacts=4)
     assert eviction_order(store.evictable(), "lru") == [bytes.fromhex(a) for a in used_order]
-    store.evictor.evict_past_high()  # 6 > 0.95 * 4: down to 0.85 * 4, i.e. 3 left
+    store.evictor.evict_past_high()  # 6 past the high watermark (3 of 4): down to 3
     left = {bytes.fromhex(aid) for aid, _ in store.list_records(bytes(32), 100)}
     assert left == {bytes.fromhex(a) for a in used_order[3:]}
     changes = store.changes_since(1, 100)
@@ -139,8 +143,8 @@ def test_cost_aware_keeps_what_was_reused(tmp_path, rng) -> None:
     for aid in others:  # used more recently than the reused one, but nothing reused from them
         with store.reading(aid):
             pass
-    _commit(store, _artifact(rng))  # past the high watermark (3.8 of 4)
-    assert store.evictor.evict_past_high() == 1  # down to the low one (3.4)
+    _commit(store, _artifact(rng))  # past the high watermark (3 of 4, in whole artifacts)
+    assert store.evictor.evict_past_high() == 1  # down to the low one (3)
     assert store.usage(reused) is not None
     assert sum(store.usage(aid) is None for aid in others) == 1
 
@@ -151,7 +155,7 @@ def test_a_leased_artifact_is_never_evicted_nor_deleted_under_its_reader(tmp_pat
     first = _artifact(rng)
     aid = _commit(store, first)
     with store.reading(aid):
-        with pytest.raises(ResourceExhausted, match="pinned or being read"):
+        with pytest.raises(ResourceExhausted, match="pinned artifacts and ones being read"):
             _commit(store, _artifact(rng))  # the only candidate is being read
         with pytest.raises(FailedPrecondition, match="being read"):
             store.delete_artifact(aid, wait_s=0.05)
@@ -193,7 +197,7 @@ def test_pins_with_a_ttl_expire_on_time_and_the_feed_says_so(tmp_path, rng) -> N
     store.close()
 
 
-def test_a_budget_keeps_what_a_later_write_shares(tmp_path, rng) -> None:
+def test_a_page_evicted_after_missing_pages_refuses_the_commit(tmp_path, rng) -> None:
     """Eviction between MissingPages and the commit: the commit is refused (asked again,
     the pages are missing), never stored with a page missing."""
     clock = Clock()
@@ -204,6 +208,69 @@ def test_a_budget_keeps_what_a_later_write_shares(tmp_path, rng) -> None:
     second = random_artifact(rng, tokens=64, page_tokens=16, shared_pages=shared, **LAYOUT)
     missing = store.missing_pages(list(page_sizes(second.manifest)))
     records = page_records_of({d: second.pages[d] for d in missing})
-    with pytest.raises(Exception, match="neither stored nor sent"):
+    with pytest.raises(InvalidArgument, match="neither stored nor sent"):
         store.commit_artifact(second.manifest, records)  # making room evicted the shared pages
     assert store.commit_artifact(second.manifest, page_records_of(second.pages)).pages_written
+
+
+def test_a_pin_changed_after_its_expiry_was_found_is_kept(tmp_path, rng) -> None:
+    """Regression: an expiry found due, then a pin without a TTL (or a later one) before the
+    keeper removed it, still deleted the artifact."""
+    clock = Clock()
+    store = _open(tmp_path / "s", clock)
+    aid = _commit(store, _artifact(rng))
+    store.set_pinned(aid, True, ttl_s=60)
+    clock.now += 61_000
+    due = store.due_expiries()
+    assert due == [bytes.fromhex(aid)]
+    store.set_pinned(aid, True)  # held for good now
+    assert store.remove(due, pb.ChangeRecord.REASON_EXPIRED) == (0, 0)
+    store.set_pinned(aid, True, ttl_s=60)  # a new TTL: due a minute from now
+    assert store.remove(due, pb.ChangeRecord.REASON_EXPIRED) == (0, 0)
+    assert store.usage(aid) is not None and store.pin_expiry(aid) == clock.now + 60_000
+    store.close()
+
+
+def test_a_write_the_budget_cannot_take_evicts_nothing(tmp_path, rng) -> None:
+    """An artifact larger than the budget, or one only pinned artifacts stand in the way
+    of, is refused before anything is evicted."""
+    clock = Clock()
+    sample = _artifact(rng)
+    store = _open(tmp_path / "s", clock, bytes=3 * _disk_bytes(sample))
+    kept = [_commit(store, _artifact(rng)) for _ in range(2)]
+    huge = random_artifact(rng, tokens=320, page_tokens=16, **LAYOUT)
+    with pytest.raises(ResourceExhausted, match="exceed store_budget_bytes"):
+        _commit(store, huge)
+    store.set_pinned(kept[0], True)
+    store.set_pinned(kept[1], True)
+    bigger = random_artifact(rng, tokens=128, page_tokens=16, **LAYOUT)
+    with pytest.raises(ResourceExhausted, match="held by pinned artifacts"):
+        _commit(store, bigger)
+    assert all(store.usage(aid) is not None for aid in kept)
+    assert store.evictor.counters.artifacts == 0
+    store.close()
+
+
+def test_a_ghost_never_stalls_eviction(tmp_path, rng) -> None:
+    """Regression: an artifact deleted while a commit added it to the usage book stayed
+    there, counted and unevictable; now the book follows the catalogue in one lock."""
+    clock = Clock()
+    store = _open(tmp_path / "s", clock, artifacts=2)
+    ids = [_commit(store, _artifact(rng)) for _ in range(2)]
+    errors = []
+
+    def delete_all() -> None:
+        for aid in ids:
+            try:
+                store.delete_artifact(aid)
+            except Exception as exc:
+                errors.append(exc)
+
+    thread = threading.Thread(target=delete_all)
+    thread.start()
+    more = [_commit(store, _artifact(rng)) for _ in range(6)]
+    thread.join()
+    assert not errors
+    assert store.cache_totals()[0] == len(store.list_records(bytes(32), 100)) <= 2
+    assert store.usage(more[-1]) is not None
+    store.close()

@@ -19,7 +19,7 @@ import pytest
 from kvgraft.errors import ResourceExhausted
 from kvgraft.page_buffers import block_aligned, slot_copies
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.store import segments
+from kvgraftd.store import linux_files, segments
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.direct_io import open_direct, pwritev_all
 from kvgraftd.store.page_records import page_records_of
@@ -203,7 +203,7 @@ def test_a_delete_succeeds_when_its_space_cannot_be_given_back(tmp_path: Path, m
     with closing(Store(tmp_path / "s", min_free_bytes=1 << 20)) as store:
         _commit(store, doomed)
         _commit(store, kept)
-        monkeypatch.setattr(segments, "punch_hole", refused)
+        monkeypatch.setattr(linux_files, "punch_hole", refused)
         assert store.delete_artifact(doomed.id)[0] == len(doomed.pages)
         assert store.missing_pages(list(doomed.pages)) == list(doomed.pages)
     monkeypatch.undo()

@@ -18,7 +18,6 @@ import sys
 
 from kvgraft.cli.render import emit, human_bytes, message_to_json, when
 from kvgraft.client.client import Client
-from kvgraft.errors import InvalidArgument
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -47,8 +46,6 @@ def parse_rate(text: str) -> int:
 
 
 def cmd_pin(client: Client, args: argparse.Namespace) -> None:
-    if args.off and args.ttl:
-        raise InvalidArgument("--ttl goes with a pin: drop --off, or drop --ttl")
     info = client.pin(args.id, pinned=not args.off, ttl_s=args.ttl or 0)
     state = "pinned" if info.pinned else "unpinned"
     until = f" until {when(info.pin_expires_unix_ms)} UTC, then deleted" if args.ttl else ""
@@ -68,7 +65,7 @@ def cmd_scrub(client: Client, args: argparse.Namespace) -> None:
             bar.close()
     lines = [
         f"scrubbed {result.pages_done} pages ({human_bytes(result.bytes_done)}): "
-        f"{len(result.corrupt_pages)} corrupt, {len(result.quarantined)} artifacts quarantined"
+        f"{result.corrupt_count} corrupt, {result.quarantined_count} artifacts quarantined"
     ]
     lines += [f"corrupt page {digest}" for digest in result.corrupt_pages]
     lines += [
@@ -76,7 +73,7 @@ def cmd_scrub(client: Client, args: argparse.Namespace) -> None:
         for aid in result.quarantined
     ]
     emit(args.json, message_to_json(result), "\n".join(lines))
-    if result.corrupt_pages:
+    if result.corrupt_count:
         raise SystemExit(1)
 
 
@@ -96,7 +93,7 @@ def cache_lines(info: pb.InfoResponse) -> list[str]:
         state = "running" if scrub.running else f"finished {when(scrub.finished_unix_ms)} UTC"
         lines.append(
             f"scrub: {state}, {scrub.pages_done} of {scrub.pages_total} pages, "
-            f"{len(scrub.corrupt_pages)} corrupt"
+            f"{scrub.corrupt_count} corrupt"
         )
     else:
         lines.append("scrub: none since the daemon started")

@@ -83,8 +83,9 @@ class ReplicationCalls(Connection):
         With `pull` None (the default) the target is asked to copy straight from
         this daemon first (`target.pull_from`, the Replicate RPC: faster, and the
         bytes skip this process); a target that does not allow it (FAILED_PRECONDITION
-        naming `[replication] pull_from`) or predates it (UNIMPLEMENTED) is relayed
-        to instead: this process reads here and writes there. Any other error of the
+        naming `[replication] pull_from`), predates it (UNIMPLEMENTED) or cannot reach
+        this daemon (UNAVAILABLE) is relayed to instead: this process reads here and
+        writes there. Any other error of the
         pull is raised. Only a one-shot pass with no options but from_sequence and
         progress can be pulled: others are relayed at once, as is a target given as
         an endpoint without `pull_from`, and one that reaches this daemon as
@@ -126,8 +127,10 @@ class ReplicationCalls(Connection):
             pull_options = {k: v for k, v in options.items() if k in PULL_OPTIONS}
             try:
                 return target_client.pull_from(source, **pull_options)
-            except (FailedPrecondition, Unimplemented) as exc:
-                if pull or not _pull_refused(exc):
+            except (FailedPrecondition, Unimplemented, Unavailable) as exc:
+                # refused, too old, or it cannot reach this daemon: the relay can (copies
+                # are idempotent, so what a cut pull moved is not moved again)
+                if pull or not (isinstance(exc, Unavailable) or _pull_refused(exc)):
                     raise
                 log.info(
                     "%s does not pull from %s (%s: %s): relaying through this process",

@@ -179,8 +179,6 @@ class StoreCalls(Connection):
     def pin(self, artifact_id: str, pinned: bool = True, ttl_s: float = 0) -> pb.ArtifactInfo:
         """Pin (never deleted nor evicted) or unpin; with `ttl_s` the pin expires that many
         seconds from now and the artifact is then deleted."""
-        if ttl_s and not pinned:
-            raise InvalidArgument("a TTL goes with a pin: pin it with a TTL, or unpin it")
         request = pb.PinRequest(artifact_id=artifact_id, pinned=pinned, ttl_s=math.ceil(ttl_s))
         return self._unary(self._stub.Pin, request).info
 

@@ -220,7 +220,7 @@ class Replicator:
             from_sequence = 1
         listed = read_listing(self.source)
         records = read_feed(self.source, from_sequence)
-        present = set(self.target.list_ids())
+        present, quarantined = self.target.holdings()
         latest: dict[str, int] = {}  # artifact id -> kind of its last record, in feed order
         for record in records:
             latest.pop(record.artifact_id, None)
@@ -228,7 +228,7 @@ class Replicator:
                 latest[record.artifact_id] = record.kind
         wanted = [a for a, kind in latest.items() if kind == ADDED]
         wanted += [a for a in listed if a not in latest]
-        adds = [a for a in wanted if a not in present]
+        adds = [a for a in wanted if a not in present or a in quarantined]  # those: repaired
         self._ledger.count(artifacts_present=len(wanted) - len(adds))
         # The feed touched these, and the target holds them or the source no longer
         # lists them: deleted on the source, unless the source, asked again, has them.

@@ -7,7 +7,7 @@ to delete) or "pinned" (kept: a pinned artifact cannot be deleted).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Protocol
 
 from kvgraft import wire
@@ -19,7 +19,8 @@ from kvgraft.v1 import kvgraft_pb2 as pb
 class Target(Protocol):
     """Where artifacts are copied to."""
 
-    def list_ids(self) -> Iterable[str]: ...
+    # (every artifact held, those of them quarantined: a scrub found them corrupt)
+    def holdings(self) -> tuple[set[str], set[str]]: ...
     def has_artifact(self, artifact_id: str) -> bool: ...
     def missing_pages(self, digests: list[bytes]) -> list[bytes]: ...
     def put_parts(self, parts: Iterator[wire.PutPart]) -> pb.PutArtifactResponse: ...
@@ -33,9 +34,9 @@ class ClientTarget:
     def __init__(self, client: Endpoint) -> None:
         self.client = client
 
-    def list_ids(self) -> Iterable[str]:
-        """The artifacts the target holds whole (a quarantined one is copied again: a repair)."""
-        return (info.artifact_id for info in self.client.list_artifacts() if not info.quarantined)
+    def holdings(self) -> tuple[set[str], set[str]]:
+        infos = list(self.client.list_artifacts())
+        return {i.artifact_id for i in infos}, {i.artifact_id for i in infos if i.quarantined}
 
     def has_artifact(self, artifact_id: str) -> bool:
         try:

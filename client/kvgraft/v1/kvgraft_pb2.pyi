@@ -567,7 +567,7 @@ class ScrubRequest(_message.Message):
     def __init__(self, bytes_per_s: _Optional[int] = ...) -> None: ...
 
 class ScrubProgress(_message.Message):
-    __slots__ = ("pages_done", "pages_total", "bytes_done", "bytes_total", "corrupt_pages", "quarantined", "done", "started_unix_ms", "finished_unix_ms", "running")
+    __slots__ = ("pages_done", "pages_total", "bytes_done", "bytes_total", "corrupt_pages", "quarantined", "done", "started_unix_ms", "finished_unix_ms", "running", "corrupt_count", "quarantined_count")
     PAGES_DONE_FIELD_NUMBER: _ClassVar[int]
     PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
@@ -578,6 +578,8 @@ class ScrubProgress(_message.Message):
     STARTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_COUNT_FIELD_NUMBER: _ClassVar[int]
     pages_done: int
     pages_total: int
     bytes_done: int
@@ -588,7 +590,9 @@ class ScrubProgress(_message.Message):
     started_unix_ms: int
     finished_unix_ms: int
     running: bool
-    def __init__(self, pages_done: _Optional[int] = ..., pages_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., corrupt_pages: _Optional[_Iterable[str]] = ..., quarantined: _Optional[_Iterable[str]] = ..., done: _Optional[bool] = ..., started_unix_ms: _Optional[int] = ..., finished_unix_ms: _Optional[int] = ..., running: _Optional[bool] = ...) -> None: ...
+    corrupt_count: int
+    quarantined_count: int
+    def __init__(self, pages_done: _Optional[int] = ..., pages_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., corrupt_pages: _Optional[_Iterable[str]] = ..., quarantined: _Optional[_Iterable[str]] = ..., done: _Optional[bool] = ..., started_unix_ms: _Optional[int] = ..., finished_unix_ms: _Optional[int] = ..., running: _Optional[bool] = ..., corrupt_count: _Optional[int] = ..., quarantined_count: _Optional[int] = ...) -> None: ...
 
 class TierInfo(_message.Message):
     __slots__ = ("name", "capacity_bytes", "used_bytes", "hits", "misses", "evictions", "bytes_streamed", "peak_bytes", "backlog_artifacts", "holding_bytes")

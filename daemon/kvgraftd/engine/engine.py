@@ -32,7 +32,7 @@ from contextlib import ExitStack, contextmanager, nullcontext
 
 import torch
 
-from kvgraft.errors import FailedPrecondition, InvalidArgument
+from kvgraft.errors import FailedPrecondition, InvalidArgument, NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine import compute_thread
 from kvgraftd.engine.batcher import Admission, Batcher
@@ -260,6 +260,16 @@ class Engine(Recompute, Deposits):
                 context, logits, options, reused, len(prompt) - reused, grafted, auto_deposit=auto
             )
 
+    def _lease(self, held: ExitStack, artifact_id: str, tokens: int) -> bool:
+        """Lease a stored artifact for a graft; False if it was evicted meanwhile (DataLoss
+        if it is quarantined)."""
+        self.store.check_servable(artifact_id)
+        try:
+            held.enter_context(self.store.reading(artifact_id, tokens))
+        except NotFound:
+            return False
+        return True
+
     def graft(
         self,
         artifact_id: str,
@@ -294,11 +304,12 @@ class Engine(Recompute, Deposits):
                     vouched_by=provenance.vouched_by,
                 )
             ]
-        with self._serving(is_active) as context, ExitStack() as held:
-            if not options.no_cache:
-                self.store.check_servable(full_id)
-                held.enter_context(self.store.reading(full_id, len(manifest.token_ids)))
-            if options.no_cache:
+        held = ExitStack()  # the artifact leased from here to the end: never evicted under us
+        fresh = options.no_cache or not self._lease(held, full_id, len(manifest.token_ids))
+        if fresh:
+            grafted = []
+        with held, self._serving(is_active) as context:
+            if fresh:  # asked for, or evicted since it was found: recomputed, same receipt
                 self._recompute(context, manifest)
                 reused, computed = 0, len(manifest.token_ids)
             else:

@@ -93,7 +93,7 @@ class KvgraftCollector(Collector):
             ("pages_total", scrub.pages_total, "pages stored when it began"),
             ("bytes_done", scrub.bytes_done, "bytes it hashed"),
             ("bytes_total", scrub.bytes_total, "bytes stored when it began"),
-            ("corrupt_pages", len(scrub.corrupt_pages), "corrupt pages it found"),
+            ("corrupt_pages", scrub.corrupt_count, "corrupt pages it found"),
             ("running", int(scrub.running), "1 while a scrub runs"),
             ("last_finished_unix_seconds", scrub.finished_unix_ms / 1000, "when it ended"),
         ):

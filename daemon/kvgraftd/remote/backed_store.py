@@ -156,7 +156,7 @@ class RemoteBackedStore:
     def pin_expiry(self, artifact_id: str) -> int:
         return self._store.pin_expiry(artifact_id)
 
-    def due_expiries(self) -> tuple[list[bytes], int]:
+    def due_expiries(self) -> list[bytes]:
         return self._store.due_expiries()
 
     def expire_due(self) -> int:

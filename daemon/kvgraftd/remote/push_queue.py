@@ -64,6 +64,10 @@ class WriteBackQueue:
                     continue  # drained meanwhile
         return [name for _, name in sorted(entries)]
 
+    def holds(self, artifact_id: str) -> bool:
+        """Whether the artifact waits for its upload (the store must not evict it)."""
+        return (self.directory / artifact_id).exists()
+
     def backlog(self) -> int:
         return len(self.pending())
 

@@ -75,6 +75,7 @@ class RemoteService:
                 config.data / "remote-queue", lambda aid: push_artifact(store, remote, aid)
             )
             queue.start()
+            store.evictor.keep = lambda aid: queue.holds(aid.hex())  # uploaded first
         log.info(
             "remote tier: bucket %s at %s, prefix %s, write-%s%s%s",
             settings.bucket,
@@ -216,8 +217,9 @@ class RemoteService:
             for artifact_id in remote.manifest_ids(fingerprint):
                 try:
                     self._store.resolve(artifact_id)
-                    moved.add(Moved(already=1))
-                    continue
+                    if not self._store.is_quarantined(artifact_id):
+                        moved.add(Moved(already=1))
+                        continue  # a quarantined one is pulled: its corrupt pages again
                 except NotFound:
                     pass
                 try:

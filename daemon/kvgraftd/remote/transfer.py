@@ -66,6 +66,7 @@ def push_artifact(
     fingerprint = manifest.model_fingerprint
     if remote.has_manifest(fingerprint, artifact_id):
         return Moved(already=1)
+    store.check_servable(artifact_id)  # DataLoss for a quarantined one: stays queued
     held = records or {}
 
     def source(digest: bytes):

@@ -63,13 +63,13 @@ class LocalTarget:
         there, and a delete from there applies only to what came from there."""
         return LocalTarget(self._service, self._store, source)
 
-    def list_ids(self) -> Iterable[str]:
-        """The artifacts held whole (a quarantined one is copied again: a repair)."""
-        quarantined = set(self._store.quarantined_ids())
+    def holdings(self) -> tuple[set[str], set[str]]:
+        held: set[str] = set()
         after = b""
         while batch := self._store.list_records(after, 1000):
-            yield from (aid for aid, _ in batch if aid not in quarantined)
+            held.update(aid for aid, _ in batch)
             after = bytes.fromhex(batch[-1][0])
+        return held, set(self._store.quarantined_ids())
 
     def has_artifact(self, artifact_id: str) -> bool:
         try:

@@ -46,7 +46,7 @@ HEALTH_THREADS = 2
 SIDE_THREADS = 4  # reflection and health Watch
 KVGRAFT_PREFIX = "/kvgraft."
 WORKER_POLL_S = 0.25
-UNBOUNDED_METHODS = frozenset({"Watch", "Replicate"})  # exempt from max_call_s
+UNBOUNDED_METHODS = frozenset({"Watch", "Replicate", "Scrub"})  # exempt from max_call_s
 HEALTH_CHECK = f"/{health.SERVICE_NAME}/Check"
 
 
@@ -99,7 +99,7 @@ class CallLimiter:
         with self._lock:
             if self._following >= self.max_follow_streams:
                 raise ResourceExhausted(
-                    f"kvgraftd has {self._following} Watch and Replicate streams open, its "
+                    f"kvgraftd has {self._following} Watch, Replicate and Scrub streams open, its "
                     f"limit (max_follow_streams); {method} was not started: close idle "
                     "followers or raise the limit"
                 )

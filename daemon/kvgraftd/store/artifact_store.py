@@ -148,7 +148,9 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
         self._clock = clock
         self._usage = UsageBook()
         self.evictor = Evictor(self, budget)
-        self._admitting = threading.Lock()  # room made and used by one commit at a time
+        # Commits, removals and eviction, one at a time: room made is room used, and the
+        # usage book changes with the catalogue (reentrant: a commit's make_room evicts).
+        self.admitting = threading.RLock()
         try:
             version = store_migration.check_format(self._lmdb, self.path)
             self._pages.open(version)
@@ -248,11 +250,13 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
             txn.put(aid, encode_record(record), db=self._db["artifacts"])
             return CommitResult(aid.hex(), False, written, written_bytes, sequence)
 
-        with self._admitting:
-            self.evictor.make_room(file_bytes)
+        with self.admitting:
+            if self._usage.get(aid) is None:  # an artifact present takes no room
+                self.evictor.make_room(file_bytes)
             result = self._pages.write(index_bytes + len(canonical), file_bytes, body)
+            if not result.already_present:
+                self._usage.added(aid, usage_of_new(manifest, self._clock()))
         if not result.already_present:
-            self._usage.added(aid, usage_of_new(manifest, self._clock()))
             self._notify_change()
             log.info(  # one logfmt line per artifact written: machines read it
                 "event=artifact_written artifact_id=%s sequence=%d pages_written=%d "
@@ -292,7 +296,7 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
     def _add_page_bytes(self, txn, delta: int) -> None:
         catalog.add_counter(txn, self._db["meta"], b"page_bytes", delta)
 
-    def delete_artifact(self, artifact_id: str, wait_s: float = 30.0) -> tuple[int, int]:
+    def delete_artifact(self, artifact_id: str, wait_s: float = 20.0) -> tuple[int, int]:
         """Remove an artifact; returns (pages freed, bytes freed). Waits up to `wait_s` for
         its readers (grafts, exports) to finish."""
         aid = catalog.parse_full_id(artifact_id)
@@ -308,10 +312,11 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
             return self._remove_in(txn, aid, record.manifest(), reason)
 
         try:
-            locations = self._write(0, body)
+            with self.admitting:
+                locations = self._write(0, body)
+                self._usage.removed([aid])
         finally:
             self._usage.unclaim([aid])
-        self._usage.removed([aid])
         self._pages.free(locations)
         freed, freed_bytes = len(locations), sum(location.length for location in locations)
         self._notify_change()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvgraft.errors import InvalidArgument, ResourceExhausted
@@ -84,7 +85,9 @@ class Evictor:
         self.store = store
         self.budget = budget
         self.counters = EvictionCounters()
-        self._lock = threading.Lock()  # one eviction at a time
+        # what must not be evicted yet, besides pins and readers (the remote tier's
+        # write-back queue: artifacts not uploaded)
+        self.keep: Callable[[bytes], bool] = lambda aid: False
 
     def over(self, fraction: float, incoming_bytes: int = 0, incoming_artifacts: int = 0) -> bool:
         artifacts, live = self.store.cache_totals()
@@ -103,6 +106,22 @@ class Evictor:
         if it would pass the budget; ResourceExhausted if nothing more can go."""
         if not self.budget.enabled or not self.over(1.0, incoming_bytes, 1):
             return
+        if self.budget.bytes and incoming_bytes > self.budget.bytes:
+            raise ResourceExhausted(
+                f"this artifact's {incoming_bytes} new bytes exceed store_budget_bytes="
+                f"{self.budget.bytes}: raise the budget to keep contexts this long"
+            )
+        artifacts, live = self.store.cache_totals()
+        candidates = self._candidates()
+        most = sum(usage.page_bytes for usage in candidates.values())  # shared pages: less
+        if (self.budget.bytes and live - most + incoming_bytes > self.budget.bytes) or (
+            self.budget.artifacts and artifacts - len(candidates) + 1 > self.budget.artifacts
+        ):
+            raise ResourceExhausted(  # evicting everything evictable would not make room
+                f"the store's budget (store_budget_bytes={self.budget.bytes}, "
+                f"store_budget_artifacts={self.budget.artifacts}) is held by pinned artifacts "
+                "and ones being read: unpin some (kvgraft pin --off ID) or raise a budget"
+            )
         self.evict(self.budget.low, incoming_bytes, 1)
         if self.over(1.0, incoming_bytes, 1):
             raise ResourceExhausted(
@@ -111,12 +130,15 @@ class Evictor:
                 "left is pinned or being read: unpin some (kvgraft pin --off ID) or raise a budget"
             )
 
+    def _candidates(self) -> dict[bytes, Usage]:
+        return {aid: u for aid, u in self.store.evictable().items() if not self.keep(aid)}
+
     def evict(self, fraction: float, incoming_bytes: int = 0, incoming_artifacts: int = 0) -> int:
         """Evict in policy order until under `fraction` of the budgets; returns artifacts."""
         evicted = 0
-        with self._lock:
+        with self.store.admitting:  # one eviction at a time, commits waiting for its room
             while self.over(fraction, incoming_bytes, incoming_artifacts):
-                candidates = self.store.evictable()
+                candidates = self._candidates()
                 batch = self._victims(candidates, fraction, incoming_bytes, incoming_artifacts)
                 if not batch:
                     break

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 import lmdb
 
 from kvgraft.artifact import page_sizes
-from kvgraft.errors import InvalidArgument, NotFound
+from kvgraft.errors import NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import catalog, chains, trust_index
 from kvgraftd.store.catalog import decode_record
@@ -115,14 +115,22 @@ class Lifecycle:
         taken = self._usage.claim(aids)
         if not taken:
             return 0, 0
-        force = reason == pb.ChangeRecord.REASON_EXPIRED
+        expiring = reason == pb.ChangeRecord.REASON_EXPIRED
+        now = self._clock()
 
-        def body(txn: lmdb.Transaction) -> tuple[list[bytes], list[Location], dict]:
-            gone, freed, credits = [], [], {}
+        def body(txn: lmdb.Transaction) -> tuple[list[bytes], list[bytes], list[Location], dict]:
+            gone, missing, freed, credits = [], [], [], {}
             for aid in taken:
                 found = txn.get(aid, db=self._db["artifacts"])
                 record = decode_record(found) if found is not None else None
-                if record is None or (record.pinned and not force):
+                if record is None:
+                    missing.append(aid)  # deleted meanwhile: out of the book too
+                    continue
+                if expiring:  # still due? (unpinned or pinned again since it was found)
+                    expiry = txn.get(aid, db=self._db["pin_expiry"])
+                    if expiry is None or _EXPIRY.unpack(expiry)[0] > now:
+                        continue
+                elif record.pinned:
                     continue
                 manifest = record.manifest()
                 entries = list(chains.manifest_entries(manifest))
@@ -132,13 +140,15 @@ class Lifecycle:
                 heir = _heir(txn, self._db, entries) if earned and earned.reused_tokens else None
                 if heir is not None:
                     credits[heir] = credits.get(heir, 0) + earned.reused_tokens
-            return gone, freed, credits
+            return gone, missing, freed, credits
 
+        gone: list[bytes] = []
         try:
-            gone, freed, credits = self._write(0, body)
+            with self.admitting:
+                gone, missing, freed, credits = self._write(0, body)
+                self._usage.removed(gone + missing)  # before unclaiming: no lease between
         finally:
             self._usage.unclaim(taken)
-        self._usage.removed(gone)
         for heir, tokens in credits.items():  # the reuse a prefix earned stays with the prefix
             self._usage.used(heir, 0, tokens)
         self._pages.free(freed, defer=True)  # punched in batches: see SegmentFiles.give_back
@@ -185,30 +195,22 @@ class Lifecycle:
             return _EXPIRY.unpack(found)[0] if found is not None else 0
 
     def _set_expiry_in(self, txn, aid: bytes, pinned: bool, ttl_s: float) -> None:
-        if ttl_s and not pinned:
-            raise InvalidArgument("a TTL goes with a pin: pin it with a TTL, or unpin it")
-        if ttl_s:
+        if ttl_s and pinned:
             expires = self._clock() + int(ttl_s * 1000)
             txn.put(aid, _EXPIRY.pack(expires), db=self._db["pin_expiry"])
         else:
             txn.delete(aid, db=self._db["pin_expiry"])
 
-    def due_expiries(self) -> tuple[list[bytes], int]:
-        """(artifacts whose pin has expired, unix ms of the next expiry or 0)."""
+    def due_expiries(self) -> list[bytes]:
+        """The artifacts whose pin has expired."""
         now = self._clock()
-        due, upcoming = [], 0
         with self._read() as txn:
-            for key, value in txn.cursor(db=self._db["pin_expiry"]):
-                expires = _EXPIRY.unpack(value)[0]
-                if expires <= now:
-                    due.append(bytes(key))
-                elif not upcoming or expires < upcoming:
-                    upcoming = expires
-        return due, upcoming
+            cursor = txn.cursor(db=self._db["pin_expiry"])
+            return [bytes(key) for key, value in cursor if _EXPIRY.unpack(value)[0] <= now]
 
     def expire_due(self) -> int:
         """Delete the artifacts whose pins have expired; returns how many."""
-        due, _ = self.due_expiries()
+        due = self.due_expiries()
         return self.remove(due, pb.ChangeRecord.REASON_EXPIRED)[0] if due else 0
 
 
@@ -225,7 +227,6 @@ def _usage_of(manifest: pb.Manifest, pinned: bool, last_used_ms: int, reused: in
         reused_tokens=reused,
         page_bytes=sum(sizes.values()),
         pinned=pinned,
-        tokens=len(manifest.token_ids),
     )
 
 

@@ -47,6 +47,34 @@ def punch_hole(fd: int, offset: int, length: int) -> None:
                     "only when a whole segment empties")  # fmt: skip
 
 
+def punch_spans(path: Path, spans: list[tuple[int, int]]) -> None:
+    """Punch out the (offset, length) spans of a file, neighbours as one range (one call
+    per run: an eviction frees runs of pages written one after another)."""
+    ranges: list[list[int]] = []
+    for offset, length in sorted(spans):
+        if ranges and ranges[-1][1] == offset:
+            ranges[-1][1] = offset + length
+        else:
+            ranges.append([offset, offset + length])
+    with opened(path) as fd:
+        for start, end in ranges:
+            punch_hole(fd, start, end - start)
+
+
+def punch_gaps(path: Path, spans: list[tuple[int, int]], end: int | None) -> None:
+    """Punch out what lies outside the sorted (offset, length) spans, up to `end` (None:
+    the file's size)."""
+    with opened(path) as fd:
+        at = 0
+        for offset, length in spans:
+            if offset > at:
+                punch_hole(fd, at, offset - at)
+            at = max(at, offset + length)
+        size = os.fstat(fd).st_size if end is None else end
+        if size > at:
+            punch_hole(fd, at, size - at)
+
+
 def start_writeback(fd: int, offset: int, length: int) -> None:
     """Hand the range to the device now, not at the fdatasync (the disk works while
     the next piece is copied: about 1.5x the throughput of write-then-sync here)."""

@@ -118,7 +118,7 @@ class Quarantine:
             raise DataLoss(
                 f"artifact {artifact_id[:16]} is quarantined: a scrub found a page of it "
                 "corrupt. Repair it from a good copy (kvgraft replicate from a replica, or "
-                "kvgraft remote pull), or delete it"
+                "kvgraft remote sync --pull), or delete it"
             )
 
     def _repair_in(self, txn, aid: bytes, manifest: pb.Manifest, records) -> tuple[int, int]:
@@ -131,6 +131,8 @@ class Quarantine:
             if digest in sizes and not self._pages.is_stored(txn, digest)
         }
         self._pages.append(txn, new)
+        for digest in sizes:  # pages of the repair staged by its upload: claimed now
+            staging.unstage(txn, self._db, digest)
         written = sum(len(record.data) for record in new.values())
         self._add_page_bytes(txn, written)
         for key in list(txn.cursor(db=self._db["quarantine"]).iternext(values=False)):

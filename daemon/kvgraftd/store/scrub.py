@@ -28,13 +28,13 @@ from kvgraftd.store.catalog import now_ms
 log = logging.getLogger(__name__)
 
 BATCH = 64  # pages hashed per read transaction
+MAX_LISTED = 1000  # corrupt pages and quarantined artifacts named in a progress message
 
 
 class Scrubber:
     def __init__(self, store, bytes_per_s: int) -> None:
         self.store = store
         self.bytes_per_s = bytes_per_s
-        self.scrubs = 0
         self._running = threading.Lock()
         self._lock = threading.Lock()
         self._progress = pb.ScrubProgress()
@@ -72,6 +72,7 @@ class Scrubber:
         self._publish(progress)
         began = last_report = time.monotonic()
         after = b""
+        quarantined: set[str] = set()
         while not self._stop.is_set():
             after, pages, size, corrupt = self.store.hash_batch(after, BATCH)
             if not pages:
@@ -79,9 +80,16 @@ class Scrubber:
             progress.pages_done += pages
             progress.bytes_done += size
             if corrupt:
-                progress.corrupt_pages.extend(digest.hex() for digest in corrupt)
                 held = self.store.quarantine(corrupt)
-                progress.quarantined.extend(a for a in held if a not in progress.quarantined)
+                progress.corrupt_count += len(corrupt)
+                room = MAX_LISTED - len(progress.corrupt_pages)
+                progress.corrupt_pages.extend(digest.hex() for digest in corrupt[:room])
+                for aid in held:
+                    if aid not in quarantined:
+                        quarantined.add(aid)
+                        if len(progress.quarantined) < MAX_LISTED:
+                            progress.quarantined.append(aid)
+                progress.quarantined_count = len(quarantined)
             self._publish(progress)
             ahead = progress.bytes_done / rate - (time.monotonic() - began)
             if ahead > 0:
@@ -94,15 +102,14 @@ class Scrubber:
         progress.finished_unix_ms = now_ms()
         self._publish(progress)
         if progress.done:
-            self.scrubs += 1
             self.store.set_meta_time(b"last_scrub_ms", progress.finished_unix_ms)
         log.info(
             "scrub %s: %d pages, %.1f MB, %d corrupt, %d artifacts quarantined",
             "done" if progress.done else "stopped",
             progress.pages_done,
             progress.bytes_done / 1e6,
-            len(progress.corrupt_pages),
-            len(progress.quarantined),
+            progress.corrupt_count,
+            progress.quarantined_count,
         )
         return self.progress()
 
@@ -122,9 +129,12 @@ class Scrubber:
         return self
 
     def stop(self) -> None:
+        """End the periodic scrubs and any scrub running (after its current batch)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        with self._running:  # a Scrub call's scrub, on a thread of its own
+            pass
 
     def _periodic(self, interval_s: float) -> None:
         while not self._stop.is_set():

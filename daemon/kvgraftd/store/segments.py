@@ -62,7 +62,12 @@ from kvgraftd.store.direct_io import (
     open_direct,
     pwritev_all,
 )
-from kvgraftd.store.linux_files import opened, punch_hole, start_writeback, sync_directory
+from kvgraftd.store.linux_files import (
+    punch_gaps,
+    punch_spans,
+    start_writeback,
+    sync_directory,
+)
 
 log = logging.getLogger(__name__)
 
@@ -383,33 +388,16 @@ class SegmentFiles:
         self._punch(pending)
 
     def _punch(self, locations: list[Location]) -> None:
-        """Punch the locations' blocks out, neighbours as one range (an eviction frees runs
-        of pages written one after another)."""
-        by_segment: dict[int, list[Location]] = {}
+        by_segment: dict[int, list[tuple[int, int]]] = {}
         for location in locations:
-            by_segment.setdefault(location.segment, []).append(location)
-        for segment, found in by_segment.items():
-            ranges: list[list[int]] = []
-            for location in sorted(found):
-                end = location.offset + block_aligned(location.length)
-                if ranges and ranges[-1][1] == location.offset:
-                    ranges[-1][1] = end
-                else:
-                    ranges.append([location.offset, end])
-            with opened(self._path(segment)) as fd:
-                for start, end in ranges:
-                    punch_hole(fd, start, end - start)
+            span = (location.offset, block_aligned(location.length))
+            by_segment.setdefault(location.segment, []).append(span)
+        for segment, spans in by_segment.items():
+            punch_spans(self._path(segment), spans)
 
     def _punch_gaps(self, segment: int, live: list[Location], end: int | None) -> None:
-        with opened(self._path(segment)) as fd:
-            at = 0
-            for location in live:
-                if location.offset > at:
-                    punch_hole(fd, at, location.offset - at)
-                at = max(at, block_aligned(location.offset + location.length))
-            size = os.fstat(fd).st_size if end is None else end
-            if size > at:
-                punch_hole(fd, at, size - at)
+        spans = [(location.offset, block_aligned(location.length)) for location in live]
+        punch_gaps(self._path(segment), spans, end)
 
     def live_bytes(self) -> int:
         """Bytes of the pages the index names (block-aligned): freed pages not counted, even

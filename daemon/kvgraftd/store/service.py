@@ -203,7 +203,6 @@ class StoreService:
         """The manifest, then the requested pages, framed as GetArtifactResponse bytes."""
         record = self._store.get_record(request.artifact_id)
         manifest = record.manifest()
-        self._store.check_servable(artifact_id(manifest))
         sizes = page_sizes(manifest)
         wanted = list(sizes)  # distinct pages in manifest order
         if request.only_pages:
@@ -215,13 +214,16 @@ class StoreService:
                 )
             asked = set(request.only_pages)
             wanted = [d for d in wanted if d in asked]
-        signatures = self._store.provenance(artifact_id(manifest)).signatures
-        yield wire.encode_submessage(wire.GET_MANIFEST, record.canonical) + wire.encode_signatures(
-            wire.GET_SIGNATURES, signatures
-        )
-        if request.manifest_only:
+        full_id = artifact_id(manifest)
+        signatures = self._store.provenance(full_id).signatures
+        first = wire.encode_submessage(wire.GET_MANIFEST, record.canonical)
+        first += wire.encode_signatures(wire.GET_SIGNATURES, signatures)
+        if request.manifest_only:  # the manifest of a quarantined artifact is intact
+            yield first
             return
-        with self._store.reading(artifact_id(manifest)):  # an export is a use; never evicted
+        self._store.check_servable(full_id)
+        with self._store.reading(full_id):  # an export is a use; never evicted while read
+            yield first
             yield from self._page_messages(wanted, sizes)
 
     def _page_messages(self, digests: list[bytes], sizes: dict[bytes, int]) -> Iterator[bytes]:
@@ -305,6 +307,8 @@ class StoreService:
     def pin(self, request: pb.PinRequest) -> pb.PinResponse:
         if request.ttl_s > MAX_PIN_TTL_S:
             raise InvalidArgument(f"Pin ttl_s is at most {MAX_PIN_TTL_S} (ten years)")
+        if request.ttl_s and not request.pinned:
+            raise InvalidArgument("a TTL goes with a pin: set pinned, or leave ttl_s at 0")
         aid = self._store.resolve(request.artifact_id)
         record = self._store.set_pinned(aid, request.pinned, request.ttl_s)
         return pb.PinResponse(info=self._info(aid, record, record.manifest()))

@@ -43,7 +43,6 @@ class Usage:
     reused_tokens: int
     page_bytes: int
     pinned: bool
-    tokens: int = 0
     # The cost-aware policy's priority (GreedyDual-Size-Frequency): the book's inflation
     # at the last use plus the tokens reused from it per byte (kvgraftd.store.eviction).
     priority: float = 0.0
