@@ -148,9 +148,9 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
         self._clock = clock
         self._usage = UsageBook()
         self.evictor = Evictor(self, budget)
-        # Commits, removals and eviction, one at a time: room made is room used, and the
-        # usage book changes with the catalogue (reentrant: a commit's make_room evicts).
-        self.admitting = threading.RLock()
+        # One commit at a time from making its room to using it (the usage book changes
+        # inside each transaction, so it follows the catalogue: kvgraftd.store.lifecycle).
+        self._admitting = threading.Lock()
         try:
             version = store_migration.check_format(self._lmdb, self.path)
             self._pages.open(version)
@@ -248,14 +248,20 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
             sequence = catalog.append_change(txn, self._db["log"], pb.ChangeRecord.KIND_ADDED, aid)
             record = ArtifactRecord(now_ms(), sequence, False, canonical)
             txn.put(aid, encode_record(record), db=self._db["artifacts"])
+            self._usage.added(aid, usage_of_new(manifest, self._clock()))  # see _admitting
+            added.append(aid)
             return CommitResult(aid.hex(), False, written, written_bytes, sequence)
 
-        with self.admitting:
+        added: list[bytes] = []
+
+        with self._admitting:
             if self._usage.get(aid) is None:  # an artifact present takes no room
                 self.evictor.make_room(file_bytes)
-            result = self._pages.write(index_bytes + len(canonical), file_bytes, body)
-            if not result.already_present:
-                self._usage.added(aid, usage_of_new(manifest, self._clock()))
+            try:
+                result = self._pages.write(index_bytes + len(canonical), file_bytes, body)
+            except BaseException:
+                self._usage.removed(added)  # its transaction failed: not stored
+                raise
         if not result.already_present:
             self._notify_change()
             log.info(  # one logfmt line per artifact written: machines read it
@@ -309,12 +315,16 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
                     f"artifact {artifact_id} is pinned; unpin it first (kvgraft pin --off ID)"
                 )
             reason = pb.ChangeRecord.REASON_UNSPECIFIED
-            return self._remove_in(txn, aid, record.manifest(), reason)
+            locations = self._remove_in(txn, aid, record.manifest(), reason)
+            taken_out.update(self._usage.removed([aid]))  # inside: see lifecycle.remove
+            return locations
 
+        taken_out: dict = {}
         try:
-            with self.admitting:
-                locations = self._write(0, body)
-                self._usage.removed([aid])
+            locations = self._write(0, body)
+        except BaseException:
+            self._usage.restore(taken_out)
+            raise
         finally:
             self._usage.unclaim([aid])
         self._pages.free(locations)

@@ -42,7 +42,8 @@ from kvgraft.v1 import kvgraft_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-_HEAD = struct.Struct("<IQI")
+_HEAD = struct.Struct("<IQI")  # count, page index, tokens
+_COUNT = struct.Struct("<I")
 
 
 @dataclass(frozen=True)
@@ -143,23 +144,26 @@ def manifest_entries(manifest: pb.Manifest) -> Iterator[tuple[bytes, ChainEntry]
 
 def register(txn, db, entries: list[tuple[bytes, ChainEntry]], delta: int) -> None:
     """Count an artifact's whole pages (its `manifest_entries`) in (+1) or out (-1) of the
-    chain index."""
+    chain index. (The stored entry is compared and recounted as bytes: its hashes end it,
+    its count begins it; every commit and removal does this for each page.)"""
     for key, entry in entries:
         found = txn.get(key, db=db)
-        current = ChainEntry.decode(found) if found is not None else None
-        if current is None or current.page_sha256 != entry.page_sha256:
-            if current is not None and delta > 0:
+        if found is None:
+            if delta > 0:
+                txn.put(key, entry.encode(), db=db)
+            continue
+        found = bytes(found)
+        if not found.endswith(b"".join(entry.page_sha256)):
+            if delta > 0:
                 # Same tokens, same model and profile, other bytes: the run that
                 # produced one of them was not deterministic. Keep the first.
                 log.warning(
                     "chain page %d has two different contents; kept the first", entry.page_index
                 )
-            if current is None and delta > 0:
-                txn.put(key, entry.encode(), db=db)
             continue
-        count = current.count + delta
+        count = _COUNT.unpack_from(found)[0] + delta
         if count:
-            txn.put(key, current.with_count(count).encode(), db=db)
+            txn.put(key, _COUNT.pack(count) + found[_COUNT.size :], db=db)
         else:
             txn.delete(key, db=db)
 

@@ -118,7 +118,7 @@ class Lifecycle:
         expiring = reason == pb.ChangeRecord.REASON_EXPIRED
         now = self._clock()
 
-        def body(txn: lmdb.Transaction) -> tuple[list[bytes], list[bytes], list[Location], dict]:
+        def body(txn: lmdb.Transaction) -> tuple[list[bytes], list[Location], dict]:
             gone, missing, freed, credits = [], [], [], {}
             for aid in taken:
                 found = txn.get(aid, db=self._db["artifacts"])
@@ -140,13 +140,17 @@ class Lifecycle:
                 heir = _heir(txn, self._db, entries) if earned and earned.reused_tokens else None
                 if heir is not None:
                     credits[heir] = credits.get(heir, 0) + earned.reused_tokens
-            return gone, missing, freed, credits
+            # out of the book inside the transaction (transactions are serialized): no lease
+            # starts on them from here, and a commit's `added` cannot interleave
+            taken_out.update(self._usage.removed(gone + missing))
+            return gone, freed, credits
 
-        gone: list[bytes] = []
+        taken_out: dict = {}
         try:
-            with self.admitting:
-                gone, missing, freed, credits = self._write(0, body)
-                self._usage.removed(gone + missing)  # before unclaiming: no lease between
+            gone, freed, credits = self._write(0, body)
+        except BaseException:
+            self._usage.restore(taken_out)
+            raise
         finally:
             self._usage.unclaim(taken)
         for heir, tokens in credits.items():  # the reuse a prefix earned stays with the prefix
@@ -167,7 +171,7 @@ class Lifecycle:
         `entries`: its chain entries, when the caller has them."""
         locations: list[Location] = []
         refs, get, put, pack, unpack = self._db["refs"], txn.get, txn.put, _U64.pack, _U64.unpack
-        for digest in page_sizes(manifest):
+        for digest in dict.fromkeys(manifest.page_sha256):  # each distinct page once
             count = unpack(get(digest, db=refs))[0] - 1
             if count:
                 put(digest, pack(count), db=refs)

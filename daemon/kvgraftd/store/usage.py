@@ -65,13 +65,22 @@ class UsageBook:
             usage.priority = self.inflation + usage.reused_tokens / max(1, usage.page_bytes)
             self._entries[aid] = usage
 
-    def removed(self, aids: Iterable[bytes]) -> None:
+    def removed(self, aids: Iterable[bytes]) -> dict[bytes, Usage]:
+        """Take artifacts out (their entries, for `restore` if the removal fails)."""
+        out: dict[bytes, Usage] = {}
         with self._lock:
             for aid in aids:
-                self._entries.pop(aid, None)
-                self._claimed.discard(aid)
+                usage = self._entries.pop(aid, None)
+                if usage is not None:
+                    out[aid] = usage
                 self._dirty.discard(aid)
             self._lock.notify_all()
+        return out
+
+    def restore(self, entries: dict[bytes, Usage]) -> None:
+        """Put back what `removed` took out: the transaction that removed them failed."""
+        with self._lock:
+            self._entries.update(entries)
 
     def set_pinned(self, aid: bytes, pinned: bool) -> None:
         with self._lock:
