@@ -29,7 +29,7 @@ alternated over --rounds; the ratio is the median of the per-round ratios.
 What bounds the figures: the hit rates are the policies' (the offline optimum is an
 upper bound no online policy reaches); deposit throughput is bounded by the disk's
 synced writes (each commit fdatasyncs the segment, then syncs LMDB), eviction adding
-one synced transaction per batch of 32 artifacts. Last line: one JSON object.
+one synced transaction per batch of up to 64 artifacts. Last line: one JSON object.
 """
 
 from __future__ import annotations

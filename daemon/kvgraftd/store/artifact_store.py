@@ -57,7 +57,7 @@ import lmdb
 import numpy as np
 
 from kvgraft.artifact import canonical_bytes, page_sizes
-from kvgraft.errors import FailedPrecondition, NotFound
+from kvgraft.errors import NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import catalog, page_records, staging, trust_index
 from kvgraftd.store import migration as store_migration
@@ -69,7 +69,7 @@ from kvgraftd.store.catalog import (
     now_ms,
 )
 from kvgraftd.store.eviction import NO_BUDGET, CacheBudget, Evictor
-from kvgraftd.store.lifecycle import LIFECYCLE_DATABASES, Lifecycle, require_present, usage_of_new
+from kvgraftd.store.lifecycle import LIFECYCLE_DATABASES, Lifecycle, usage_of_new
 from kvgraftd.store.lmdb_env import LmdbEnv
 from kvgraftd.store.page_records import PageRecord, write_needs
 from kvgraftd.store.page_store import PageStore
@@ -301,42 +301,6 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
 
     def _add_page_bytes(self, txn, delta: int) -> None:
         catalog.add_counter(txn, self._db["meta"], b"page_bytes", delta)
-
-    def delete_artifact(self, artifact_id: str, wait_s: float = 20.0) -> tuple[int, int]:
-        """Remove an artifact; returns (pages freed, bytes freed). Waits up to `wait_s` for
-        its readers (grafts, exports) to finish."""
-        aid = catalog.parse_full_id(artifact_id)
-        self._usage.claim_waiting(aid, wait_s)
-
-        def body(txn: lmdb.Transaction) -> list[Location]:
-            record = require_present(txn, self._db, aid, artifact_id)
-            if record.pinned:
-                raise FailedPrecondition(
-                    f"artifact {artifact_id} is pinned; unpin it first (kvgraft pin --off ID)"
-                )
-            reason = pb.ChangeRecord.REASON_UNSPECIFIED
-            locations = self._remove_in(txn, aid, record.manifest(), reason)
-            taken_out.update(self._usage.removed([aid]))  # inside: see lifecycle.remove
-            return locations
-
-        taken_out: dict = {}
-        try:
-            locations = self._write(0, body)
-        except BaseException:
-            self._usage.restore(taken_out)
-            raise
-        finally:
-            self._usage.unclaim([aid])
-        self._pages.free(locations)
-        freed, freed_bytes = len(locations), sum(location.length for location in locations)
-        self._notify_change()
-        log.info(  # one logfmt line per artifact deleted
-            "event=artifact_deleted artifact_id=%s pages_freed=%d bytes_freed=%d",
-            artifact_id,
-            freed,
-            freed_bytes,
-        )
-        return freed, freed_bytes
 
     def set_pinned(self, artifact_id: str, pinned: bool, ttl_s: float = 0) -> ArtifactRecord:
         """Pin or unpin; a pin with `ttl_s` expires then (the artifact is deleted)."""

@@ -11,7 +11,11 @@ Contract:
 * `remove(aids, reason)` deletes, in one transaction, those of `aids` that
   nobody reads, pinned ones included only for `REASON_EXPIRED`; each gets a
   change record with its reason (followers keep evicted artifacts, delete
-  expired ones). Pages another artifact holds stay.
+  expired ones). Pages another artifact holds stay. `delete_artifact` (a Delete
+  call) removes one, waiting for its readers, refusing a pinned one.
+* The usage book changes inside each removal's (and commit's) transaction:
+  transactions are serialized, so the book follows the catalogue, and no lease
+  starts on an artifact whose records are going.
 * Pins with a TTL: `pin_expiry` (artifact id -> unix ms) is written in the
   pin's own transaction, so an expiry survives a restart exactly; `expire_due`
   deletes what is due by the store's clock.
@@ -29,7 +33,7 @@ from contextlib import contextmanager
 import lmdb
 
 from kvgraft.artifact import page_sizes
-from kvgraft.errors import NotFound
+from kvgraft.errors import FailedPrecondition, NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import catalog, chains, trust_index
 from kvgraftd.store.catalog import decode_record
@@ -163,6 +167,42 @@ class Lifecycle:
         for aid in gone:
             log.info("event=artifact_deleted artifact_id=%s reason=%s", aid.hex(), name)
         return len(gone), freed_bytes
+
+    def delete_artifact(self, artifact_id: str, wait_s: float = 20.0) -> tuple[int, int]:
+        """Remove an artifact; returns (pages freed, bytes freed). Waits up to `wait_s` for
+        its readers (grafts, exports) to finish."""
+        aid = catalog.parse_full_id(artifact_id)
+        self._usage.claim_waiting(aid, wait_s)
+
+        def body(txn: lmdb.Transaction) -> list[Location]:
+            record = require_present(txn, self._db, aid, artifact_id)
+            if record.pinned:
+                raise FailedPrecondition(
+                    f"artifact {artifact_id} is pinned; unpin it first (kvgraft pin --off ID)"
+                )
+            reason = pb.ChangeRecord.REASON_UNSPECIFIED
+            locations = self._remove_in(txn, aid, record.manifest(), reason)
+            taken_out.update(self._usage.removed([aid]))  # inside: see lifecycle.remove
+            return locations
+
+        taken_out: dict = {}
+        try:
+            locations = self._write(0, body)
+        except BaseException:
+            self._usage.restore(taken_out)
+            raise
+        finally:
+            self._usage.unclaim([aid])
+        self._pages.free(locations)
+        freed, freed_bytes = len(locations), sum(location.length for location in locations)
+        self._notify_change()
+        log.info(  # one logfmt line per artifact deleted
+            "event=artifact_deleted artifact_id=%s pages_freed=%d bytes_freed=%d",
+            artifact_id,
+            freed,
+            freed_bytes,
+        )
+        return freed, freed_bytes
 
     def _remove_in(
         self, txn, aid: bytes, manifest: pb.Manifest, reason: int, entries=None
