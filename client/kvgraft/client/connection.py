@@ -187,6 +187,21 @@ class Connection:
         with self._mapped():
             yield from responses
 
+    def _progress_stream(self, call: Callable[..., Iterable[T]], request, progress, total) -> T:
+        """Follow a server-streamed progress (messages with `bytes_done` and `done`) to its
+        last message, which must be `done`; `progress` (tqdm's `total` and `update(n)`, or
+        None) follows `total(message)` and `bytes_done`."""
+        last, done = None, 0
+        for last in self._stream(self._open(call, request, None)):
+            if progress is not None:
+                progress.total = total(last)
+                progress.update(last.bytes_done - done)
+            done = last.bytes_done
+        if last is None or not last.done:
+            name = type(request).__name__.removesuffix("Request")
+            raise Unavailable(f"the {name} stream of {self.address} ended before its results")
+        return last
+
 
 class _Channel:
     """One channel to the daemon, and the calls made on it."""

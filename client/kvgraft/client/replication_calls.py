@@ -166,14 +166,9 @@ class ReplicationCalls(Connection):
         `[replication] pull_from` does not name `source` refuses with
         FailedPrecondition."""
         request = pb.ReplicateRequest(source=source, from_sequence=from_sequence)
-        last, done = None, 0
-        for last in self._stream(self._open(self._stub.Replicate, request, None)):
-            if progress is not None:
-                progress.total = last.bytes_planned
-                progress.update(last.bytes_done - done)
-            done = last.bytes_done
-        if last is None or not last.done:
-            raise Unavailable(f"the Replicate stream of {self.address} ended before its summary")
+        last = self._progress_stream(
+            self._stub.Replicate, request, progress, lambda last: last.bytes_planned
+        )
         summary = ReplicationSummary.from_proto(last.summary)
         summary.target = self.address
         summary.mode = "pull"

@@ -20,7 +20,7 @@ from kvgraft.artifact import Artifact, page_sizes, parse_manifest
 from kvgraft.bundle import read_bundle, write_bundle
 from kvgraft.chunks import PageChunks
 from kvgraft.client.connection import Connection
-from kvgraft.errors import DataLoss, InvalidArgument, Unavailable
+from kvgraft.errors import DataLoss, InvalidArgument
 from kvgraft.page_buffers import page_slots
 from kvgraft.v1 import kvgraft_pb2 as pb
 
@@ -186,16 +186,10 @@ class StoreCalls(Connection):
         """Recompute the SHA-256 of every stored page (at most `bytes_per_s`; 0: the
         daemon's scrub_bytes_per_s); corrupt pages' artifacts are quarantined. `progress`
         has tqdm's `total` and `update(n)`. Returns the findings."""
-        last, done = None, 0
         request = pb.ScrubRequest(bytes_per_s=bytes_per_s)
-        for last in self._stream(self._open(self._stub.Scrub, request, None)):
-            if progress is not None:
-                progress.total = last.bytes_total
-                progress.update(last.bytes_done - done)
-            done = last.bytes_done
-        if last is None or not last.done:
-            raise Unavailable(f"the Scrub stream of {self.address} ended before its findings")
-        return last
+        return self._progress_stream(
+            self._stub.Scrub, request, progress, lambda last: last.bytes_total
+        )
 
     def export_bundle(self, artifact_id: str, path: Path, progress=None) -> str:
         """Write an artifact to a safetensors bundle; returns the full id."""

@@ -48,7 +48,7 @@ import logging
 import shutil
 import struct
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,13 +283,13 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
             staging.unstage(txn, self._db, digest)
         txn.put(digest, _U64.pack(1 if count is None else _U64.unpack(count)[0] + 1), db=refs)
 
-    def _drop_page(self, txn, digest: bytes) -> list[Location]:
-        """Remove a page; its location, for the segments to free after the commit."""
-        location = self._pages.drop(txn, digest)
-        if location is None:
-            return []
-        self._add_page_bytes(txn, -location.length)
-        return [location]
+    def _drop_pages(self, txn, digests: Iterable[bytes]) -> list[Location]:
+        """Remove pages' records (the page-bytes counter updated once); the locations of
+        those that had one, for the segments to free after the commit."""
+        locations = [self._pages.drop(txn, digest) for digest in digests]
+        locations = [location for location in locations if location is not None]
+        self._add_page_bytes(txn, -sum(location.length for location in locations))
+        return locations
 
     def meta_time(self, name: bytes) -> int:
         """A unix-ms time kept in `meta` (0 when never set)."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -122,7 +123,7 @@ class Evictor:
                 f"store_budget_artifacts={self.budget.artifacts}) is held by pinned artifacts "
                 "and ones being read: unpin some (kvgraft pin --off ID) or raise a budget"
             )
-        self.evict(self.budget.low, incoming_bytes, 1)
+        self.evict(self.budget.low, incoming_bytes, 1, candidates)
         if self.over(1.0, incoming_bytes, 1):
             raise ResourceExhausted(
                 f"the store's budget (store_budget_bytes={self.budget.bytes}, "
@@ -133,42 +134,52 @@ class Evictor:
     def _candidates(self) -> dict[bytes, Usage]:
         return {aid: u for aid, u in self.store.evictable().items() if not self.keep(aid)}
 
-    def evict(self, fraction: float, incoming_bytes: int = 0, incoming_artifacts: int = 0) -> int:
-        """Evict in policy order until under `fraction` of the budgets; returns artifacts."""
+    def evict(
+        self,
+        fraction: float,
+        incoming_bytes: int = 0,
+        incoming_artifacts: int = 0,
+        candidates: dict[bytes, Usage] | None = None,
+    ) -> int:
+        """Evict in policy order until under `fraction` of the budgets; returns artifacts.
+        The candidates (default: every artifact evictable now) are ordered once; one read or
+        claimed since is skipped by `remove`."""
+        if candidates is None:
+            candidates = self._candidates()
+        queue = deque(eviction_order(candidates, self.budget.policy))
         evicted = 0
         # No lock: the keeper and a commit making room may evict at once (each claims its
         # own victims, and the store's transactions are serialized).
-        while self.over(fraction, incoming_bytes, incoming_artifacts):
-            candidates = self._candidates()
-            batch = self._victims(candidates, fraction, incoming_bytes, incoming_artifacts)
-            if not batch:
-                break
+        while queue and self.over(fraction, incoming_bytes, incoming_artifacts):
+            batch = self._victims(queue, candidates, fraction, incoming_bytes, incoming_artifacts)
             if self.budget.policy == "cost-aware":  # GDSF: the rest age past this one
                 self.store.raise_inflation(max(candidates[aid].priority for aid in batch))
             count, freed = self.store.remove(batch, pb.ChangeRecord.REASON_EVICTED)
             self.counters.artifacts += count
             self.counters.bytes += freed
             evicted += count
-            if not count:
-                break
         if evicted:
             log.info("evicted %d artifacts (%s policy)", evicted, self.budget.policy)
         return evicted
 
     def _victims(
-        self, candidates: dict[bytes, Usage], fraction: float, incoming_bytes: int, incoming: int
+        self,
+        queue: deque[bytes],
+        candidates: dict[bytes, Usage],
+        fraction: float,
+        incoming_bytes: int,
+        incoming: int,
     ) -> list[bytes]:
-        """The next at most BATCH artifacts in policy order that bring the store under
-        `fraction` (counting each one's page bytes as freed: shared pages are not, so a
-        pass may need another)."""
+        """The next at most BATCH artifacts of `queue` (at least one) that bring the store
+        under `fraction` (counting each one's page bytes as freed: shared pages are not, so
+        a pass may need another)."""
         artifacts, live = self.store.cache_totals()
         budget = self.budget
         excess_bytes = live + incoming_bytes - fraction * budget.bytes if budget.bytes else 0
         excess_count = artifacts + incoming - self._count(fraction) if budget.artifacts else 0
         batch: list[bytes] = []
-        for aid in eviction_order(candidates, budget.policy):
-            if (excess_bytes <= 0 and excess_count <= 0) or len(batch) == BATCH:
-                break
+        while queue and len(batch) < BATCH and (excess_bytes > 0 or excess_count > 0 or not batch):
+            aid = queue.popleft()
             batch.append(aid)
             excess_bytes -= candidates[aid].page_bytes
             excess_count -= 1

@@ -48,7 +48,7 @@ LIFECYCLE_DATABASES = ("usage", "pin_expiry")
 
 
 class Lifecycle:
-    """Mixin of Store: needs `_db`, `_read`, `_write`, `_pages`, `_drop_page`, `_notify_change`."""
+    """Mixin of Store: needs `_db`, `_read`, `_write`, `_pages`, `_drop_pages`, `_notify_change`."""
 
     _usage: UsageBook
     _clock: Callable[[], int]
@@ -122,7 +122,7 @@ class Lifecycle:
         expiring = reason == pb.ChangeRecord.REASON_EXPIRED
         now = self._clock()
 
-        def body(txn: lmdb.Transaction) -> tuple[list[bytes], list[Location], dict]:
+        def body(txn: lmdb.Transaction, take_out) -> tuple[list[bytes], list[Location], dict]:
             gone, missing, freed, credits = [], [], [], {}
             for aid in taken:
                 found = txn.get(aid, db=self._db["artifacts"])
@@ -144,19 +144,10 @@ class Lifecycle:
                 heir = _heir(txn, self._db, entries) if earned and earned.reused_tokens else None
                 if heir is not None:
                     credits[heir] = credits.get(heir, 0) + earned.reused_tokens
-            # out of the book inside the transaction (transactions are serialized): no lease
-            # starts on them from here, and a commit's `added` cannot interleave
-            taken_out.update(self._usage.removed(gone + missing))
+            take_out(gone + missing)
             return gone, freed, credits
 
-        taken_out: dict = {}
-        try:
-            gone, freed, credits = self._write(0, body)
-        except BaseException:
-            self._usage.restore(taken_out)
-            raise
-        finally:
-            self._usage.unclaim(taken)
+        gone, freed, credits = self._write_removal(taken, body)
         for heir, tokens in credits.items():  # the reuse a prefix earned stays with the prefix
             self._usage.used(heir, 0, tokens)
         self._pages.free(freed, defer=True)  # punched in batches: see SegmentFiles.give_back
@@ -174,7 +165,7 @@ class Lifecycle:
         aid = catalog.parse_full_id(artifact_id)
         self._usage.claim_waiting(aid, wait_s)
 
-        def body(txn: lmdb.Transaction) -> list[Location]:
+        def body(txn: lmdb.Transaction, take_out) -> list[Location]:
             record = require_present(txn, self._db, aid, artifact_id)
             if record.pinned:
                 raise FailedPrecondition(
@@ -182,17 +173,10 @@ class Lifecycle:
                 )
             reason = pb.ChangeRecord.REASON_UNSPECIFIED
             locations = self._remove_in(txn, aid, record.manifest(), reason)
-            taken_out.update(self._usage.removed([aid]))  # inside: see lifecycle.remove
+            take_out([aid])
             return locations
 
-        taken_out: dict = {}
-        try:
-            locations = self._write(0, body)
-        except BaseException:
-            self._usage.restore(taken_out)
-            raise
-        finally:
-            self._usage.unclaim([aid])
+        locations = self._write_removal([aid], body)
         self._pages.free(locations)
         freed, freed_bytes = len(locations), sum(location.length for location in locations)
         self._notify_change()
@@ -204,12 +188,30 @@ class Lifecycle:
         )
         return freed, freed_bytes
 
+    def _write_removal(self, claimed: list[bytes], body):
+        """`body(txn, take_out)` in one write transaction, then the claims released.
+        `take_out(aids)` takes artifacts out of the usage book inside the transaction
+        (transactions are serialized: no lease starts on them from there, no commit's
+        `added` interleaves); if the transaction fails they are put back."""
+        taken_out: dict = {}
+
+        def take_out(aids: list[bytes]) -> None:
+            taken_out.update(self._usage.removed(aids))
+
+        try:
+            return self._write(0, lambda txn: body(txn, take_out))
+        except BaseException:
+            self._usage.restore(taken_out)
+            raise
+        finally:
+            self._usage.unclaim(claimed)
+
     def _remove_in(
         self, txn, aid: bytes, manifest: pb.Manifest, reason: int, entries=None
     ) -> list[Location]:
         """Delete one artifact inside `txn`; the locations to free after the commit.
         `entries`: its chain entries, when the caller has them."""
-        locations: list[Location] = []
+        unreferenced: list[bytes] = []
         refs, get, put, pack, unpack = self._db["refs"], txn.get, txn.put, _U64.pack, _U64.unpack
         for digest in dict.fromkeys(manifest.page_sha256):  # each distinct page once
             count = unpack(get(digest, db=refs))[0] - 1
@@ -217,10 +219,8 @@ class Lifecycle:
                 put(digest, pack(count), db=refs)
                 continue
             txn.delete(digest, db=refs)
-            location = self._pages.drop(txn, digest)
-            if location is not None:
-                locations.append(location)
-        self._add_page_bytes(txn, -sum(location.length for location in locations))
+            unreferenced.append(digest)
+        locations = self._drop_pages(txn, unreferenced)
         trust_index.forget(txn, self._db, aid, manifest, entries)
         txn.delete(aid, db=self._db["artifacts"])
         txn.delete(aid, db=self._db["usage"])

@@ -43,7 +43,7 @@ QUARANTINE_DATABASES = ("quarantine",)
 
 
 class Quarantine:
-    """Mixin of Store: needs `_db`, `_read`, `_write`, `_pages`, `_drop_page`."""
+    """Mixin of Store: needs `_db`, `_read`, `_write`, `_pages`, `_drop_pages`."""
 
     def hash_batch(self, after: bytes, limit: int) -> tuple[bytes, int, int, list[bytes]]:
         """(last key read, pages, bytes, corrupt digests) of up to `limit` pages after `after`."""
@@ -86,12 +86,8 @@ class Quarantine:
                 if txn.get(aid, db=self._db["quarantine"]) is None:
                     trust_index.withdraw_vouchers(txn, self._db, aid, manifest)
                     txn.put(aid, _WHEN.pack(catalog.now_ms()), db=self._db["quarantine"])
-            freed: list[Location] = []
+            freed = self._drop_pages(txn, bad)
             for digest in bad:
-                location = self._pages.drop(txn, digest)
-                if location is not None:
-                    self._add_page_bytes(txn, -location.length)
-                    freed.append(location)
                 if txn.get(digest, db=self._db["refs"]) is None:
                     staging.unstage(txn, self._db, digest)  # a staged page: just gone
             return held, freed

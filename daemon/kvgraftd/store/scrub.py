@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 from kvgraft.errors import FailedPrecondition
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -47,21 +46,16 @@ class Scrubber:
             copy.CopyFrom(self._progress)
             return copy
 
-    def run(
-        self,
-        bytes_per_s: int = 0,
-        report: Callable[[pb.ScrubProgress], None] | None = None,
-        report_every_s: float = 0.5,
-    ) -> pb.ScrubProgress:
-        """Scrub the whole store; `report(progress)` about every `report_every_s`."""
+    def run(self, bytes_per_s: int = 0) -> pb.ScrubProgress:
+        """Scrub the whole store (`progress()` follows it); returns the findings."""
         if not self._running.acquire(blocking=False):
             raise FailedPrecondition("a scrub is running already: wait for it (kvgraft info)")
         try:
-            return self._scrub(bytes_per_s or self.bytes_per_s, report, report_every_s)
+            return self._scrub(bytes_per_s or self.bytes_per_s)
         finally:
             self._running.release()
 
-    def _scrub(self, rate: int, report, report_every_s: float) -> pb.ScrubProgress:
+    def _scrub(self, rate: int) -> pb.ScrubProgress:
         stats = self.store.stats()
         progress = pb.ScrubProgress(
             pages_total=stats.pages,
@@ -70,7 +64,7 @@ class Scrubber:
             running=True,
         )
         self._publish(progress)
-        began = last_report = time.monotonic()
+        began = time.monotonic()
         after = b""
         quarantined: set[str] = set()
         while not self._stop.is_set():
@@ -94,9 +88,6 @@ class Scrubber:
             ahead = progress.bytes_done / rate - (time.monotonic() - began)
             if ahead > 0:
                 self._stop.wait(ahead)
-            if report is not None and time.monotonic() - last_report >= report_every_s:
-                report(self.progress())
-                last_report = time.monotonic()
         progress.running = False
         progress.done = not self._stop.is_set()
         progress.finished_unix_ms = now_ms()
@@ -138,9 +129,10 @@ class Scrubber:
 
     def _periodic(self, interval_s: float) -> None:
         while not self._stop.is_set():
-            last = self.store.meta_time(b"last_scrub_ms") or now_ms()
-            if not self.store.meta_time(b"last_scrub_ms"):
-                self.store.set_meta_time(b"last_scrub_ms", last)  # the clock starts now
+            last = self.store.meta_time(b"last_scrub_ms")
+            if not last:  # the clock starts now
+                last = now_ms()
+                self.store.set_meta_time(b"last_scrub_ms", last)
             wait_s = max(0.0, (last + interval_s * 1000 - now_ms()) / 1000)
             if self._stop.wait(wait_s):
                 return

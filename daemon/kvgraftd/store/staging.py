@@ -76,7 +76,7 @@ _U64 = struct.Struct("<Q")
 
 class Staging:
     """Mixin of kvgraftd.store.artifact_store.Store: staged pages persisted and collected.
-    Needs `_db`, `_pages`, `_write`, `_drop_page`, `_add_page_bytes`."""
+    Needs `_db`, `_pages`, `_write`, `_drop_pages`, `_add_page_bytes`."""
 
     def stage_pages(self, records: Mapping[bytes, PageRecord], limit_bytes: int = 0) -> int:
         """Persist received pages ahead of their manifest; returns pages written. All staged
@@ -95,13 +95,11 @@ class Staging:
 
         def body(txn: lmdb.Transaction) -> tuple[int, list[Location]]:
             doomed = staged_before(txn, self._db, limit)
-            freed: list[Location] = []
             for digest in doomed:
                 unstage(txn, self._db, digest)
-                if txn.get(digest, db=self._db["refs"]) is not None:
-                    continue  # claimed by an artifact since: keep it
-                freed += self._drop_page(txn, digest)
-            return len(doomed), freed
+            # one claimed by an artifact since is kept
+            unclaimed = [d for d in doomed if txn.get(d, db=self._db["refs"]) is None]
+            return len(doomed), self._drop_pages(txn, unclaimed)
 
         collected, freed = self._write(0, body)
         self._pages.free(freed)
