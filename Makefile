@@ -8,13 +8,16 @@ STAMP := $(VENV)/.installed
 LISTEN ?= 127.0.0.1:50551
 DATA ?= ./kvgraft-data
 PYTEST_ARGS ?=
+# Tests run in two processes (pytest-xdist), a test file each at a time: many wait on daemons
+# they started, and a file's tests share its fixtures (the real model, its daemons).
+TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help install serve test test-slow check lint layers proto proto-check bench bench-long clean
 .PHONY: install-service service-config
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 NATIVE := $(wildcard daemon/kvgraftd/*/native/*.c daemon/kvgraftd/*/native/*.h)
 
@@ -30,11 +33,11 @@ install: $(STAMP) ## create .venv and install kvgraft, its tools and the default
 serve: $(STAMP) ## run the daemon on ./kvgraft-data at 127.0.0.1:50551
 	$(BIN)/kvgraftd --listen $(LISTEN) --data $(DATA)
 
-test: $(STAMP) ## run the test suite (what CI runs)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && echo "no tests collected" && exit 1; exit $$rc
+test: $(STAMP) ## run the test suite (CI runs it last, in make check)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && echo "no tests collected" && exit 1; exit $$rc
 
 test-slow: $(STAMP) ## run the slow tests too (real model at length, many crash rounds)
-	$(BIN)/python -m pytest -q -m 'not gpu' $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not gpu' $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check client daemon tests bench
@@ -55,12 +58,13 @@ proto-check: $(STAMP) ## fail when the committed stubs differ from the proto
 		{ echo "client/kvgraft/v1/$$f is stale: run 'make proto' and commit"; rm -rf $$tmp; exit 1; }; \
 	done; rm -rf $$tmp; echo "generated stubs are fresh"
 
-check: lint layers proto-check test ## lint, import contracts, stale generated code, tests
+check: lint layers proto-check test ## what CI runs (.ci/run): lint, import contracts, stale stubs, tests
 
-bench: $(STAMP) ## run the benchmarks (each ends with one JSON line; ~22 min)
+bench: $(STAMP) ## run the benchmarks (each ends with one JSON line; ~26 min)
 	$(BIN)/python bench/store_bench.py
 	$(BIN)/python bench/graft_bench.py
 	$(BIN)/python bench/engine_bench.py
+	$(BIN)/python bench/serve_bench.py
 	$(BIN)/python bench/replication_bench.py
 	$(BIN)/python bench/remote_bench.py
 	$(BIN)/python bench/cache_bench.py

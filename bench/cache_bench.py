@@ -142,11 +142,9 @@ def replay(trace: Trace, directory: Path, budget: CacheBudget) -> dict:
     try:
         for request in range(len(trace.family)):
             tokens = trace.tokens(request)
-            match = store.longest_chain(
-                FINGERPRINT, PROFILE, LAYOUT, tokens, len(tokens) // PAGE_TOKENS
-            )
+            match = store.longest_chain(FINGERPRINT, PROFILE, LAYOUT, tokens)
             manifest, pages = context(trace, request)
-            reused = sum(len(entry.token_ids) for entry in match.entries)
+            reused = match.tokens
             if reused:
                 try:
                     with store.reading(match.grafted[0].artifact_id, reused_tokens=reused):

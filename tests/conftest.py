@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,3 +64,24 @@ def real_model():
 def real_model_args(real_model) -> list[str]:
     """Daemon flags serving the default model from the shared cache (already converted)."""
     return ["--model", "", "--model-cache", str(MODEL_CACHE)]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 32 MiB tmpfs: a filesystem that really fills up."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        if subprocess.run(["umount", str(mount_point)], capture_output=True).returncode:
+            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)

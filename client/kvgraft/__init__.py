@@ -10,13 +10,13 @@ line lives in `kvgraft.cli.main`.
 __version__ = "0.1.0"
 
 from kvgraft.artifact import Artifact
-from kvgraft.client.client import Client
 from kvgraft.errors import KvgraftError
 from kvgraft.results import (
     AskResult,
     DepositResult,
     GenerateResult,
     GenerationStream,
+    Progress,
     Receipt,
     Token,
     VerifyResult,
@@ -30,8 +30,19 @@ __all__ = [
     "GenerateResult",
     "GenerationStream",
     "KvgraftError",
+    "Progress",
     "Receipt",
     "Token",
     "VerifyResult",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    """`kvgraft.Client`, imported on first use: importing the package must not import
+    grpc, so the command line (kvgraft.cli) can quiet gRPC's C-core logging first."""
+    if name == "Client":
+        from kvgraft.client.client import Client
+
+        return Client
+    raise AttributeError(f"module 'kvgraft' has no attribute {name!r}")

@@ -134,6 +134,8 @@ def read_bundle(path: Path) -> Artifact:
             data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
     except FileNotFoundError:
         raise InvalidArgument(f"{path} does not exist") from None
+    except OSError as exc:  # a directory, no permission, ...
+        raise InvalidArgument(f"{path}: cannot read it ({exc.strerror})") from None
     (header_bytes,) = struct.unpack("<Q", data[:8])
     if header_bytes > min(_MAX_HEADER_BYTES, size - 8):
         raise InvalidArgument(f"{path} is not a safetensors file (bad header length)")

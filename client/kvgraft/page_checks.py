@@ -1,21 +1,19 @@
-"""Page checks on every core: many pages hashed at once, the first bad one named.
+"""Page checks on every core: per-page work on many pages at once, the first bad one named.
 
 A verified read is bounded by its hash, not by memory: xxh3-128 reads RAM at
 about 10 GB/s on one core, just short of a memcpy. python-xxhash releases the
 GIL while it hashes a buffer, so a batch of pages is split into contiguous
-runs hashed side by side on a small process-wide pool (one thread per core,
+runs handled side by side on a small process-wide pool (one thread per core,
 at most `MAX_CHECK_THREADS`); the calling thread takes the first run itself.
-A batch under `PARALLEL_MIN_BYTES` is hashed on the calling thread, where a
+A batch under `PARALLEL_MIN_BYTES` is handled on the calling thread, where a
 hand-off would cost more than it saves.
 
-Contract: `first_mismatch` returns the index of the first page (in the order
-given) whose xxh3-128 differs from its expected value, or None when every
-page matches; it never raises for a mismatch, so the caller decides what a
-bad page means and what it must withhold. `split_pages` runs other per-page
-work the same way (a copy then its check; SHA-256, for which hashlib releases
-the GIL too). Work handed to the pool must not
-itself wait on the pool. `PageHash` checks one page whose pieces arrive one by
-one (kvgraft.chunks).
+Contract: `split_pages` runs per-page work (a read or a copy then its xxh3-128
+check; SHA-256, for which hashlib releases the GIL too) over runs of pages and
+returns the first page any run reports, or None; it never raises for a bad
+page, so the caller decides what a bad page means and what it must withhold.
+Work handed to the pool must not itself wait on the pool. `PageHash` checks one
+page whose pieces arrive one by one (kvgraft.chunks).
 """
 
 from __future__ import annotations
@@ -23,10 +21,9 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import xxhash
 
 MAX_CHECK_THREADS = 4  # a few threads read memory as fast as it goes
@@ -38,22 +35,6 @@ _pool_lock = threading.Lock()
 
 
 xxh3_128 = xxhash.xxh3_128_digest  # the page checksum (a name, not a wrapper: a hot path)
-
-
-def first_mismatch(
-    pages: Sequence[np.ndarray | memoryview], expected: Sequence[bytes]
-) -> int | None:
-    """The index of the first page whose xxh3-128 is not its `expected`; None if all match."""
-    if len(pages) != len(expected):
-        raise ValueError(f"{len(pages)} pages but {len(expected)} expected checksums")
-
-    def scan(lo: int, hi: int) -> int | None:
-        for index in range(lo, hi):
-            if xxh3_128(pages[index]) != expected[index]:
-                return index
-        return None
-
-    return split_pages(len(pages), sum(page.nbytes for page in pages), scan)
 
 
 def split_pages(

@@ -5,15 +5,19 @@ Small frozen dataclasses with the fields a caller reads (`text`,
 `reused_tokens`, `receipt.prompt_logits_sha256`, ...), built from the daemon's
 protobuf responses in one place. Each keeps that response as `raw`, for anyone
 who wants every field of the wire message. Digests are `bytes`; `Receipt.hashes`
-gives the three receipt hashes in hex, the thing to compare between two runs.
+gives the three receipt hashes in hex, the thing to compare between two runs. Their
+reprs are for reading: hashes in hex, counts, ids, logits by shape (never raw bytes or
+protobuf text). Logits asked for (`return_logits`) are float32 numpy arrays.
 `GenerationStream` is a Generate or Graft call in progress: iterate it for the
 tokens as they arrive, then ask it for the result.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from kvgraft.errors import DataLoss
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -64,6 +68,46 @@ class Receipt:
             self.generated_logits_sha256.hex(),
         )
 
+    def __repr__(self) -> str:
+        return _repr(
+            self,
+            reused_tokens=self.reused_tokens,
+            computed_tokens=self.computed_tokens,
+            generated_tokens=len(self.generated_token_ids),
+            input_sha256=self.input_sha256.hex(),
+            prompt_logits_sha256=self.prompt_logits_sha256.hex(),
+            generated_logits_sha256=self.generated_logits_sha256.hex(),
+            model_fingerprint=self.model_fingerprint.hex()[:16],  # as `kvgraft info` shows it
+            grafted_artifact_id=self.grafted_artifact_id,
+        )
+
+
+def _repr(result: object, **fields: object) -> str:
+    """`Name(field=value, ...)`, each value as repr() shows it."""
+    shown = ", ".join(f"{name}={value!r}" for name, value in fields.items())
+    return f"{type(result).__name__}({shown})"
+
+
+class _Shape:
+    """How an array shows in a repr: `float32[16, 49152]`, not its numbers."""
+
+    def __init__(self, array: np.ndarray | None) -> None:
+        self._text = "None" if array is None else f"{array.dtype}{list(array.shape)}"
+
+    def __repr__(self) -> str:
+        return self._text
+
+
+def _logits(prompt: bytes, generated: list[bytes]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The logits a GenerateResult carries (float32 little-endian bytes) as arrays:
+    [vocab] at the last prompt position, [steps, vocab] for the generated steps; None
+    when they were not asked for."""
+    if not prompt:
+        return None, None
+    vocab = len(prompt) // 4
+    steps = np.frombuffer(b"".join(generated), dtype="<f4").reshape(len(generated), vocab)
+    return np.frombuffer(prompt, dtype="<f4").astype(np.float32), steps.astype(np.float32)
+
 
 @dataclass(frozen=True)
 class Token:
@@ -71,6 +115,16 @@ class Token:
 
     token_id: int
     text: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a prompt got while the daemon computes it: `done` of its `total` tokens,
+    `reused` of them grafted (asked for with `on_progress`)."""
+
+    done: int
+    total: int
+    reused: int
 
 
 @dataclass(frozen=True)
@@ -83,13 +137,16 @@ class GenerateResult:
     computed_tokens: int  # tokens whose KV was computed
     receipt: Receipt
     deposited_artifact_id: str  # with deposit=True: the stored context's id
-    prompt_logits: bytes  # with return_logits=True: float32 little-endian
-    generated_logits: tuple[bytes, ...]  # with return_logits=True: one vector per step
+    # With return_logits=True (else None), float32: [vocab] at the last prompt position
+    # and [steps, vocab] for the generated ones; their bytes are what the receipt hashes.
+    prompt_logits: np.ndarray | None = field(compare=False)
+    generated_logits: np.ndarray | None = field(compare=False)
     raw: pb.GenerateResult = field(repr=False, compare=False)
 
     @classmethod
     def from_proto(cls, result: pb.GenerateResult) -> GenerateResult:
         receipt = Receipt.from_proto(result.receipt)
+        prompt_logits, generated_logits = _logits(result.prompt_logits, result.generated_logits)
         return cls(
             text=result.text,
             token_ids=receipt.generated_token_ids,
@@ -97,9 +154,22 @@ class GenerateResult:
             computed_tokens=receipt.computed_tokens,
             receipt=receipt,
             deposited_artifact_id=result.deposited_artifact_id,
-            prompt_logits=result.prompt_logits,
-            generated_logits=tuple(result.generated_logits),
+            prompt_logits=prompt_logits,
+            generated_logits=generated_logits,
             raw=result,
+        )
+
+    def __repr__(self) -> str:
+        return _repr(
+            self,
+            text=self.text,
+            token_ids=self.token_ids,
+            reused_tokens=self.reused_tokens,
+            computed_tokens=self.computed_tokens,
+            deposited_artifact_id=self.deposited_artifact_id,
+            prompt_logits=_Shape(self.prompt_logits),
+            generated_logits=_Shape(self.generated_logits),
+            receipt=self.receipt,
         )
 
 
@@ -152,7 +222,7 @@ class AskResult:
 
     answer: str
     path: str  # "recall", "generate" or "library"
-    matched_entry: str  # the library entry recalled; "" when none matched
+    matched_entry: str | None  # the library entry recalled; None when none matched
     verified_answer: str  # recall: the entry's stored answer
     matches_verified: bool  # recall: the answer equals the stored one (normalized)
     decode_tokens: int
@@ -171,7 +241,7 @@ class AskResult:
         return cls(
             answer=response.answer,
             path=ASK_PATHS.get(response.path, "unspecified"),
-            matched_entry=response.entry_id,
+            matched_entry=response.entry_id or None,
             verified_answer=response.verified_answer,
             matches_verified=response.matches_verified,
             decode_tokens=response.decode_tokens,
@@ -194,12 +264,19 @@ class GenerationStream:
             print(token.text, end="", flush=True)
         result = stream.result()        # GenerateResult, the receipt included
 
-    `result()` reads whatever has not been read yet; `cancel()` ends the call.
+    `result()` reads whatever has not been read yet; `cancel()` ends the call. With
+    `on_progress`, the prompt's Progress reports are handed to it as they arrive.
     """
 
-    def __init__(self, responses: Iterator[pb.GenerateResponse], cancel) -> None:
+    def __init__(
+        self,
+        responses: Iterator[pb.GenerateResponse],
+        cancel,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> None:
         self._responses = responses
         self._cancel = cancel
+        self.on_progress = on_progress
         self._result: GenerateResult | None = None
 
     def __iter__(self) -> Iterator[Token]:
@@ -208,6 +285,11 @@ class GenerationStream:
                 yield Token(response.token.token_id, response.token.text)
             elif response.HasField("result"):
                 self._result = GenerateResult.from_proto(response.result)
+            elif response.HasField("progress") and self.on_progress is not None:
+                got = response.progress
+                self.on_progress(
+                    Progress(got.prompt_tokens_done, got.prompt_tokens, got.reused_tokens)
+                )
 
     def result(self) -> GenerateResult:
         for _ in self:

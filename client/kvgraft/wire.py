@@ -128,13 +128,17 @@ def encode_put_manifest(
     manifest: bytes,
     expected_artifact_id: str = "",
     signatures: Iterable[pb.ArtifactSignature] = (),
+    relayed_from: str = "",
 ) -> bytes:
-    """The last PutArtifactRequest: the manifest, the id the sender expects it to have, and
-    the artifact's signatures."""
+    """The last PutArtifactRequest: the manifest, the id the sender expects it to have,
+    the artifact's signatures and the daemon a relaying client copies it from."""
     message = encode_submessage(PUT_MANIFEST, manifest)
     if expected_artifact_id:
         message += encode_submessage(PUT_EXPECTED_ID, expected_artifact_id.encode("ascii"))
-    return message + encode_signatures(PUT_SIGNATURES, signatures)
+    message += encode_signatures(PUT_SIGNATURES, signatures)
+    if relayed_from:
+        message += encode_submessage(PUT_RELAYED_FROM, relayed_from.encode("utf-8"))
+    return message
 
 
 def encode_signatures(field: int, signatures: Iterable[pb.ArtifactSignature]) -> bytes:
@@ -146,19 +150,22 @@ def encode_signatures(field: int, signatures: Iterable[pb.ArtifactSignature]) ->
 
 
 class PutPart(NamedTuple):
-    """One PutArtifactRequest, decoded: page chunks, or the manifest, the id it must hash to
-    and the artifact's signatures."""
+    """One PutArtifactRequest, decoded: page chunks, or the manifest, the id it must hash to,
+    the artifact's signatures and the daemon a relaying client copies it from."""
 
     chunks: list[Chunk]
     manifest: bytes | None = None
     expected_artifact_id: str = ""
     signatures: tuple[pb.ArtifactSignature, ...] = ()
+    relayed_from: str = ""
 
 
 def encode_put(part: PutPart) -> bytes:
     """The PutArtifactRequest bytes of `part`."""
     if part.manifest is not None:
-        return encode_put_manifest(part.manifest, part.expected_artifact_id, part.signatures)
+        return encode_put_manifest(
+            part.manifest, part.expected_artifact_id, part.signatures, part.relayed_from
+        )
     return encode_page_block(PUT_PAGES, part.chunks)
 
 
@@ -325,19 +332,28 @@ def decode_envelope(
 
 
 def decode_put(raw: bytes) -> PutPart:
-    """Parse a PutArtifactRequest; expected_artifact_id must be 64 lowercase hex characters."""
+    """Parse a PutArtifactRequest; expected_artifact_id must be 64 lowercase hex characters,
+    relayed_from printable ASCII (an address) of at most MAX_ADDRESS_CHARS."""
     chunks, manifest = decode_envelope(raw, PUT_PAGES, PUT_MANIFEST)
-    expected = ""
+    expected = relayed_from = ""
     signatures: tuple[pb.ArtifactSignature, ...] = ()
-    if manifest is not None:  # the id and the signatures ride with the manifest
+    if manifest is not None:  # the id, signatures and relay source ride with the manifest
         buf = memoryview(raw)
         for field, wire_type, value in _fields(buf, 0, len(buf)):
             if field == PUT_EXPECTED_ID and wire_type == _WIRE_LEN:
                 expected = bytes(value).decode("ascii", "replace")
+            elif field == PUT_RELAYED_FROM and wire_type == _WIRE_LEN:
+                relayed_from = bytes(value).decode("ascii", "replace")
         if expected and (len(expected) != 64 or expected.strip("0123456789abcdef")):
             raise InvalidArgument("expected_artifact_id must be 64 lowercase hex characters")
+        # shown to users as the artifact's origin: no control, bidi or space characters
+        if len(relayed_from) > MAX_ADDRESS_CHARS or not all("!" <= c <= "~" for c in relayed_from):
+            raise InvalidArgument(
+                "relayed_from must be the source daemon's address (host:port): printable "
+                f"ASCII without spaces, at most {MAX_ADDRESS_CHARS} characters"
+            )
         signatures = tuple(decode_signatures(raw, PUT_SIGNATURES))
-    return PutPart(chunks, manifest, expected, signatures)
+    return PutPart(chunks, manifest, expected, signatures, relayed_from)
 
 
 def decode_signatures(raw: bytes, field: int) -> list[pb.ArtifactSignature]:
@@ -354,5 +370,7 @@ def decode_signatures(raw: bytes, field: int) -> list[pb.ArtifactSignature]:
 
 # Field numbers of the two envelopes (proto/kvgraft/v1/kvgraft.proto).
 PUT_PAGES, PUT_MANIFEST, PUT_EXPECTED_ID, PUT_SIGNATURES = 1, 2, 3, 4  # PutArtifactRequest
+PUT_RELAYED_FROM = 5  # PutArtifactRequest
+MAX_ADDRESS_CHARS = 255
 GET_MANIFEST, GET_PAGES, GET_SIGNATURES = 1, 2, 3  # GetArtifactResponse
 MAX_SIGNATURES = 64

@@ -1,20 +1,20 @@
-"""The daemon's configuration: one frozen dataclass, from defaults, a TOML file and flags.
+"""The daemon's configuration: one frozen dataclass, its values checked, and the model it names.
 
-Every field is both a command-line flag (`--map-initial-bytes`) and a key of
-the TOML file (`map_initial_bytes = "1GiB"`); flags win over the file, the file
-over the defaults. Unknown keys are an error that names the key. Byte sizes
-take plain integers or strings with a unit ("64MiB", "2GB"). A TOML table
-prefixes its keys: `[replication] follow = [...]` is `replication_follow`.
+Every field is a setting with one name (`map_initial_bytes`), read from the
+command line and the TOML file of --config by kvgraftd.ops.command_line (which
+also says how each is spelled there). Here: the defaults and help of each
+field, the conversion of a given value to the field's type (`coerce`: byte sizes
+take plain integers or strings with a unit, "64MiB", "2GB"), the checks of the
+values, alone and together (`DaemonConfig.__post_init__`, ConfigError naming the
+setting and the fix), and the check of the model a configuration names on this
+machine (`check_model`, run at start before the daemon takes its port or lock).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,10 +87,10 @@ class DaemonConfig:
     )
     model: str = _opt(
         "",
-        "model: empty for the default (SmolLM2-135M-Instruct), a GGUF file, a Hugging Face "
-        "directory, tiny:SEED (a small random test model) or none (store only)",
+        "a GGUF file, a Hugging Face directory, tiny:SEED (a small random test model) or none "
+        "(store only); empty: the default model, SmolLM2-135M-Instruct",
     )
-    model_cache: str = _opt("", "where converted models are cached (default: DATA/models)")
+    model_cache: str = _opt("", "where converted models are cached (empty: DATA/models)")
     page_tokens: int = _opt(64, "tokens per KV page")
     block_tokens: int = _opt(4096, "keys per attention block (a multiple of page_tokens)")
     max_context_tokens: int = _opt(32768, "longest context one request may build")
@@ -111,6 +111,12 @@ class DaemonConfig:
         "requests waiting beyond max_running_contexts (at most the workers the running ones "
         "leave, less one for the store's calls); more are refused (RESOURCE_EXHAUSTED)",
     )
+    max_live_kv_bytes: int = _opt(
+        2 << 30,
+        "RAM the running requests' computed KV may take together (each reserves its prompt's "
+        "and max_new_tokens' when admitted; beyond, requests wait; one needing more alone is "
+        "refused); 0: unbounded",
+    )
     # Tiers (kvgraftd.tiers.device_pool, kvgraftd.tiers.host_cache).
     device: str = _opt("auto", "where attention runs: cpu, cuda or auto (cuda when present)")
     device_budget_bytes: int = _opt(
@@ -119,13 +125,19 @@ class DaemonConfig:
     host_budget_bytes: int = _opt(4 << 30, "RAM for checked copies of stored pages (0: none)")
     # Exposure (kvgraftd.server.security): a non-loopback listen needs TLS or a token, or insecure.
     insecure: bool = _opt(False, "allow a non-loopback listen address without TLS or a token")
-    tls_cert: str = _opt("", "PEM certificate (chain) to serve TLS with; needs tls_key")
-    tls_key: str = _opt("", "PEM private key of tls_cert")
+    tls_cert: str = _opt(
+        "", "PEM certificate (chain) to serve TLS with; needs tls_key (empty: plaintext)"
+    )
+    tls_key: str = _opt("", "PEM private key of tls_cert (empty: no TLS)")
     tls_client_ca: str = _opt(
-        "", "PEM CA certificates: clients must present a certificate they signed (mutual TLS)"
+        "",
+        "PEM CA certificates: clients must present a certificate they signed (mutual TLS; "
+        "empty: clients present none)",
     )
     token_file: str = _opt(
-        "", "file holding the bearer token every call must carry (health Check excepted)"
+        "",
+        "file holding the bearer token every call must carry (health Check excepted; empty: "
+        "no token)",
     )
     # Limits (kvgraftd.server.limits).
     max_concurrent_rpcs: int = _opt(
@@ -150,17 +162,17 @@ class DaemonConfig:
     metrics_listen: str = _opt("", "host:port serving Prometheus metrics at /metrics; empty: off")
     # Replication (kvgraftd.replication.follower). TOML: [replication] follow = ["host:port", ...].
     replication_follow: tuple[str, ...] = _opt(
-        (), "peers (host:port, comma-separated) whose artifacts and deletes this daemon copies"
+        (), "peers (host:port) whose artifacts and deletes this daemon copies"
     )
     replication_pull_from: tuple[str, ...] = _opt(
         (),
-        "sources (host:port, comma-separated; * for any) a Replicate call may make this daemon "
+        "sources (host:port; * for any) a Replicate call may make this daemon "
         "copy from, besides its follow peers; it connects with its own KVGRAFT_* credentials",
     )
     # Trust (kvgraftd.store.signing). TOML: [trust] keys = ["hex", ...].
     trust_keys: tuple[str, ...] = _opt(
         (),
-        "Ed25519 public keys (hex, comma-separated) whose signatures this daemon accepts: "
+        "Ed25519 public keys (64 hex characters) whose signatures this daemon accepts: "
         "artifacts they signed are grafted at once (kvgraft info shows a daemon's key)",
     )
     # Remote tier (kvgraftd.remote.tier). TOML: [remote] endpoint, bucket, prefix, write, ...
@@ -192,6 +204,8 @@ class DaemonConfig:
         if self.block_tokens % self.page_tokens:
             raise ConfigError("block_tokens must be a multiple of page_tokens")
         _check_exposure_fields(self)
+        if self.model.startswith("tiny:") and not self.model[5:].isdigit():
+            raise ConfigError(f"model {self.model!r}: tiny:SEED takes a whole number, e.g. tiny:0")
         for source in self.replication_pull_from:
             if source != "*" and ":" not in source:
                 raise ConfigError(f"replication_pull_from {source!r}: use host:port or *")
@@ -212,6 +226,44 @@ class DaemonConfig:
             raise ConfigError(f"remote_write {self.remote_write!r}: use through or back")
         if not self.remote_prefix.strip("/"):
             raise ConfigError("remote_prefix must not be empty")
+
+
+MODEL_CHOICES = "give a GGUF file, a Hugging Face model directory, tiny:SEED or none"
+
+
+def check_model(config: DaemonConfig) -> None:
+    """Refuse (ConfigError) a model path that cannot be loaded: missing, unreadable, neither a
+    GGUF file nor a Hugging Face model directory.
+
+    Run at start, before the daemon takes its port and its data directory: the model loads
+    in the background, where a typo would show only seconds later, in the log, while the
+    daemon served without a model. The empty default is the installed package's file (its
+    load says how to install it).
+    """
+    model = config.model
+    if model in ("", "none") or model.startswith("tiny:"):
+        return
+    path = Path(model)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"model {model} is a directory without config.json, not a Hugging Face model "
+                f"directory: {MODEL_CHOICES}"
+            )
+        return
+    if not path.exists():
+        raise ConfigError(f"model {model} does not exist: {MODEL_CHOICES}")
+    if not path.is_file():  # a pipe or a device: reading it could wait for ever
+        raise ConfigError(f"model {model} is not a regular file: {MODEL_CHOICES}")
+    try:
+        with path.open("rb") as file:
+            magic = file.read(4)
+    except OSError as exc:
+        raise ConfigError(
+            f"model {model} cannot be read ({exc.strerror}): make it readable by the daemon's user"
+        ) from None
+    if magic != b"GGUF":
+        raise ConfigError(f"model {model} is not a GGUF file: {MODEL_CHOICES}")
 
 
 def _check_exposure_fields(config: DaemonConfig) -> None:
@@ -253,6 +305,7 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "max_batch_rows": (1, 1 << 12),
     "max_running_contexts": (1, 1 << 16),
     "max_queued_requests": (0, 1 << 20),
+    "max_live_kv_bytes": (0, None),
     "device_budget_bytes": (0, None),
     "host_budget_bytes": (0, None),
     "max_concurrent_rpcs": (1, 1 << 16),
@@ -289,7 +342,7 @@ def _check_address(name: str, address: str) -> None:
         )
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(DaemonConfig)}
+FIELDS = {f.name: f for f in dataclasses.fields(DaemonConfig)}
 
 
 def parse_bytes(value: int | str, key: str = "value") -> int:
@@ -303,8 +356,10 @@ def parse_bytes(value: int | str, key: str = "value") -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
-def _coerce(name: str, value: Any) -> Any:
-    kind = _FIELDS[name].type
+def coerce(name: str, value: Any) -> Any:
+    """`value` (from a flag or the TOML file) as setting `name` holds it; ConfigError if it
+    cannot be."""
+    kind = FIELDS[name].type
     try:
         if name.endswith(("_bytes", "_bytes_per_s")):
             return parse_bytes(value, name)
@@ -327,89 +382,10 @@ def _coerce(name: str, value: Any) -> Any:
             if isinstance(value, bool):
                 raise ConfigError(f"{name} = {value!r}: expected a number")
             return float(value)
-        return str(value)
+        if not isinstance(value, str):
+            raise ConfigError(f"{name} = {value!r}: expected a string")
+        return value
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(f"{name} = {value!r}: expected {kind}") from None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kvgraftd",
-        description="kvgraft daemon: byte-exact KV-cache artifacts over gRPC.",
-    )
-    parser.add_argument("--config", type=Path, help="TOML file; any flag below is also a key there")
-    parser.add_argument(
-        "--print-config", action="store_true", help="print the effective configuration and exit"
-    )
-    for name, spec in _FIELDS.items():
-        parser.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            default=None,
-            # argparse %-formats help strings: a literal % must be doubled.
-            help=f"{spec.metadata['help']} (default: {spec.default})".replace("%", "%%"),
-            **({"action": argparse.BooleanOptionalAction} if spec.type == "bool" else {}),
-        )
-    return parser
-
-
-def load_config(args: argparse.Namespace) -> DaemonConfig:
-    """Defaults, then the TOML file of --config, then the flags given."""
-    values: dict[str, Any] = {}
-    if args.config is not None:
-        values.update(read_toml(args.config))
-    for name in _FIELDS:
-        given = getattr(args, name)
-        if given is not None:
-            values[name] = _coerce(name, given)
-    return DaemonConfig(**values)
-
-
-def read_toml(path: Path) -> dict[str, Any]:
-    try:
-        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {path} is a directory: give the TOML file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {path} is not text: give a TOML file") from None
-    except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    values: dict[str, Any] = {}
-    flat = {
-        f"{key}_{sub}" if isinstance(value, dict) else key: item
-        for key, value in raw.items()
-        for sub, item in (value.items() if isinstance(value, dict) else [("", value)])
-    }
-    for key, value in flat.items():
-        if key not in _FIELDS:
-            known = ", ".join(sorted(_FIELDS))
-            raise ConfigError(f"config file {path}: unknown key {key!r} (known keys: {known})")
-        values[key] = _coerce(key, value)
-    return values
-
-
-def _toml_string(text: str) -> str:
-    """A TOML basic string: JSON's escapes are TOML's, except DEL must be escaped too."""
-    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
-
-
-def to_toml(config: DaemonConfig) -> str:
-    lines = []
-    for name, spec in _FIELDS.items():
-        value = getattr(config, name)
-        if isinstance(value, bool):
-            rendered = "true" if value else "false"
-        elif isinstance(value, str | Path):
-            rendered = _toml_string(str(value))
-        elif isinstance(value, tuple):
-            rendered = "[" + ", ".join(_toml_string(item) for item in value) + "]"
-        else:
-            rendered = repr(value)
-        lines.append(f"# {spec.metadata['help']}\n{name} = {rendered}")
-    return "\n".join(lines) + "\n"

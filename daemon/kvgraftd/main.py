@@ -1,6 +1,7 @@
 """kvgraftd's composition root: build everything from one frozen config, run, drain.
 
-Start order: config -> exposure check (kvgraftd.server.security) -> logging ->
+Start order: config (kvgraftd.ops.command_line) -> exposure check
+(kvgraftd.server.security) and model check (kvgraftd.config.check_model) -> logging ->
 data-directory lock -> store -> remote tier (kvgraftd.remote.service) ->
 the services (store, engine, library, Replicate's pulls) -> server (limits, TLS, token) ->
 metrics endpoint -> health SERVING -> followers of [replication] peers
@@ -10,7 +11,8 @@ SIGTERM/SIGINT: watchdog pings stop, STOPPING=1 -> health NOT_SERVING ->
 follow Watch streams end (UNAVAILABLE) -> followers stop -> server stops taking
 calls and drains in-flight ones (up to drain_s) -> the remote write-back drain
 stops -> metrics endpoint closes ->
-store closes -> lock released -> exit 0. Nothing else constructs these objects.
+store closes -> lock released -> exit 0 at once (`leave`: a model still loading is
+abandoned). Nothing else constructs these objects.
 """
 
 from __future__ import annotations
@@ -18,20 +20,23 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 import select
 import signal
 import socket
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
+import kvgraftd.ops.quiet_grpc  # noqa: F401  first: grpc reads its log level when it loads
 from kvgraft import __version__
 from kvgraft.errors import KvgraftError
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.config import ConfigError, DaemonConfig, build_parser, load_config, to_toml
+from kvgraftd.config import ConfigError, DaemonConfig, check_model
 from kvgraftd.engine.service import EngineService
 from kvgraftd.library.service import LibraryService
+from kvgraftd.ops.command_line import build_parser, load_config, to_toml
 from kvgraftd.ops.lockfile import DataDirLock
 from kvgraftd.ops.metrics import KvgraftCollector, MetricsServer
 from kvgraftd.ops.notify import Notifier
@@ -63,14 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = load_config(args)
-    except ConfigError as exc:
-        print(f"kvgraftd: {exc}", file=sys.stderr)
-        return 2
-    if args.print_config:
-        print(to_toml(config), end="")
-        return 0
-    try:
+        if args.print_config:
+            print(to_toml(config), end="")
+            return 0
+        # before the lock and the port: what the configuration names must exist
         security.check(config)
+        check_model(config)
     except ConfigError as exc:
         print(f"kvgraftd: {exc}", file=sys.stderr)
         return 2
@@ -80,10 +83,25 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        return run(config)
+        code = run(config)
     except (KvgraftError, OSError) as exc:
         log.error("%s", exc)
-        return 1
+        code = 1
+    leave(code)
+
+
+def leave(code: int) -> NoReturn:
+    """Exit with `code` now, without the interpreter's teardown.
+
+    Everything the daemon owns is closed by then (server, store, lock). The teardown
+    would only garbage-collect torch's and transformers' modules (1-2 s after "store
+    closed" here) and run their exit handlers while a model load may still be running on
+    its thread; nothing in it is the daemon's to save. Only the log is flushed.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run(config: DaemonConfig) -> int:
@@ -102,12 +120,14 @@ def run(config: DaemonConfig) -> int:
             ),
         )
         try:
-            serve(config, store, stop)
+            loading = serve(config, store, stop)
         finally:
             store.close()
             log.info("store closed")
     finally:
         lock.release()
+    if loading:
+        log.info("stopped while the model was loading: its load is abandoned")
     return 0
 
 
@@ -156,6 +176,7 @@ def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engi
         max_batch_rows=config.max_batch_rows,
         max_running_contexts=running,
         max_queued_requests=queued,
+        max_live_kv_bytes=config.max_live_kv_bytes,
         auto_cache=config.cache == "auto",
     )
     log.info(
@@ -244,16 +265,22 @@ def server_settings(config: DaemonConfig, notifier: Notifier) -> ServerSettings:
     )
 
 
-def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
+def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> bool:
+    """Serve until a stop signal, then drain; True when the model was still loading."""
     store.collect_staged(config.staged_ttl_s)
     # What this daemon vouches for, and whose signatures it believes (kvgraftd.store.signing).
     trust = TrustPolicy(
         Signer.load_or_create(config.data), (bytes.fromhex(key) for key in config.trust_keys)
     )
     log.info("signing key %s", trust.signer.public_key.hex())
-    withdrawn = store.withdraw_trust(trust.keys)  # a key taken out of [trust] keys
-    if withdrawn:
-        log.warning("%d artifacts signed by keys no longer trusted are untrusted now", withdrawn)
+    # [trust] keys changed since the last start: every stored signature is judged again
+    rejudged = store.reevaluate_trust(trust)
+    if rejudged is not None and any(rejudged):
+        log.info(
+            "[trust] keys changed: trusted now %d artifacts (signed by a key added), "
+            "untrusted now %d (signed only by keys taken out)",
+            *rejudged,
+        )
     # The remote tier ([remote]): bad credentials stop the daemon here, before it serves.
     remote = RemoteService.open(config, store, trust)
     # The store runs itself as a cache: budgets, expired pins, last uses, scrubs (their
@@ -290,6 +317,7 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
             settings.limiter,
             engine.batch_figures,
             lambda: info_response(service, engine, pb.InfoRequest(), remote),
+            store.read_quarantine,
         )
         metrics = MetricsServer.start(config, collector)
     keeper.start()
@@ -322,3 +350,4 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> None:
     if metrics is not None:
         metrics.stop()
     notifier.close()
+    return config.model != "none" and not engine.wait_ready(0)

@@ -87,9 +87,9 @@ def test_python_and_cli_share_the_default_token_budget(daemon: DaemonProcess) ->
     parsed = build_parser().parse_args(["graft", "abcdef12", "--text", "x"])
     assert parsed.max_new_tokens == DEFAULT_MAX_NEW_TOKENS == 32
     assert _options(build_parser().parse_args(["generate", "--text", "x"]))["max_new_tokens"] == 32
-    sent = _generate_options(None, {})
+    sent = _generate_options("generate", None, {})
     assert sent.max_new_tokens == 32  # what Client.generate and Client.graft send by default
-    assert _generate_options(None, {"return_logits": True}).max_new_tokens == 16
+    assert _generate_options("generate", None, {"return_logits": True}).max_new_tokens == 16
     with Client(daemon.address, transfer_timeout_s=300) as client:
         artifact_id = client.deposit("Once upon a time, in a quiet village,").artifact_id
         result = client.graft(artifact_id, " there lived")
@@ -128,8 +128,14 @@ def test_results_are_typed_with_their_protobuf_at_hand(daemon: DaemonProcess) ->
         assert verified.recomputed.hashes == verified.stored.hashes
         answer = client.ask("What is the capital of the island of Nowhere?", max_new_tokens=4)
         assert isinstance(answer, AskResult)
-        assert (answer.path, answer.matched_entry) == ("generate", "")
+        assert (answer.path, answer.matched_entry) == ("generate", None)
         assert answer.decode_tokens == len(answer.receipt.generated_token_ids) <= 4
+    # Regression: Python said '' where the command line said "none"; JSON now says null.
+    asked = ["ask", "--text", "What is the capital of the island of Nowhere?"]
+    document = json.loads(kvgraft(daemon, "--json", *asked, "--max-new-tokens", "2").stdout)
+    assert (document["path"], document["matched_entry"]) == ("generate", None)
+    said = kvgraft(daemon, *asked, "--max-new-tokens", "2").stderr.splitlines()[0]
+    assert said == "path: generate, matched_entry: none"
 
 
 def test_lookup_takes_text_and_file_like_generate(daemon: DaemonProcess) -> None:

@@ -256,3 +256,79 @@ def test_engine_requests_leave_workers_for_the_store(workers, running, queued, e
         max_queued_requests=queued,
     )
     assert config.engine_limits() == expected
+
+
+def test_a_pass_whose_client_left_stops_before_its_next_step() -> None:
+    """Regression: a long prompt whose client had cancelled was computed to its end (two
+    minutes of CPU), and the requests behind it waited."""
+    steps = Steps()
+    batcher = Batcher(steps, max_batch_tokens=8, max_batch_rows=4)
+    wanted = threading.Event()
+    wanted.set()
+    steps.release.clear()
+    with ThreadPoolExecutor(2) as pool:
+        prompt = pool.submit(batcher.forward, "long", list(range(100)), wanted.is_set)
+        assert steps.entered.wait(30)  # its first step holds
+        wanted.clear()  # the client leaves meanwhile
+        steps.release.set()
+        with pytest.raises(Cancelled, match="went away"):
+            prompt.result(timeout=30)
+    assert steps.seen == [[("long", list(range(8)))]]
+    assert batcher.counters.abandoned == 1
+    assert batcher.forward("next", [1, 2]) == "logits of next"  # the batcher goes on
+
+
+def test_an_engine_request_whose_client_left_computes_nothing_more(tiny, tmp_path) -> None:
+    engine = tiny_engine(tiny, tmp_path)
+    try:
+        before = engine.batcher.snapshot().tokens
+        gone = engine.generate(list(range(1, 500)), DecodeOptions(), is_active=lambda: False)
+        with pytest.raises(Cancelled):
+            list(gone)
+        assert engine.batcher.snapshot().tokens == before
+        assert engine.admission.running == 0
+        tokens, _ = outcome(engine.generate([5, 6, 7], DecodeOptions(max_new_tokens=2)))
+        assert len(tokens) == 2
+    finally:
+        engine.store.close()
+
+
+def test_live_kv_is_bounded_across_requests() -> None:
+    """Requests reserve their live KV when admitted: one that alone exceeds the budget is
+    refused at once, one that does not fit beside the running ones waits its turn."""
+    admission = Admission(max_running=8, max_queued=4, max_live_kv_bytes=100)
+    refused = pytest.raises(ResourceExhausted, match=r"max_live_kv_bytes=.*shorten it")
+    with refused, admission.admitted(kv_bytes=101):
+        pass
+    entered = threading.Event()
+
+    def second() -> int:
+        with admission.admitted(kv_bytes=50):
+            entered.set()
+            return admission.live_kv_bytes
+
+    with ThreadPoolExecutor(1) as pool, admission.admitted(kv_bytes=60):
+        waiting = pool.submit(second)
+        while admission.queued < 1:
+            threading.Event().wait(0.005)
+        assert not entered.is_set() and admission.live_kv_bytes == 60
+    assert waiting.result(timeout=30) == 50
+    assert admission.live_kv_bytes == 0 and admission.running == 0
+
+
+def test_a_request_holds_the_live_kv_it_reserved(tiny, tmp_path) -> None:
+    """The live buffers are sized once for the prompt and max_new_tokens (no doubling past
+    what admission reserved), and a request too large for max_live_kv_bytes is refused."""
+    per_token = 2 * 2 * 2 * 16 * 4  # K and V, layers, kv heads, head dim, float32
+    engine = tiny_engine(tiny, tmp_path, max_live_kv_bytes=4096 * per_token)
+    try:
+        tokens, _ = outcome(
+            engine.generate([t % 500 for t in range(3000)], DecodeOptions(max_new_tokens=2))
+        )
+        assert len(tokens) == 2
+        idle = engine.tiers.live.idle_bytes  # the buffers it held, given back for the next
+        assert idle == 2 * 2 * (2 * 3072 * 16 * 4)  # K and V of 2 layers, 3072 positions
+        with pytest.raises(ResourceExhausted, match="max_live_kv_bytes"):
+            list(engine.generate([t % 500 for t in range(4000)], DecodeOptions(max_new_tokens=200)))
+    finally:
+        engine.store.close()

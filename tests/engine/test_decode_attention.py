@@ -309,40 +309,40 @@ def test_a_failed_batch_of_slots_leaves_every_slot_released_once(tmp_path, monke
         store.close()
 
 
-def test_a_scan_lets_its_pages_go_only_after_every_batch_reading_them_ended(
-    tmp_path, monkeypatch
-) -> None:
-    """A corrupt page fails its batch while later batches still read other pages in place:
-    the store's views are let go only once they have all ended (regression: the error left
-    the views' `with` block first, the batches still reading)."""
+def test_a_scan_reads_its_stored_pages_one_batch_at_a_time(tmp_path, monkeypatch) -> None:
+    """A scan copies its stored pages out of the store batch by batch, on the workers that
+    attend them, so a step holds the batches in flight, never a layer's stored pages; a
+    corrupt page fails the step and the store quarantines the artifact holding it."""
     store = Store(tmp_path / "store")
     try:
         scan = Tiers(DevicePool(2 * 2 * KV_HEADS * PAGE * DIM * 4, (2, KV_HEADS, PAGE, DIM)),
                      HostCache(store, 0))  # fmt: skip
         context, data = _stored_context(store, 40, scan)
-        assert flip_stored_page(store.path, data[0].tobytes()) == 1
-        ended, let_go = [], []
-        real_partials, real_unchecked = DecodeSoftmax.partials, scan.host.unchecked
+        hashes = [digest for page in context._stored_pages for digest in page]
 
-        def slow_partials(self, blocks):
-            result = real_partials(self, blocks)  # the batch of page 0 fails at once
-            time.sleep(0.1)
-            ended.append(time.monotonic())
-            return result
+        def fresh() -> KvContext:
+            new = KvContext(context.geometry, PAGE, PAGE, scan)
+            new.attach(range(40 * PAGE), hashes)
+            return new
+
+        expected = _step(fresh())
+        asked: list[int] = []
+        real_unchecked = scan.host.unchecked
 
         @contextmanager
         def recorded_unchecked(digests):
-            try:
-                with real_unchecked(digests) as pages:
-                    yield pages
-            finally:
-                let_go.append(time.monotonic())
+            asked.append(len(digests))
+            with real_unchecked(digests) as pages:
+                yield pages
 
-        monkeypatch.setattr(DecodeSoftmax, "partials", slow_partials)
         monkeypatch.setattr(scan.host, "unchecked", recorded_unchecked)
+        assert torch.equal(_step(fresh()), expected)
+        assert sum(asked) == 40 and max(asked) == scan.attention_batch(40) < 40
+        assert flip_stored_page(store.path, data[0].tobytes()) == 1
         with pytest.raises(DataLoss, match="corrupt on disk"):
-            _step(context)
-        assert ended and let_go and max(ended) <= let_go[0]
+            _step(fresh())
+        store.read_quarantine.settled()
+        assert len(store.quarantined_ids()) == 1
     finally:
         store.close()
 

@@ -182,10 +182,13 @@ def test_a_corrupt_page_is_never_grafted(engine: Engine, rng: random.Random) -> 
     page = next(iter(page_sizes(manifest)))
     data, _ = engine.store.read_page(page)
     assert flip_stored_page(engine.store.path, data) == 1
-    with pytest.raises(DataLoss):
+    with pytest.raises(DataLoss, match="corrupt on disk"):
         _run(engine.graft(result.artifact_id, [1, 2], DecodeOptions()))
-    with pytest.raises(DataLoss):
-        _run(engine.generate([*prompt, 5], DecodeOptions()))
+    # the read quarantined the artifact: refused by name, its prefix computed afresh
+    with pytest.raises(DataLoss, match="quarantined"):
+        _run(engine.graft(result.artifact_id, [1, 2], DecodeOptions()))
+    _, again = _run(engine.generate([*prompt, 5], DecodeOptions()))
+    assert again.receipt.reused_tokens == 0
 
 
 def test_artifacts_of_another_model_or_profile_are_refused(

@@ -1,8 +1,10 @@
 """The seed's test on the real model: grafted runs are byte-identical to fresh runs.
 
-Prefixes are cut at any token (around page edges and anywhere inside pages): with
-row-invariant products the whole prefix is grafted, its partial tail page
-included, and the rest computed in one pass.
+Prefixes are cut at any token (around page edges and anywhere inside pages), and
+prompts extend a stored prefix, stop inside it, or leave it at any token: with
+row-invariant products the longest stored prefix is grafted to the token (the
+first rows of a stored page where the prompt leaves it inside one), and the rest
+computed in one pass.
 
 Two daemons in their own processes serve SmolLM2-135M-Instruct (float32, CPU)
 with 16-token pages, so short prompts cross and end inside page boundaries.
@@ -76,8 +78,8 @@ def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
 
 def _same(first, second) -> None:
     """Byte-equal logits, hence equal hashes, zero KL, equal argmax, equal tokens."""
-    assert first.prompt_logits == second.prompt_logits
-    assert list(first.generated_logits) == list(second.generated_logits)
+    assert first.prompt_logits.tobytes() == second.prompt_logits.tobytes()  # float32 arrays
+    assert first.generated_logits.tobytes() == second.generated_logits.tobytes()
     for name in ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256"):
         assert getattr(first.receipt, name) == getattr(second.receipt, name), name
     assert list(first.receipt.generated_token_ids) == list(second.receipt.generated_token_ids)
@@ -100,22 +102,35 @@ def test_fifty_grafted_samples_equal_fresh_runs(daemons, real_model) -> None:
         prefix = tokens[start : start + length]
         a.deposit(token_ids=prefix, labels={"sample": str(index)})
         prefixes.append((start, prefix))
+    stored = [prefix for _, prefix in prefixes]
     reused = 0
     for sample in range(SAMPLES):
         start, prefix = prefixes[sample % PREFIXES]
-        suffix_length = rng.choice((1, 2, PAGE - 1, PAGE, PAGE + 1, rng.randint(3, 2 * PAGE)))
-        prompt = tokens[start : start + len(prefix) + suffix_length]
+        way = sample % 3
+        if way == 0:  # the prefix, then more of the text
+            suffix_length = rng.choice((1, 2, PAGE - 1, PAGE, PAGE + 1, rng.randint(3, 2 * PAGE)))
+            prompt = tokens[start : start + len(prefix) + suffix_length]
+        elif way == 1:  # it stops inside the prefix
+            prompt = prefix[: rng.randint(2, max(2, len(prefix)))]
+        else:  # it leaves the prefix at any token, for text from elsewhere
+            cut = rng.randint(0, len(prefix) - 1)
+            prompt = prefix[:cut] + tokens[190 : 190 + rng.randint(1, 2 * PAGE)]
         options = {"max_new_tokens": NEW_TOKENS, "return_logits": True}
         grafted = a.generate(token_ids=prompt, **options)
         fresh = a.generate(token_ids=prompt, no_cache=True, **options)
         elsewhere = b.generate(token_ids=prompt, **options)
-        # row-invariant products: the whole prefix, wherever it was cut; on the fixed
-        # schedule (no native kernels), its whole pages
+        # row-invariant products: the longest stored prefix, to the token (a radix tree's
+        # answer), leaving the last prompt token to compute; on the fixed schedule (no
+        # native kernels), whole pages of the one prefix it extends
         if grafted.receipt.profile.products:
-            expected_reuse = len(prefix)
-        else:
+            assert a.lookup(prompt).matched_tokens == _longest_stored(prompt, stored), sample
+            expected_reuse = _longest_stored(prompt[:-1], stored)
+        elif way == 0:
             expected_reuse = min(len(prefix) // PAGE, (len(prompt) - 1) // PAGE) * PAGE
+        else:
+            continue
         assert grafted.receipt.reused_tokens == expected_reuse, sample
+        assert grafted.receipt.computed_tokens == len(prompt) - expected_reuse + NEW_TOKENS
         assert fresh.receipt.reused_tokens == elsewhere.receipt.reused_tokens == 0
         _same(grafted, fresh)
         _same(grafted, elsewhere)
@@ -123,6 +138,19 @@ def test_fifty_grafted_samples_equal_fresh_runs(daemons, real_model) -> None:
     assert reused >= SAMPLES // 2  # most samples really grafted something
     a.close()
     b.close()
+
+
+def _longest_stored(prompt: list[int], stored: list[list[int]]) -> int:
+    """The longest common start of `prompt` and any stored sequence."""
+    best = 0
+    for sequence in stored:
+        shared = 0
+        for x, y in zip(prompt, sequence, strict=False):
+            if x != y:
+                break
+            shared += 1
+        best = max(best, shared)
+    return best
 
 
 def test_graft_of_whole_artifacts_equals_replay(daemons, real_model) -> None:

@@ -28,7 +28,7 @@ from kvgraftd.engine.model_adapter import default_model_path
 from kvgraftd.store.artifact_store import Store
 
 PROMPT_TOKENS = 1000
-RANDOM_CHUNKINGS = 20
+RANDOM_CHUNKINGS = 10
 PAGE = 64
 
 pytestmark = pytest.mark.skipif(not linear.available(), reason="the native kernels are not built")

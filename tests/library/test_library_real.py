@@ -128,11 +128,11 @@ def test_a_rephrasing_is_recalled_and_another_question_generated(
             assert response.matched_entry in imported["entries"]
         response = client.ask("Which island is " + problems[0].problem, max_new_tokens=4)
         assert response.path == "generate"
-        assert response.matched_entry == "" and response.decode_tokens <= 4
+        assert response.matched_entry is None and response.decode_tokens <= 4
     document = kvgraft_json(
         daemon.address, "ask", "--text", "An unknown question?", "--max-new-tokens", "4"
     )
-    assert (document["path"], document["matched_entry"]) == ("generate", "none")
+    assert (document["path"], document["matched_entry"]) == ("generate", None)
 
 
 def test_library_as_context_is_built_once(daemon, problems, imported) -> None:

@@ -262,8 +262,13 @@ def test_service_config_is_what_print_config_prints() -> None:
     header, body = SERVICE_TOML.read_text().split("\n\n", 1)
     assert all(line.startswith("#") for line in header.splitlines())
     assert body == printed, "daemon/systemd/kvgraftd.toml is stale: run `make service-config`"
-    keys = set(tomllib.loads(body))
-    assert keys == {name for name in DaemonConfig.__dataclass_fields__}
+    settings = {  # the replication, trust and remote settings are keys of their tables
+        f"{key}_{sub}" if isinstance(value, dict) else key
+        for key, value in tomllib.loads(body).items()
+        for sub in (value if isinstance(value, dict) else [None])
+    }
+    assert settings == {name for name in DaemonConfig.__dataclass_fields__}
+    assert {"follow", "pull_from"} <= set(tomllib.loads(body)["replication"])
 
 
 def test_install_script_stages_unit_config_and_user(tmp_path: Path) -> None:

@@ -310,12 +310,12 @@ def test_prefix_lookup_believes_only_what_it_verified(s3, tmp_path, rng, monkeyp
 
         def lookup(index: int, trust: TrustPolicy = reader_trust) -> list:
             view = RemoteBackedStore(stores[index], tiers[index], trust, read_through=True)
-            match = view.longest_chain(FINGERPRINT, profile, layout, x.manifest.token_ids, 4)
+            match = view.longest_chain(FINGERPRINT, profile, layout, x.manifest.token_ids)
             return match.entries
 
         # a reader that does not trust the writer's key takes nothing from the bucket
         assert lookup(1, TrustPolicy(Signer.generate())) == []
-        local = stores[0].longest_chain(FINGERPRINT, profile, layout, x.manifest.token_ids, 4)
+        local = stores[0].longest_chain(FINGERPRINT, profile, layout, x.manifest.token_ids)
         remote = lookup(1)
         assert [e.page_sha256 for e in remote] == [e.page_sha256 for e in local.entries]
         assert len(remote) == 4
@@ -385,10 +385,11 @@ def test_remote_section_of_the_config_file(tmp_path) -> None:
     )
     done = _kvgraftd(tmp_path / "data", ["--config", str(config), "--print-config"], {})
     assert done.returncode == 0, done.stderr
-    assert 'remote_endpoint = "http://s3.internal:8333"' in done.stdout
-    assert 'remote_bucket = "fleet"' in done.stdout
-    assert 'remote_prefix = "kv/prod"' in done.stdout
-    assert 'remote_write = "back"' in done.stdout
+    remote = done.stdout.split("\n[remote]\n", 1)[1]  # printed in its table, as written
+    assert '\nendpoint = "http://s3.internal:8333"\n' in remote
+    assert '\nbucket = "fleet"\n' in remote
+    assert '\nprefix = "kv/prod"\n' in remote
+    assert '\nwrite = "back"\n' in remote
     config.write_text('[remote]\nbucket = "fleet"\nwrite = "sometimes"\n')
     bad = _kvgraftd(tmp_path / "data", ["--config", str(config)], {})
     assert bad.returncode == 2

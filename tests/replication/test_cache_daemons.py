@@ -1,5 +1,6 @@
 """The store as a cache across real daemons: pins that expire reach a follower, evictions
-do not, and a scrub's quarantine is repaired by a pull from a replica (through the CLI).
+do not, and a scrub's quarantine is repaired by a pull from a replica (through the CLI)
+or a relay, which names what it repaired and leaves deleted what expired on the target.
 
 Each daemon is its own process on a temporary store (store only: no model).
 """
@@ -82,6 +83,12 @@ def _cli(address: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
+def _expire(client: Client, artifact_id: str) -> None:
+    """Pin with a TTL and wait for the keeper to delete it (reason `expired`)."""
+    client.pin(artifact_id, ttl_s=1)
+    wait_until(lambda: artifact_id not in ids(client), "the pin expires", timeout_s=15)
+
+
 def test_scrub_quarantines_and_a_pull_from_a_replica_repairs(start_daemon, tmp_path, rng) -> None:
     good = start_daemon(extra_args=STORE_ONLY)
     config = tmp_path / "damaged.toml"
@@ -92,6 +99,8 @@ def test_scrub_quarantines_and_a_pull_from_a_replica_repairs(start_daemon, tmp_p
         for artifact in artifacts:
             a.put_artifact(artifact)
             b.put_artifact(artifact)
+        expired = artifacts[0]
+        _expire(b, expired.id)  # was: the repairing pull below brought it back
         victim = artifacts[2]
         page = victim.pages[victim.manifest.page_sha256[-1]]
         assert flip_stored_page(damaged.data_dir / "store", page) == 1
@@ -108,7 +117,59 @@ def test_scrub_quarantines_and_a_pull_from_a_replica_repairs(start_daemon, tmp_p
 
         summary = b.pull_from(good.address)
         assert summary.pages_written == 1  # the quarantined artifact's missing page, only
+        assert list(summary.repaired) == [victim.id] and summary.artifacts_repaired == 1
+        assert summary.expired_not_restored == 1
         assert not b.stat(victim.id).info.quarantined
-        assert divergent_artifacts(a, b) == []
+        assert ids(b) == ids(a) - {expired.id}
+        assert divergent_artifacts(a, b) == [expired.id]  # on the source only
         again = _cli(damaged.address, "scrub")
         assert again.returncode == 0 and json.loads(again.stdout)["corrupt_pages"] == []
+
+
+def test_a_relay_repairs_names_what_it_repaired_and_leaves_expired_pins_deleted(
+    start_daemon, rng
+) -> None:
+    """Was: a pass that repaired a quarantined artifact also copied back what the target's
+    TTL pins had deleted (the source still lists it), and its summary did not say what it
+    repaired. An expired pin stays deleted until the source adds the artifact again."""
+    source, target = start_daemon(extra_args=STORE_ONLY), start_daemon(extra_args=STORE_ONLY)
+    artifacts = [random_artifact(rng) for _ in range(3)]
+    expired, first_victim, second_victim = artifacts
+    relay = ["replicate", "--from", source.address, "--to", target.address]
+
+    def quarantine(victim) -> None:
+        page = victim.pages[victim.manifest.page_sha256[0]]
+        assert flip_stored_page(target.data_dir / "store", page) == 1
+        assert _cli(target.address, "scrub").returncode == 1  # found: quarantined
+
+    with Client(source.address) as a, Client(target.address) as b:
+        for artifact in artifacts:
+            a.put_artifact(artifact)
+        assert json.loads(_cli(source.address, *relay).stdout)["artifacts_added"] == 3
+        _expire(b, expired.id)
+        quarantine(first_victim)
+
+        repair = _cli(source.address, *relay)
+        assert repair.returncode == 0, repair.stderr
+        summary = json.loads(repair.stdout)
+        assert (summary["artifacts_added"], summary["artifacts_present"]) == (0, 1)
+        assert (summary["artifacts_repaired"], summary["repaired"]) == (1, [first_victim.id])
+        assert summary["expired_not_restored"] == 1
+        assert not b.stat(first_victim.id).info.quarantined
+        assert ids(b) == ids(a) - {expired.id}
+
+        quarantine(second_victim)
+        text = subprocess.run(
+            [sys.executable, "-m", "kvgraft", *relay], capture_output=True, text=True, timeout=120
+        ).stdout
+        assert "0 added, 1 repaired, 1 already there" in text
+        assert "1 not copied back (their pin expired here)" in text
+        assert f"repaired {second_victim.id}" in text
+        assert not b.stat(second_victim.id).info.quarantined
+
+        a.delete(expired.id)
+        a.put_artifact(expired)  # added again on the source, after the expiry: copied
+        again = json.loads(_cli(source.address, *relay).stdout)
+        assert (again["artifacts_added"], again["expired_not_restored"]) == (1, 0)
+        assert ids(b) == ids(a)
+        assert divergent_artifacts(a, b) == []

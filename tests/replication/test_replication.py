@@ -153,7 +153,7 @@ def test_cli_replicate_prints_a_summary(start_daemon, rng, capsys) -> None:
         argv = ["replicate", "--from", source.address, "--to", replica.address]
         assert cli_main(argv) == 0
         text = capsys.readouterr().out
-        assert "0 added, 3 already there, 1 deleted" in text
+        assert "0 added, 0 repaired, 3 already there, 1 deleted" in text
         assert "applied up to sequence 5" in text
         assert ids(b) == ids(a)
 

@@ -143,7 +143,7 @@ def test_cli_pull_prints_a_summary(start_daemon, rng, capsys) -> None:
         assert ids(b) == ids(a)
         argv = ["replicate", "--from", source.address, "--to", replica.address, "--pull"]
         assert cli_main(argv) == 0
-        assert "0 added, 3 already there" in capsys.readouterr().out
+        assert "0 added, 0 repaired, 3 already there" in capsys.readouterr().out
         with pytest.raises(SystemExit):
             cli_main([*argv, "--follow"])
         assert "--pull copies once" in capsys.readouterr().err

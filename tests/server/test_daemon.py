@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import os
 import random
 import signal
 import socket
@@ -508,27 +507,6 @@ def test_min_free_bytes_refuses_puts_but_not_deletes(start_daemon, rng) -> None:
 
 
 SMALL_DISK_ARGS = ["--min-free-bytes", "1MiB", "--map-initial-bytes", "1MiB"]
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 32 MiB tmpfs: a filesystem that really fills up."""
-    mount_point = tmp_path / "small-disk"
-    mount_point.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        if subprocess.run(["umount", str(mount_point)], capture_output=True).returncode:
-            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
 
 
 def _fill(client: Client, rng: random.Random) -> list[Artifact]:

@@ -168,6 +168,34 @@ def test_a_leased_artifact_is_never_evicted_nor_deleted_under_its_reader(tmp_pat
         pass
 
 
+def test_a_reader_never_sees_an_artifact_a_removal_keeps_as_gone(tmp_path, rng) -> None:
+    """Regression (a flake of test_concurrency): a delete claimed a pinned artifact before it
+    found the pin, and a reader meanwhile got NOT_FOUND for an artifact that stayed. A
+    pinned artifact is refused without a claim, and a reader waits a claim's outcome."""
+    store = _open(tmp_path / "s", Clock())
+    try:
+        aid = _commit(store, _artifact(rng))
+        store.set_pinned(aid, True)
+        with pytest.raises(FailedPrecondition, match="pinned"):
+            store.delete_artifact(aid)
+        usage = store._usage
+        assert usage.claim([bytes.fromhex(aid)]) == [bytes.fromhex(aid)]  # a removal begins
+        leased = threading.Event()
+
+        def read() -> None:
+            with store.reading(aid):
+                leased.set()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert not leased.wait(0.2)  # it waits for the removal's outcome...
+        usage.unclaim([bytes.fromhex(aid)])  # ...which kept the artifact
+        reader.join(30)
+        assert leased.is_set()
+    finally:
+        store.close()
+
+
 def test_pins_with_a_ttl_expire_on_time_and_the_feed_says_so(tmp_path, rng) -> None:
     clock = Clock()
     path = tmp_path / "s"

@@ -107,11 +107,11 @@ def _read_one(client: Client, aid: str, ledger: SharedLedger, rng: random.Random
                 ledger.problem(f"stat {aid} disagrees with what was sent")
         assert_served_whole(client.get_artifact(aid if rng.random() < 0.7 else aid[:16]), sent)
         outcome = "whole"
-    except NotFound:
+    except NotFound as exc:
         with ledger.lock:
             deleting = aid in ledger.deleting
         if not deleting:
-            ledger.problem(f"{aid} was listed, never deleted, and then not found")
+            ledger.problem(f"{aid} was listed, never deleted, and then not found: {exc}")
         outcome = "not_found_after_delete"
     except (AssertionError, KvgraftError) as exc:
         ledger.problem(f"read {aid}: {exc!r}")

@@ -62,10 +62,10 @@ def test_scrub_finds_a_flipped_byte_quarantines_and_a_good_copy_repairs(store, r
     bystander = random_artifact(rng, tokens=64, page_tokens=16, **LAYOUT)
     for artifact in (victim, sibling, bystander):
         _commit(store, artifact)
-    token_ids = list(victim.manifest.token_ids)
+    token_ids = list(victim.manifest.token_ids[:80])  # five whole pages
     profile, layout = victim.manifest.profile, victim.manifest.layout
     fingerprint = victim.manifest.model_fingerprint
-    before = store.longest_chain(fingerprint, profile, layout, token_ids, 5)
+    before = store.longest_chain(fingerprint, profile, layout, token_ids)
     assert len(before.entries) == 5
 
     bad = victim.page(1, 0)  # shared by the sibling too; nobody reads it before the scrub
@@ -81,7 +81,7 @@ def test_scrub_finds_a_flipped_byte_quarantines_and_a_good_copy_repairs(store, r
             store.check_servable(quarantined.id)
     store.check_servable(bystander.id)
     _read(store, bystander.manifest)
-    after = store.longest_chain(fingerprint, profile, layout, token_ids, 5)
+    after = store.longest_chain(fingerprint, profile, layout, token_ids)
     assert after.entries == []  # every artifact holding this prefix is quarantined
     assert store.missing_pages(list(page_sizes(victim.manifest))) == [bad_digest(victim)]
 
@@ -91,7 +91,7 @@ def test_scrub_finds_a_flipped_byte_quarantines_and_a_good_copy_repairs(store, r
     assert store.quarantined_ids() == []  # the sibling is whole again too
     _read(store, victim.manifest)
     _read(store, sibling.manifest)
-    repaired = store.longest_chain(fingerprint, profile, layout, token_ids, 5)
+    repaired = store.longest_chain(fingerprint, profile, layout, token_ids)
     assert [e.page_sha256 for e in repaired.entries] == [e.page_sha256 for e in before.entries]
     assert not Scrubber(store, 1 << 40).run().corrupt_pages
 

@@ -16,13 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvgraft.errors import ResourceExhausted
+from kvgraft.errors import DataLoss, ResourceExhausted
 from kvgraft.page_buffers import block_aligned, slot_copies
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import linux_files, segments
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.direct_io import open_direct, pwritev_all
 from kvgraftd.store.page_records import page_records_of
+from kvgraftd.store.segment_reads import UnreadPage
 from kvgraftd.store.segments import Location, SegmentFiles, Tail
 from kvgraftd.store.signing import Signer, TrustPolicy
 from kvgraftd.store.trust_index import UNRECORDED
@@ -74,11 +75,11 @@ def test_an_append_never_committed_is_cut_off_at_open(tmp_path: Path) -> None:
     reopened = SegmentFiles(tmp_path)
     reopened.open(tail, locations)
     assert os.path.getsize(tmp_path / "00000001.seg") == tail.end
-    assert [bytes(reopened.view(*loc)) for loc in locations] == [bytes(p) for p in kept]
+    assert [reopened.read_bytes(loc) for loc in locations] == [bytes(p) for p in kept]
     again = reopened.append(lost)
     assert again[0].offset == tail.end  # written where the lost one was
     reopened.commit()
-    assert bytes(reopened.view(*again[0])) == bytes(lost[0])
+    assert reopened.read_bytes(again[0]) == bytes(lost[0])
     reopened.close()
 
 
@@ -100,7 +101,7 @@ def test_open_removes_segments_past_the_tail_and_segments_nothing_lives_in(
     reopened = SegmentFiles(tmp_path, segment_bytes=4096)
     reopened.open(tail, live)
     assert sorted(p.name for p in tmp_path.glob("*.seg")) == ["00000002.seg", "00000004.seg"]
-    assert [bytes(reopened.view(*loc)) for loc in live] == [b"\x01" * 5000, b"\x03" * 5000]
+    assert [reopened.read_bytes(loc) for loc in live] == [b"\x01" * 5000, b"\x03" * 5000]
     reopened.close()
 
 
@@ -118,7 +119,7 @@ def test_open_gives_back_the_space_between_live_pages(tmp_path: Path) -> None:
     reopened = SegmentFiles(tmp_path)
     reopened.open(tail, [locations[0], locations[3]])  # pages 1 and 2 freed before a crash
     assert _allocated(path) <= (2 << 20) + 8192
-    assert bytes(reopened.view(*locations[3])) == bytes(pages[3])
+    assert reopened.read_bytes(locations[3]) == bytes(pages[3])
     reopened.close()
 
 
@@ -165,15 +166,47 @@ def test_a_read_in_progress_keeps_the_bytes_of_pages_deleted_under_it(tmp_path: 
         _commit(store, later)  # so that the doomed artifact's segment is not the active one
         [first, _] = segment_files(store.path)
         digests = list(doomed.pages)
-        with store.verified_pages(digests) as views:
+        with store._pages.reading_index() as stored:  # a read that looked the pages up
+            located = stored.locate(digests)
             store.delete_artifact(doomed.id)
-            assert first.exists()  # a reader may still look at it
-            assert [v.tobytes() for v in views] == [bytes(doomed.pages[d]) for d in digests]
-            assert [hashlib.sha256(v).digest() for v in views] == digests
+            assert first.exists()  # the read may still read them
+            copies = [stored.segments.read_bytes(location) for _, location in located]
+            assert [hashlib.sha256(copy).digest() for copy in copies] == digests
         assert not first.exists()  # given back once the read ended
         assert store.missing_pages(digests) == digests
         with pytest.raises(Exception, match="not in the store"):
             store.read_pages_into(digests[:1], [np.empty(len(doomed.pages[digests[0]]), np.uint8)])
+
+
+def test_a_read_takes_neighbours_at_once_and_names_the_first_page_a_cut_file_lacks(
+    tmp_path: Path,
+) -> None:
+    """Pages read in runs of neighbours (the padding between them dropped), from two
+    segments; once the file is cut inside the third page, a read names that page and has
+    read the two before it whole, and nothing raised a signal."""
+    rng = random.Random(8)
+    segments_ = SegmentFiles(tmp_path, segment_bytes=1 << 14)
+    segments_.open(Tail(1, 0), [])
+    pages = [rng.randbytes(size) for size in (5000, 4096, 9000, 1, 70_000, 12_000)]
+    locations = []
+    for batch in (pages[:4], pages[4:]):  # the second batch begins segment 2
+        locations += segments_.append([memoryview(p) for p in batch])
+        segments_.commit()
+    assert [loc.segment for loc in locations] == [1, 1, 1, 1, 2, 2]
+    copies = [bytearray(len(p)) for p in pages]
+    segments_.read(locations, copies)
+    assert copies == pages
+    os.truncate(tmp_path / "00000001.seg", locations[2].offset + 100)
+    copies = [bytearray(len(p)) for p in pages]
+    with pytest.raises(UnreadPage, match="cut short") as lost:
+        segments_.read(locations, copies)
+    assert lost.value.index == 2 and copies[:2] == pages[:2]
+    with pytest.raises(DataLoss, match="cut short"):
+        segments_.read_bytes(locations[3])
+    assert segments_.read_bytes(locations[5]) == pages[5]
+    os.unlink(tmp_path / "00000002.seg")  # read before: its descriptor still reads it
+    assert segments_.read_bytes(locations[4]) == pages[4]
+    segments_.close()
 
 
 def test_locations_never_overlap_across_appends(tmp_path: Path) -> None:
@@ -187,7 +220,7 @@ def test_locations_never_overlap_across_appends(tmp_path: Path) -> None:
         segments.commit()
     spans = sorted((loc.offset, loc.offset + loc.length) for loc, _ in placed)
     assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
-    assert all(bytes(segments.view(*loc)) == data for loc, data in placed)
+    assert all(segments.read_bytes(loc) == data for loc, data in placed)
     segments.close()
 
 
@@ -263,7 +296,7 @@ def test_block_aligned_pages_go_to_the_device_and_land_as_buffered_ones_do(
         locations = segments_.append(batch)
         segments_.commit()
         assert set(modes) == {name == "direct"}
-        assert [bytes(segments_.view(*loc)) for loc in locations] == pages
+        assert [segments_.read_bytes(loc) for loc in locations] == pages
         segments_.close()
         files[name] = (tmp_path / name / "00000001.seg").read_bytes()
     assert files["direct"] == files["buffered"]  # same layout, zero padding included
@@ -277,7 +310,7 @@ def test_a_batch_with_one_unaligned_page_is_written_buffered(tmp_path: Path, mon
     segments_.open(Tail(1, 0), [])
     locations = segments_.append(batch)
     assert modes and not any(modes)
-    assert [bytes(segments_.view(*loc)) for loc in locations] == pages
+    assert [segments_.read_bytes(loc) for loc in locations] == pages
     segments_.close()
 
 
@@ -332,5 +365,5 @@ def test_a_failed_write_leaves_nothing_and_the_next_append_goes_where_it_would_h
     again = segments_.append(batch[1:])
     segments_.commit()
     assert again[0].offset == block_aligned(first[0].length)
-    assert [bytes(segments_.view(*loc)) for loc in first + again] == pages
+    assert [segments_.read_bytes(loc) for loc in first + again] == pages
     segments_.close()

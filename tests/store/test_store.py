@@ -197,12 +197,14 @@ def test_a_corrupt_page_in_a_large_read_is_named_and_nothing_is_served(tmp_path:
         digests = list(artifact.manifest.page_sha256)
         bad = 50
         _flip_stored_byte(store, bytes(artifact.pages[digests[bad]]))
-        with pytest.raises(DataLoss, match=digests[bad].hex()[:16]), store.verified_pages(digests):
-            pytest.fail("a read with a corrupt page was handed out")
         dests = [np.ones(len(artifact.pages[d]), np.uint8) for d in digests]
         with pytest.raises(DataLoss, match=digests[bad].hex()[:16]):
             store.read_pages_into(digests, dests)
         assert not any(dest.any() for dest in dests)  # no page of the failed read is left
+        store.read_quarantine.settled()  # the read quarantined the artifact, dropped the page
+        assert store.quarantined_ids() == [artifact.id]
+        with pytest.raises(DataLoss, match=digests[bad].hex()[:16]), store.verified_pages(digests):
+            pytest.fail("a read with a corrupt page was handed out")
         intact = digests[:bad] + digests[bad + 1 :]
         with store.verified_pages(intact) as views:
             assert [v.tobytes() for v in views] == [bytes(artifact.pages[d]) for d in intact]

@@ -59,9 +59,11 @@ def _assert_holds_exactly(path: Path, expected: dict) -> None:
         store.close()
     with lmdb.open(str(path), max_dbs=16, readonly=True, lock=False) as env:
         with env.begin(db=env.open_db(b"meta", create=False)) as txn:
-            assert txn.get(b"format_version") == b"3"
+            assert txn.get(b"format_version") == b"4"
+        heads = env.open_db(b"untrusted_heads", create=False)  # for Lookup to name them
         with env.begin(db=env.open_db(b"chains", create=False)) as txn:
             assert txn.stat(env.open_db(b"chains", create=False))["entries"] == 0
+            assert txn.stat(heads)["entries"] == len(expected["artifacts"])
         with pytest.raises(lmdb.NotFoundError):
             env.open_db(b"pages", create=False)  # dropped
 
@@ -69,7 +71,7 @@ def _assert_holds_exactly(path: Path, expected: dict) -> None:
 def test_a_format_1_store_is_migrated_when_opened(tmp_path: Path) -> None:
     path, expected = _unpack(tmp_path)
     _assert_holds_exactly(path, expected)
-    _assert_holds_exactly(path, expected)  # and opens as format 3 after
+    _assert_holds_exactly(path, expected)  # and opens as format 4 after
     store = Store(path, min_free_bytes=1 << 20)
     try:
         assert store.collect_staged(older_than_s=-1) == len(expected["staged"])

@@ -7,7 +7,9 @@ real daemons (the tiny model, so each test takes seconds): a forgery of zeros or
 is stored but never grafted by Generate or recalled by Ask (their output equals
 --no-cache), Graft refuses it unless told otherwise (and the receipt says so), a
 signature counts only when it is valid and by a trusted key, signatures travel in
-bundles, and a pull applies deletes only to what came from its source.
+bundles and replication (even when added after a copy was made), every stored signature
+is judged again when the trusted keys change, and a pull applies deletes only to what
+came from its source.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ import sys
 
 import pytest
 
-from kvgraft import Artifact, Client
-from kvgraft.errors import FailedPrecondition
+from kvgraft import Artifact, Client, wire
+from kvgraft.artifact import canonical_bytes
+from kvgraft.errors import FailedPrecondition, InvalidArgument
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.store.signing import Signer
+from kvgraftd.store.artifact_store import Store
+from kvgraftd.store.signing import Signer, TrustPolicy
 from kvgraftd.testing.daemon_process import wait_model_ready
 from tests.support.factory import random_artifact
 
@@ -74,7 +78,9 @@ def test_a_forged_prefix_is_never_grafted(tiny, fill) -> None:
         assert asked.reused_tokens == 0 and asked.receipt.raw.grafted == []
         assert asked.token_ids == fresh.token_ids
         assert asked.receipt.hashes == fresh.receipt.hashes
-        assert client.lookup(prompt).matched_tokens == 0
+        lookup = client.lookup(prompt)  # was: "0 tokens stored", not a word of the forgery
+        assert lookup.matched_tokens == 0
+        assert (lookup.untrusted_tokens, lookup.untrusted_artifact_id) == (64, forged.id)
 
         with pytest.raises(FailedPrecondition, match="untrusted"):
             client.graft(forged.id, token_ids=[5], max_new_tokens=1)
@@ -86,6 +92,8 @@ def test_a_forged_prefix_is_never_grafted(tiny, fill) -> None:
         assert not client.verify(forged.id).ok
         assert client.stat(forged.id).info.provenance.trust == pb.Provenance.TRUST_UNTRUSTED
         assert client.generate(token_ids=prompt, max_new_tokens=6).reused_tokens == 0
+        client.delete(forged.id)
+        assert client.lookup(prompt).untrusted_tokens == 0
 
 
 def test_only_a_valid_signature_by_a_trusted_key_counts(start_daemon) -> None:
@@ -223,27 +231,119 @@ def test_signatures_by_throwaway_keys_cannot_grow_without_bound(start_daemon) ->
         assert len(client.get_artifact(artifact.id).signatures) == 16  # still served
 
 
-def test_a_key_taken_out_of_trust_keys_vouches_no_more(start_daemon, tmp_path) -> None:
-    key = Signer.generate()
+def test_stored_signatures_are_judged_again_when_the_trusted_keys_change(
+    start_daemon, tmp_path
+) -> None:
+    """Was: a key added to [trust] keys did not upgrade what it had signed (no restart or
+    replication did), and a key taken out then listed again did not restore trust in what
+    it validly signed. At each start every stored signature meets the keys in force."""
+    first, second = Signer.generate(), Signer.generate()
     daemon = start_daemon(
-        data_dir=tmp_path / "d", extra_args=[*TINY, "--trust-keys", key.public_key.hex()]
+        data_dir=tmp_path / "d", extra_args=[*TINY, "--trust-keys", first.public_key.hex()]
     )
     wait_model_ready(daemon.address)
-    prefix = list(range(20, 84))
+    prefixes = [list(range(start, start + 64)) for start in (20, 100, 180)]  # 4 pages each
+    signed_by = ((first,), (second,), (first, second))
+    stored = []
     with Client(daemon.address, timeout_s=60) as client:
-        computed = client.get_artifact(client.deposit(token_ids=prefix).artifact_id)
-        client.delete(computed.id)
-        computed.signatures = [key.sign(computed.id)]  # the same KV, vouched for by `key`
-        client.put_artifact(computed)
-        assert client.lookup(prefix).matched_tokens == 64
-    daemon.stop()
-    daemon.extra_args = TINY  # the key is no longer trusted
-    daemon.launch()
-    wait_model_ready(daemon.address)
-    with Client(daemon.address) as client:
-        assert client.stat(computed.id).info.provenance.trust == pb.Provenance.TRUST_UNTRUSTED
-        assert client.lookup(prefix).matched_tokens == 0
-    assert "signed by keys no longer trusted are untrusted now" in daemon.log()
+        for prefix, signers in zip(prefixes, signed_by, strict=True):
+            computed = client.get_artifact(client.deposit(token_ids=prefix).artifact_id)
+            client.delete(computed.id)
+            computed.signatures = [signer.sign(computed.id) for signer in signers]
+            client.put_artifact(computed)  # the same KV, vouched for by those keys only
+            stored.append(computed)
+
+    def trust_now(lookups: bool) -> list[tuple[int, bytes, int | None]]:
+        """(trust, voucher, tokens Lookup finds: None on a store-only daemon) of each."""
+        with Client(daemon.address, timeout_s=60) as client:
+            provenances = [client.stat(a.id).info.provenance for a in stored]
+            return [
+                (p.trust, p.vouched_by, client.lookup(prefix).matched_tokens if lookups else None)
+                for p, prefix in zip(provenances, prefixes, strict=True)
+            ]
+
+    def restart(key: Signer, model: bool) -> list[tuple[int, bytes, int | None]]:
+        daemon.stop()  # store only (no model to load: a fast start) unless `model`
+        daemon.extra_args = [*(TINY if model else []), "--trust-keys", key.public_key.hex()]
+        daemon.launch()
+        if model:
+            wait_model_ready(daemon.address)
+        return trust_now(lookups=model)
+
+    signed, untrusted = pb.Provenance.TRUST_SIGNED, pb.Provenance.TRUST_UNTRUSTED
+    by_first, untrusted_here = (signed, first.public_key, 64), (untrusted, b"", 0)
+    assert trust_now(lookups=True) == [by_first, untrusted_here, by_first]
+    assert restart(second, model=False) == [  # the key added upgrades what it signed
+        (untrusted, b"", None),
+        (signed, second.public_key, None),
+        (signed, second.public_key, None),
+    ]
+    assert "trusted now 1 artifacts (signed by a key added), untrusted now 1" in daemon.log()
+    # listed again: trusted again, its pages back in the chain index (and the other's out)
+    assert restart(first, model=True) == [by_first, untrusted_here, by_first]
+
+
+def test_trust_is_judged_again_only_when_the_keys_change(tmp_path) -> None:
+    """A start with the keys of the last one reads one value and rewrites no record."""
+    store = Store(tmp_path / "store", min_free_bytes=0)
+    try:
+        mine, other = Signer.generate(), Signer.generate()
+        assert store.reevaluate_trust(TrustPolicy(mine)) == (0, 0)  # never judged yet
+        assert store.reevaluate_trust(TrustPolicy(mine)) is None
+        assert store.reevaluate_trust(TrustPolicy(mine, [other.public_key])) == (0, 0)
+        assert store.reevaluate_trust(TrustPolicy(mine, [other.public_key])) is None
+    finally:
+        store.close()
+
+
+def test_a_replica_records_its_source_and_signatures_added_later(start_daemon) -> None:
+    """Was: a relay (`kvgraft replicate` without --pull) recorded `origin upload` and no
+    source; and an artifact the target held already was never sent again, so a signature
+    the source gained later never reached it. Where an artifact came from is information,
+    not trust: a relay's word gives it no say in which deletes apply."""
+    key, stranger = Signer.generate(), Signer.generate()
+    source = start_daemon()
+    relayed = start_daemon(extra_args=["--trust-keys", key.public_key.hex()])
+    pulled = start_daemon(
+        extra_args=["--trust-keys", key.public_key.hex(), "--replication-pull-from", "*"]
+    )
+    artifact = random_artifact(random.Random(21))
+    artifact.signatures = [stranger.sign(artifact.id)]
+    with (
+        Client(source.address) as a,
+        Client(relayed.address) as b,
+        Client(pulled.address) as c,
+    ):
+        a.put_artifact(artifact)
+        assert a.replicate_to(b, pull=False).artifacts_added == 1
+        assert c.pull_from(source.address).artifacts_added == 1
+        by_relay = b.stat(artifact.id).info.provenance
+        assert by_relay.origin == f"replicated from {source.address} via a client"
+        assert list(by_relay.replicated_from) == []
+        by_pull = c.stat(artifact.id).info.provenance
+        assert by_pull.origin == f"replicated from {source.address}"
+        assert list(by_pull.replicated_from) == [source.address]
+
+        artifact.signatures = [key.sign(artifact.id)]
+        a.put_artifact(artifact)  # the source's copy gains a signature by `key`
+        assert a.replicate_to(b, pull=False).artifacts_present == 1
+        assert c.pull_from(source.address).artifacts_present == 1
+        for replica in (b, c):
+            provenance = replica.stat(artifact.id).info.provenance
+            assert (provenance.trust, provenance.vouched_by) == (
+                pb.Provenance.TRUST_SIGNED,
+                key.public_key,
+            )
+            assert [s.public_key for s in provenance.signatures] == [
+                key.public_key,
+                stranger.public_key,
+            ]
+
+        hostile = wire.encode_put_manifest(
+            canonical_bytes(artifact.manifest), artifact.id, (), "10.0.0.1:1\u202e\n"
+        )
+        with pytest.raises(InvalidArgument, match="relayed_from must be"):
+            b.put_artifact_messages([hostile])
 
 
 def test_a_verified_replica_still_follows_its_sources_deletes(start_daemon) -> None:

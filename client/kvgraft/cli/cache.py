@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 
-from kvgraft.cli.render import emit, human_bytes, message_to_json, when
+from kvgraft.cli.arguments import UsageError
+from kvgraft.cli.render import emit, human_bytes, message_to_json, progress_bar, when
 from kvgraft.client.client import Client
 from kvgraft.v1 import kvgraft_pb2 as pb
 
+SCRUB_TIMEOUT_S = 24 * 3600.0  # without --timeout; the daemon's scrub goes on regardless
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -46,6 +47,8 @@ def parse_rate(text: str) -> int:
 
 
 def cmd_pin(client: Client, args: argparse.Namespace) -> None:
+    if args.off and args.ttl:
+        raise UsageError("--ttl goes with a pin: give --off or --ttl, not both")
     info = client.pin(args.id, pinned=not args.off, ttl_s=args.ttl or 0)
     state = "pinned" if info.pinned else "unpinned"
     until = f" until {when(info.pin_expires_unix_ms)} UTC, then deleted" if args.ttl else ""
@@ -53,11 +56,9 @@ def cmd_pin(client: Client, args: argparse.Namespace) -> None:
 
 
 def cmd_scrub(client: Client, args: argparse.Namespace) -> None:
-    bar = None
-    if not args.json and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(unit="B", unit_scale=True, desc="scrub", file=sys.stderr)
+    if args.timeout is None:  # at --rate, a big store takes hours: follow it to the end
+        client.transfer_timeout_s = max(client.transfer_timeout_s, SCRUB_TIMEOUT_S)
+    bar = progress_bar(args, "scrub")
     try:
         result = client.scrub(bytes_per_s=args.rate or 0, progress=bar)
     finally:

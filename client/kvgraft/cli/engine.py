@@ -3,6 +3,9 @@
 Prompts are given as --text (tokenized by the daemon's model; --chat wraps
 it in the model's chat template), --file (text read from a file; with --text
 too, the file's text, a blank line, then --text) or --tokens 1,2,3.
+Decoding is greedy (argmax) unless told otherwise: --temperature T samples at T
+(0: greedy, as in OpenAI's API), --sample alone samples at 1.0, --seed N picks the
+samples (the same seed, the same tokens).
 Generated text streams to stdout as it arrives, then a newline; the receipt
 follows on stderr, its first line the tokens reused and computed and the
 seconds the call took. With --json one document is printed: the receipt's
@@ -18,38 +21,48 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kvgraft.cli.render import emit, message_to_json
+from kvgraft.cli import arguments
+from kvgraft.cli.arguments import UsageError, read_text
+from kvgraft.cli.render import emit, message_to_json, progress_bar
 from kvgraft.client.client import Client
 from kvgraft.client.engine_calls import DEFAULT_MAX_NEW_TOKENS
-from kvgraft.errors import InvalidArgument, KvgraftError
-from kvgraft.results import GenerationStream
+from kvgraft.errors import FailedPrecondition, KvgraftError
+from kvgraft.results import GenerationStream, Progress
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 
 def _prompt_kwargs(args: argparse.Namespace) -> dict:
-    file_text = None
-    if args.file is not None:
-        if not args.file.is_file():
-            raise InvalidArgument(f"{args.file} does not exist or is not a file")
-        file_text = args.file.read_text(encoding="utf-8").strip()
+    file_text = read_text(args.file).strip() if args.file is not None else None
     if args.tokens is not None:
         if args.text is not None or file_text is not None:
-            raise InvalidArgument("give --tokens, or text (--text and/or --file), not both")
-        try:
-            ids = [int(t) for t in args.tokens.replace(",", " ").split()]
-        except ValueError:
-            raise InvalidArgument("--tokens takes integers separated by commas") from None
-        return {"token_ids": ids, "chat": args.chat}
+            raise UsageError("give --tokens, or text (--text and/or --file), not both")
+        return {"token_ids": args.tokens, "chat": args.chat}
     parts = [part for part in (file_text, args.text) if part is not None]
     if not parts:
-        raise InvalidArgument("give the prompt: --text, --file or --tokens")
+        raise UsageError("give the prompt: --text, --file or --tokens")
     return {"text": "\n\n".join(parts), "chat": args.chat}
 
 
 def _labels(args: argparse.Namespace) -> dict[str, str]:
-    if any("=" not in item for item in args.label):
-        raise InvalidArgument("--label takes KEY=VALUE")
-    return dict(item.split("=", 1) for item in args.label)
+    return dict(item.split("=", 1) for item in args.label)  # KEY=VALUE: checked by main
+
+
+def _decoding(args: argparse.Namespace) -> dict:
+    """The decoding options of --sample, --temperature and --seed: a temperature samples
+    at it (0: greedy), --sample alone at 1.0; the flags that contradict, or would be
+    ignored, are usage errors."""
+    temperature, sampling = args.temperature, args.sample
+    if temperature == 0 and sampling:
+        raise UsageError(
+            "--sample with --temperature 0: a temperature of 0 is greedy decoding; "
+            "leave out --sample, or give a temperature above 0"
+        )
+    sampling = sampling or bool(temperature)
+    if args.seed is not None and not sampling:
+        raise UsageError("--seed picks the samples: add --sample or --temperature T")
+    if not sampling:
+        return {} if temperature is None else {"temperature": 0.0}  # greedy
+    return {"temperature": temperature or 1.0, "seed": args.seed or 0}
 
 
 def _options(args: argparse.Namespace) -> dict:
@@ -58,18 +71,26 @@ def _options(args: argparse.Namespace) -> dict:
         "no_cache": args.no_cache,
         "deposit": args.deposit,
         "labels": _labels(args),
+        **_decoding(args),
     }
-    if args.sample:
-        options.update(greedy=False, temperature=args.temperature, seed=args.seed)
     if getattr(args, "allow_untrusted", False):
         options["allow_untrusted"] = True
     return options
 
 
 def receipt_lines(receipt: pb.Receipt, elapsed_s: float | None = None) -> list[str]:
+    """A run's receipt: the tokens reused and computed (and the seconds it took), then
+    its hashes and what it grafted."""
     took = f" in {elapsed_s:.2f} s" if elapsed_s is not None else ""
     return [
         f"receipt: reused {receipt.reused_tokens} tokens, computed {receipt.computed_tokens}{took}",
+        *receipt_detail_lines(receipt),
+    ]
+
+
+def receipt_detail_lines(receipt: pb.Receipt) -> list[str]:
+    """A receipt's hashes, model and profile, and the artifacts it grafted."""
+    return [
         f"  input_sha256            {receipt.input_sha256.hex()}",
         f"  prompt_logits_sha256    {receipt.prompt_logits_sha256.hex()}",
         f"  generated_logits_sha256 {receipt.generated_logits_sha256.hex()}",
@@ -82,14 +103,46 @@ def receipt_lines(receipt: pb.Receipt, elapsed_s: float | None = None) -> list[s
     ]
 
 
+class PromptBar:
+    """The prompt's progress while the daemon computes it (tokens done, tokens/s), on a
+    terminal's stderr: handed to the client as `on_progress`, closed before the answer."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self._args = args
+        self._bar = None
+
+    def __call__(self, progress: Progress) -> None:
+        if self._bar is None:
+            self._bar = progress_bar(self._args, "prompt", total=progress.total, unit="tok")
+            if self._bar is None:
+                return
+            self._bar.n = self._bar.last_print_n = self._bar.initial = progress.reused
+        self._bar.update(progress.done - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _prompt_bar(args: argparse.Namespace) -> dict:
+    """`on_progress` for a call, where its progress would be shown."""
+    return {} if args.json or not sys.stderr.isatty() else {"on_progress": PromptBar(args)}
+
+
 def _run_stream(args: argparse.Namespace, stream: GenerationStream, started: float) -> None:
     shown = False
+    bar = stream.on_progress
     for token in stream:
+        if bar is not None:
+            bar.close()
         if not args.json and token.text:
             sys.stdout.write(token.text)
             sys.stdout.flush()
             shown = True
     result = stream.result()
+    if bar is not None:
+        bar.close()
     elapsed_s = time.perf_counter() - started
     if args.json:
         document = {
@@ -115,20 +168,28 @@ def _run_stream(args: argparse.Namespace, stream: GenerationStream, started: flo
 
 def cmd_generate(client: Client, args: argparse.Namespace) -> None:
     started = time.perf_counter()
-    _run_stream(args, client.generate_stream(**_prompt_kwargs(args), **_options(args)), started)
+    stream = client.generate_stream(**_prompt_kwargs(args), **_options(args), **_prompt_bar(args))
+    _run_stream(args, stream, started)
 
 
 def cmd_graft(client: Client, args: argparse.Namespace) -> None:
     started = time.perf_counter()
-    stream = client.graft_stream(args.id, **_prompt_kwargs(args), **_options(args))
+    stream = client.graft_stream(
+        args.id, **_prompt_kwargs(args), **_options(args), **_prompt_bar(args)
+    )
     _run_stream(args, stream, started)
 
 
 def cmd_deposit(client: Client, args: argparse.Namespace) -> None:
     started = time.perf_counter()
-    response = client.deposit(
-        **_prompt_kwargs(args), labels=_labels(args), verified_by=args.verified_by
-    )
+    shown = _prompt_bar(args)
+    try:
+        response = client.deposit(
+            **_prompt_kwargs(args), labels=_labels(args), verified_by=args.verified_by, **shown
+        )
+    finally:
+        if shown:
+            shown["on_progress"].close()
     elapsed_s = time.perf_counter() - started
     if args.quiet and not args.json:
         print(response.artifact_id)
@@ -144,7 +205,7 @@ def cmd_deposit(client: Client, args: argparse.Namespace) -> None:
 
 def cmd_verify(client: Client, args: argparse.Namespace) -> None:
     if (args.id is None) == (not args.untrusted):
-        raise InvalidArgument("give an artifact id, or --untrusted to verify every untrusted one")
+        raise UsageError("give an artifact id, or --untrusted to verify every untrusted one")
     if args.untrusted:
         _verify_untrusted(client, args)
         return
@@ -164,14 +225,19 @@ def cmd_verify(client: Client, args: argparse.Namespace) -> None:
 
 def _verify_untrusted(client: Client, args: argparse.Namespace) -> None:
     """Verify every untrusted artifact of the served model (e.g. after an upgrade made a
-    store's artifacts untrusted): the ones that match become trusted."""
-    model = client.info().model_fingerprint
-    untrusted = [
-        info.artifact_id
-        for info in client.list_artifacts()
-        if info.provenance.trust == pb.Provenance.TRUST_UNTRUSTED
-        and info.model_fingerprint == model
+    store's artifacts untrusted): the ones that match become trusted. A daemon without
+    its model ready cannot recompute: that is an error naming what waits."""
+    info = client.info()
+    waiting = [
+        i for i in client.list_artifacts() if i.provenance.trust == pb.Provenance.TRUST_UNTRUSTED
     ]
+    if waiting and info.model_state != "ready":
+        raise FailedPrecondition(
+            f"{len(waiting)} untrusted artifacts wait, and kvgraftd at {client.address} "
+            + _cannot_compute(info.model_state)
+        )
+    untrusted = [i.artifact_id for i in waiting if i.model_fingerprint == info.model_fingerprint]
+    others = len(waiting) - len(untrusted)
     outcomes: dict[str, str] = {}
     for artifact_id in untrusted:
         try:
@@ -183,9 +249,27 @@ def _verify_untrusted(client: Client, args: argparse.Namespace) -> None:
             print(f"{outcomes[artifact_id]} {artifact_id}", flush=True)
     verified = sum(outcome == "verified" for outcome in outcomes.values())
     summary = f"{verified} of {len(untrusted)} untrusted artifacts verified and now trusted"
-    emit(args.json, {"artifacts": outcomes, "verified": verified}, summary)
+    if others:
+        summary += (
+            f"; {others} untrusted artifacts of other models left as they are (verify them "
+            "on a daemon that serves their model)"
+        )
+    document = {"artifacts": outcomes, "verified": verified, "other_models": others}
+    emit(args.json, document, summary)
     if verified < len(untrusted):
         raise SystemExit(1)
+
+
+def _cannot_compute(model_state: str) -> str:
+    """Why a daemon whose model is not ready cannot verify, and what to do."""
+    if model_state == "loading":
+        return "is still loading its model: run this again once `kvgraft info` says ready"
+    if model_state.startswith("failed"):
+        return f"has no model ({model_state}): fix its --model and restart it"
+    return (
+        "serves no model (--model none), so it cannot recompute them: run this against a "
+        "daemon that serves their model"
+    )
 
 
 def cmd_lookup(client: Client, args: argparse.Namespace) -> None:
@@ -194,11 +278,19 @@ def cmd_lookup(client: Client, args: argparse.Namespace) -> None:
         response = client.lookup(text=kwargs["text"], chat=kwargs["chat"])
     else:
         response = client.lookup(kwargs["token_ids"])
-    text = (
+    lines = [
         f"{response.matched_tokens} leading tokens are stored ({response.matched_pages} whole "
-        "pages): a generate of this prompt would reuse them"
-    )
-    emit(args.json, message_to_json(response), text)
+        "pages): a generate of this prompt reuses them (all but the last token at most: its "
+        "logits are computed)"
+    ]
+    if response.untrusted_tokens:
+        artifact = response.untrusted_artifact_id[:16]
+        lines.append(
+            f"{response.untrusted_tokens} are held by untrusted artifact {artifact}, which is "
+            f"not reused until it is trusted: kvgraft verify {artifact} recomputes it (or "
+            "trust the key that signed it: [trust] keys)"
+        )
+    emit(args.json, message_to_json(response), "\n".join(lines))
 
 
 ENGINE_COMMANDS: dict[str, tuple[Callable[[Client, argparse.Namespace], None], str]] = {
@@ -206,7 +298,7 @@ ENGINE_COMMANDS: dict[str, tuple[Callable[[Client, argparse.Namespace], None], s
     "generate": (cmd_generate, "generate, grafting the longest stored prefix"),
     "graft": (cmd_graft, "graft one artifact, append a continuation, generate"),
     "verify": (cmd_verify, "recompute an artifact fresh and compare every hash"),
-    "lookup": (cmd_lookup, "how many leading tokens the store holds in whole pages"),
+    "lookup": (cmd_lookup, "how many leading tokens of a prompt the store holds"),
 }
 
 
@@ -220,13 +312,20 @@ def add_engine_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
             metavar="PATH",
             help="prompt text from a file (with --text: the file, a blank line, then the text)",
         )
-        parser.add_argument("--tokens", help="prompt token ids, comma-separated")
+        parser.add_argument(
+            "--tokens",
+            type=arguments.token_ids,
+            metavar="IDS",
+            help="prompt token ids, comma-separated (1,2,3)",
+        )
         parser.add_argument("--chat", action="store_true", help="apply the model's chat template")
     for name in ("deposit", "generate", "graft"):
         parsers[name].add_argument(
             "--label", action="append", default=[], metavar="KEY=VALUE", help="label the artifact"
         )
-    parsers["deposit"].add_argument("--verified-by", default="", help="who verified the content")
+    parsers["deposit"].add_argument(
+        "--verified-by", default="", metavar="NAME", help="who verified the content"
+    )
     parsers["deposit"].add_argument(
         "-q", "--quiet", action="store_true", help="print the artifact id only"
     )
@@ -247,12 +346,25 @@ def add_engine_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
         parser = parsers[name]
         parser.add_argument(
             "--max-new-tokens",
-            type=int,
+            type=arguments.uint32,
             default=DEFAULT_MAX_NEW_TOKENS,
-            help=f"default {DEFAULT_MAX_NEW_TOKENS}",
+            metavar="N",
+            help=f"tokens to generate at most (default {DEFAULT_MAX_NEW_TOKENS}; 0: none)",
         )
         parser.add_argument("--no-cache", action="store_true", help="compute everything fresh")
         parser.add_argument("--deposit", action="store_true", help="store the finished context")
-        parser.add_argument("--sample", action="store_true", help="sample instead of argmax")
-        parser.add_argument("--temperature", type=float, default=1.0, help="with --sample")
-        parser.add_argument("--seed", type=int, default=0, help="with --sample")
+        parser.add_argument(
+            "--sample", action="store_true", help="sample instead of argmax (at temperature 1.0)"
+        )
+        parser.add_argument(
+            "--temperature",
+            type=arguments.temperature,
+            metavar="T",
+            help="sample at this temperature (no --sample needed); 0: greedy decoding",
+        )
+        parser.add_argument(
+            "--seed",
+            type=arguments.uint64,
+            metavar="N",
+            help="sampling seed: the same seed, the same tokens (default 0)",
+        )

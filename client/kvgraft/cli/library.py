@@ -16,7 +16,7 @@ progress bar goes to stderr when it is a terminal and --json is off.
 `ask` prints the answer on stdout and what ran on stderr (path, the entry
 matched or `none`, decode tokens, reused/computed tokens, wall and CPU seconds,
 receipt hashes). With --json one document: answer, path (recall, generate or
-library), matched_entry (an entry id or "none"), decode_tokens, reused_tokens,
+library), matched_entry (an entry id, or null), decode_tokens, reused_tokens,
 computed_tokens, matches_verified, verified_answer, wall_s, cpu_s, the receipt
 hashes and the receipt.
 """
@@ -29,8 +29,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from kvgraft.cli import arguments
+from kvgraft.cli.arguments import read_text
 from kvgraft.cli.options import add_global_options
-from kvgraft.cli.render import emit, human_bytes, message_to_json, table
+from kvgraft.cli.render import clip, emit, human_bytes, message_to_json, progress_bar, table
 from kvgraft.client.client import Client
 from kvgraft.errors import InvalidArgument
 from kvgraft.results import AskResult
@@ -59,8 +61,8 @@ def cmd_library_ls(client: Client, args: argparse.Namespace) -> None:
             e.num_tokens,
             ",".join(e.tags),
             e.verified_by,
-            _clip(e.answer, 20),
-            _clip(e.problem, 60),
+            clip(e.answer, 20),
+            clip(e.problem, 60),
         )
         for e in entries
     ]
@@ -88,11 +90,10 @@ def cmd_library_rm(client: Client, args: argparse.Namespace) -> None:
 
 
 def read_jsonl(path: Path, tags: list[str], verified_by: str) -> list[dict]:
-    """The entries of a JSON Lines file, every line checked (blank lines skipped)."""
-    if not path.is_file():
-        raise InvalidArgument(f"{path} does not exist or is not a file")
+    """The entries of a JSON Lines file, every line checked (blank lines skipped): a file
+    that is not UTF-8 text is a usage error, a line that is not an entry InvalidArgument."""
     entries = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -125,11 +126,7 @@ def read_jsonl(path: Path, tags: list[str], verified_by: str) -> list[dict]:
 
 def cmd_library_import(client: Client, args: argparse.Namespace) -> None:
     entries = read_jsonl(args.file, args.tag, args.verified_by)
-    bar = None
-    if not args.json and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(entries), unit="entry", desc="import", file=sys.stderr)
+    bar = progress_bar(args, "import", total=len(entries), unit="entry")
     ids, present = [], 0
     try:
         for entry in entries:
@@ -178,8 +175,7 @@ def ask_document(response: AskResult) -> dict:
     return {
         "answer": response.answer,
         "path": response.path,
-        "matched_entry": response.matched_entry or "none",
-        "entry_id": response.matched_entry,  # the same, "" when none (its name before 0.2)
+        "matched_entry": response.matched_entry,  # null when none matched
         "decode_tokens": response.decode_tokens,
         "reused_tokens": response.reused_tokens,
         "computed_tokens": response.computed_tokens,
@@ -208,7 +204,7 @@ def cmd_ask(client: Client, args: argparse.Namespace) -> None:
         emit(True, document, "")
         return
     print(response.answer, flush=True)
-    lines = [f"path: {response.path}, matched_entry: {document['matched_entry']}"]
+    lines = [f"path: {response.path}, matched_entry: {response.matched_entry or 'none'}"]
     if response.matched_entry:
         verdict = "matches" if response.matches_verified else "DIFFERS FROM"
         lines.append(f"the answer {verdict} the verified answer {response.verified_answer!r}")
@@ -226,11 +222,6 @@ def cmd_ask(client: Client, args: argparse.Namespace) -> None:
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
-def _clip(text: str, width: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 LIBRARY_COMMANDS: dict[str, tuple[Callable[[Client, argparse.Namespace], None], str]] = {
     "library": (cmd_library, "the knowledge library: add, ls, rm, import verified solutions"),
     "ask": (cmd_ask, "answer a problem: recall from the library, or generate"),
@@ -238,7 +229,11 @@ LIBRARY_COMMANDS: dict[str, tuple[Callable[[Client, argparse.Namespace], None], 
 
 
 def add_library_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
-    sub = parsers["library"].add_subparsers(dest="library_command", required=True, metavar="ACTION")
+    # The actions as the metavar: `kvgraft library` alone then names them.
+    actions_metavar = "{" + ",".join(LIBRARY_ACTIONS) + "}"
+    sub = parsers["library"].add_subparsers(
+        dest="library_command", required=True, metavar=actions_metavar
+    )
     actions = {name: sub.add_parser(name, help=text) for name, (_, text) in LIBRARY_ACTIONS.items()}
     for action in actions.values():
         add_global_options(action, top=False)
@@ -256,11 +251,20 @@ def add_library_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
         )
     actions["ls"].add_argument("--tag", default="", metavar="TAG", help="only this tag")
     actions["rm"].add_argument("ids", nargs="+", metavar="ID", help="entry id or unique prefix")
-    actions["import"].add_argument("file", type=Path, metavar="FILE.jsonl")
+    actions["import"].add_argument(
+        "file",
+        type=Path,
+        metavar="FILE.jsonl",
+        help='one entry a line: {"problem", "solution", "answer", "verified_by", "tags"}',
+    )
     ask = parsers["ask"]
     ask.add_argument("--text", required=True, help="the problem")
     ask.add_argument(
-        "--max-new-tokens", type=int, default=256, help="generation budget (default 256)"
+        "--max-new-tokens",
+        type=arguments.uint32,
+        default=256,
+        metavar="N",
+        help="generation budget (default 256)",
     )
     ask.add_argument("--library", metavar="TAG", help="graft the library of TAG as context")
     ask.add_argument("--no-recall", action="store_true", help="always generate")

@@ -8,15 +8,23 @@ default, so a value given after the command overrides the one before it and an
 absent one leaves it standing. The connection flags (TLS, mutual TLS, the
 bearer token) each default to their KVGRAFT_* variable (kvgraft.client.channel
 resolves them), so `kvgraft --tls-ca ca.pem ls` and `KVGRAFT_TLS_CA=ca.pem
-kvgraft ls` are the same.
+kvgraft ls` are the same. `--timeout S` is every call's deadline; without it each
+kind of call keeps kvgraft.Client's default (kvgraft.client.connection).
 """
 
 from __future__ import annotations
 
 import argparse
 
+from kvgraft.cli.arguments import seconds
 from kvgraft.client.channel import ENVIRONMENT
-from kvgraft.client.connection import default_server
+from kvgraft.client.connection import (
+    DEFAULT_COMPUTE_TIMEOUT_S,
+    DEFAULT_PORT,
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_TRANSFER_TIMEOUT_S,
+    default_server,
+)
 
 CONNECTION_FLAGS = {
     "token_file": "file holding the daemon's bearer token",
@@ -25,7 +33,6 @@ CONNECTION_FLAGS = {
     "tls_key": "PEM private key of --tls-cert",
     "tls_server_name": "name to check the daemon's certificate against (default: the host)",
 }
-DEFAULT_TIMEOUT_S = 30.0
 
 
 def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
@@ -38,18 +45,21 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     group.add_argument(
         "--server",
         default=default(None),
-        metavar="HOST:PORT",
-        help=f"daemon address (default $KVGRAFT_SERVER or {default_server()})",
+        metavar="HOST[:PORT]",
+        help=f"daemon address, port {DEFAULT_PORT} unless given ([::1] for IPv6; default "
+        f"$KVGRAFT_SERVER or {default_server()})",
     )
     group.add_argument(
         "--json", action="store_true", default=default(False), help="print one JSON document"
     )
     group.add_argument(
         "--timeout",
-        type=float,
-        default=default(DEFAULT_TIMEOUT_S),
+        type=seconds,
+        default=default(None),
         metavar="S",
-        help=f"seconds per call (default {DEFAULT_TIMEOUT_S:g})",
+        help=f"seconds any one call may take (default: {DEFAULT_TIMEOUT_S:g} for the store's "
+        f"calls, {DEFAULT_TRANSFER_TIMEOUT_S:g} for transfers, {DEFAULT_COMPUTE_TIMEOUT_S:g} for "
+        "calls that compute: deposit, generate, graft, verify, lookup, ask, library add)",
     )
     group.add_argument(
         "--tls",
@@ -68,5 +78,11 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
 
 
 def connection_options(args: argparse.Namespace) -> dict:
-    """Keyword arguments of kvgraft.Client from the parsed flags (None: the environment's)."""
-    return {name: getattr(args, name) for name in ("tls", *CONNECTION_FLAGS)}
+    """Keyword arguments of kvgraft.Client from the parsed flags: TLS and token (None: the
+    environment's) and, when --timeout was given, every kind of call's deadline."""
+    options = {name: getattr(args, name) for name in ("tls", *CONNECTION_FLAGS)}
+    if args.timeout is not None:
+        options.update(
+            timeout_s=args.timeout, compute_timeout_s=args.timeout, transfer_timeout_s=args.timeout
+        )
+    return options

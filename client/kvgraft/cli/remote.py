@@ -47,7 +47,8 @@ def _status(client: Client, args: argparse.Namespace) -> None:
 
 
 def _sync(client: Client, args: argparse.Namespace) -> None:
-    client.transfer_timeout_s = max(client.transfer_timeout_s, SYNC_TIMEOUT_S)
+    if args.timeout is None:  # a --timeout given is the user's deadline
+        client.transfer_timeout_s = max(client.transfer_timeout_s, SYNC_TIMEOUT_S)
     push, pull = (not args.pull_only, not args.push_only)
     r = client.remote_sync(push=push, pull=pull)
     lines = []

@@ -6,7 +6,11 @@ ids and hashes can be pasted between commands. Field names are the proto's.
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
+import sys
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -67,3 +71,30 @@ def emit(as_json: bool, document: object, text: str) -> None:
 def when(unix_ms: int) -> str:
     """A unix-ms time as UTC "YYYY-MM-DD HH:MM:SS"."""
     return datetime.fromtimestamp(unix_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def time_left(unix_ms: int) -> str:
+    """How long until `unix_ms`, in whole minutes rounded up: "2h00m", "3d04h", "5m"."""
+    minutes = max(0, math.ceil((unix_ms - time.time() * 1000) / 60_000))
+    days, minutes = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(minutes, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m"
+
+
+def clip(text: str, width: int) -> str:
+    """`text` on one line (runs of whitespace as one space), cut to `width` with "…"."""
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def progress_bar(
+    args: argparse.Namespace, description: str, *, total: int | None = None, unit: str = "B"
+):
+    """A tqdm bar on stderr for interactive use (a terminal, not --json); else None."""
+    if args.json or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit, unit_scale=unit == "B", desc=description, file=sys.stderr)

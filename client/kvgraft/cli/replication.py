@@ -10,7 +10,8 @@ By default the bytes pass through this process (it reads A and writes B);
 with --pull, B copies straight from A (the Replicate RPC; A is then the
 address as B reaches it, and B uses its own TLS and token settings).
 One pass by default: a progress bar on stderr when interactive, then a
-summary of artifacts, pages and bytes moved. --follow then keeps applying
+summary of artifacts (added, repaired: quarantined here and made whole, each named),
+pages and bytes moved. --follow then keeps applying
 the source's changes, one line per artifact, until Ctrl-C or SIGTERM, and
 prints the summary. With --json the summary is one JSON document. Exit status 1 when
 an artifact could not be replicated (the summary names it and why).
@@ -20,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import threading
 
+from kvgraft.cli import arguments
 from kvgraft.cli.options import connection_options
-from kvgraft.cli.render import emit, human_bytes
+from kvgraft.cli.render import emit, human_bytes, progress_bar
 from kvgraft.client.client import Client
 from kvgraft.replication.replicator import Replicator
 from kvgraft.replication.session import refuse_same_daemon
@@ -58,18 +59,9 @@ def cmd_replicate(client: Client, args: argparse.Namespace) -> None:
                 _replicate(source, target, args)
 
 
-def _bar(args: argparse.Namespace, what: str):
-    """A progress bar on stderr when interactive (and not --json), else None."""
-    if args.json or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=0, unit="B", unit_scale=True, desc=what, file=sys.stderr)
-
-
 def _replicate(source: Client, target: Client, args: argparse.Namespace) -> None:
     refuse_same_daemon(source, target)
-    bar = _bar(args, "replicate")
+    bar = progress_bar(args, "replicate", total=0)
 
     def changed(outcome: str, artifact_id: str) -> None:
         if args.follow and not args.json:
@@ -100,7 +92,7 @@ def _replicate(source: Client, target: Client, args: argparse.Namespace) -> None
 
 
 def _pull(target: Client, args: argparse.Namespace) -> None:
-    bar = _bar(args, "pull")
+    bar = progress_bar(args, "pull", total=0)
     try:
         summary = target.pull_from(args.source, from_sequence=args.from_sequence, progress=bar)
     finally:
@@ -120,15 +112,18 @@ def summary_text(s: ReplicationSummary) -> str:
     rate = s.bytes_moved / s.elapsed_s / 1e9 if s.elapsed_s else 0.0
     lines = [
         f"replicated {s.source} -> {s.target} in {s.elapsed_s:.1f} s",
-        f"artifacts: {s.artifacts_added} added, {s.artifacts_present} already there, "
-        f"{s.artifacts_deleted} deleted, {s.deletes_kept_pinned} kept (pinned here), "
+        f"artifacts: {s.artifacts_added} added, {s.artifacts_repaired} repaired, "
+        f"{s.artifacts_present} already there, {s.artifacts_deleted} deleted, "
+        f"{s.deletes_kept_pinned} kept (pinned here), "
         f"{s.deletes_kept_foreign} kept (not from that source), "
+        f"{s.expired_not_restored} not copied back (their pin expired here), "
         f"{s.artifacts_vanished} vanished, {s.artifacts_failed} failed",
         f"pages: {s.pages_moved} moved ({human_bytes(s.bytes_moved)}, {rate:.2f} GB/s), "
         f"{s.pages_resent} resent ({human_bytes(s.bytes_resent)}), {s.retries} retries",
         f"source feed applied up to sequence {s.last_sequence} "
         f"(continue with --from-sequence {s.last_sequence + 1})",
     ]
+    lines += [f"repaired {aid}" for aid in s.repaired]
     lines += [f"failed {aid}: {why}" for aid, why in s.failures.items()]
     return "\n".join(lines)
 
@@ -152,12 +147,12 @@ def add_replicate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--from-sequence",
-        type=int,
+        type=arguments.uint64,
         default=1,
         metavar="N",
         help="start in the source's change feed (default 1: all of it; anything the source "
         "holds is copied in any case, N only limits which deletes are replayed)",
     )
     parser.add_argument(
-        "--workers", type=int, default=2, help="artifacts copied at once (default 2)"
+        "--workers", type=arguments.positive, default=2, help="artifacts copied at once (default 2)"
     )

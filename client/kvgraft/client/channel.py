@@ -87,9 +87,9 @@ class Security:
         """A channel to `address` with these credentials (the token on every call)."""
         if self.tls:
             credentials = grpc.ssl_channel_credentials(
-                root_certificates=_read(self.tls_ca, "tls_ca") if self.tls_ca else None,
-                private_key=_read(self.tls_key, "tls_key") if self.tls_key else None,
-                certificate_chain=_read(self.tls_cert, "tls_cert") if self.tls_cert else None,
+                root_certificates=_read_pem(self.tls_ca, "tls_ca") if self.tls_ca else None,
+                private_key=_read_pem(self.tls_key, "tls_key") if self.tls_key else None,
+                certificate_chain=_read_pem(self.tls_cert, "tls_cert") if self.tls_cert else None,
             )
             if self.tls_server_name:
                 options = [*options, ("grpc.ssl_target_name_override", self.tls_server_name)]
@@ -106,6 +106,39 @@ def _read(path: str, what: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as exc:
         raise InvalidArgument(f"{what} {path}: cannot read it ({exc.strerror})") from None
+
+
+# What each PEM file must hold. gRPC only logs why it cannot load one and then fails
+# every call with "Failed to create security handshaker": check first, name the file.
+_PEM = {  # name: (what it must contain, what it is, its first line)
+    "tls_ca": (
+        b"-----BEGIN CERTIFICATE-----",
+        "the certificate of the CA that signed the daemon's certificate",
+        "-----BEGIN CERTIFICATE-----",
+    ),
+    "tls_cert": (
+        b"-----BEGIN CERTIFICATE-----",
+        "a client certificate",
+        "-----BEGIN CERTIFICATE-----",
+    ),
+    "tls_key": (
+        b"PRIVATE KEY-----",
+        "the private key of the client certificate",
+        "-----BEGIN ... PRIVATE KEY-----",
+    ),
+}
+
+
+def _read_pem(path: str, name: str) -> bytes:
+    flag = "--" + name.replace("_", "-")  # the setting as the command line names it
+    data = _read(path, flag)
+    marker, meaning, first_line = _PEM[name]
+    if marker not in data:
+        raise InvalidArgument(
+            f"{flag} {path} is not a PEM file: give {meaning} in PEM form "
+            f"(a text file with a {first_line} line; {ENVIRONMENT[name]} takes it too)"
+        )
+    return data
 
 
 def _read_token(path: str) -> str:

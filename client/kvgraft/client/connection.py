@@ -2,13 +2,19 @@
 
 `Connection` holds one gRPC channel to a daemon (TLS, mutual TLS and the
 bearer token are kvgraft.client.channel's: arguments or KVGRAFT_* variables)
-and the two deadlines every call carries: `timeout_s` for small calls,
-`transfer_timeout_s` for whole transfers and for calls that compute. A
+and the deadline every call carries, by kind of call: `timeout_s` for the store's
+small calls (30 s), `compute_timeout_s` for calls that compute (deposit, generate,
+graft, verify, lookup, ask, library_add: 1 h, the daemon's own `max_call_s`) and
+`transfer_timeout_s` for whole transfers and long-running streams (1 h); only a
+following `watch` has none, as it is meant to run until cancelled. A
 connection gone silent under an open call is dropped after an unanswered
 keepalive ping, and one whose HTTP/2 state broke is replaced, so the next call
 reconnects. gRPC errors become the kvgraft.errors taxonomy in one place
 (`_mapped`, used by `_unary`, `_open` and `_stream`), so callers catch
-`kvgraft.errors.NotFound` and friends, never grpc.RpcError.
+`kvgraft.errors.NotFound` and friends, never grpc.RpcError; kvgraft.client.failures
+words the failures of the connection itself (unreachable, TLS, a deadline).
+
+An address without a port gets the daemon's port, 50551 (`with_default_port`).
 
 The calls themselves are subclasses, one per group of RPCs
 (kvgraft.client.store_calls, engine_calls, library_calls, replication_calls),
@@ -17,6 +23,7 @@ joined by kvgraft.client.client.Client.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -27,41 +34,67 @@ import grpc
 
 from kvgraft import wire
 from kvgraft.client.channel import Security
+from kvgraft.client.failures import explain
 from kvgraft.errors import ERRORS_BY_CODE, Cancelled, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraft.v1 import kvgraft_pb2_grpc as pb_grpc
 
-DEFAULT_SERVER = "127.0.0.1:50551"
-# What gRPC says when no connection could be made (as opposed to a daemon that
-# answered UNAVAILABLE itself, e.g. while its model loads or it shuts down) ...
-_UNREACHABLE = ("failed to connect", "Connection refused", "DNS resolution failed", "unreachable")
-# ... and when a connection closed under a call: a daemon that stopped, a network
-# that cut, or (when it happens at once) a failed TLS handshake.
-_CLOSED = ("Socket closed", "Ssl handshake failed")
-_TLS_HINT = {
-    True: "; over TLS the same happens when the handshake fails: check --tls-ca (the CA of "
-    "the daemon's certificate) and, if it requires one, the client certificate "
-    "(--tls-cert, --tls-key)",
-    False: "; if the daemon serves TLS, give --tls-ca (KVGRAFT_TLS_CA)",
-}
-# ... and when a keepalive ping went unanswered: the connection went silent.
+DEFAULT_PORT = 50551
+DEFAULT_SERVER = f"127.0.0.1:{DEFAULT_PORT}"
+DEFAULT_TIMEOUT_S = 30.0  # the store's small calls: info, ls, stat, pin, ...
+# Calls that compute wait as long as the daemon lets a call run (its max_call_s):
+# a long deposit on a CPU takes minutes, and a request may queue behind others.
+DEFAULT_COMPUTE_TIMEOUT_S = 3600.0
+DEFAULT_TRANSFER_TIMEOUT_S = 3600.0
+# The kinds of call, named by the Client argument that sets their deadline.
+STORE, COMPUTE, TRANSFER = "timeout_s", "compute_timeout_s", "transfer_timeout_s"
+# What gRPC says when a keepalive ping went unanswered: the connection went silent.
 _SILENT = ("ping timeout", "keepalive watchdog timeout")
+# gRPC target schemes, which name their own port (or none: unix sockets).
+_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:")
 T = TypeVar("T")
 
 
 def default_server() -> str:
-    return os.environ.get("KVGRAFT_SERVER") or DEFAULT_SERVER
+    return with_default_port(os.environ.get("KVGRAFT_SERVER") or DEFAULT_SERVER)
+
+
+def with_default_port(address: str) -> str:
+    """`address` with the daemon's port when it names none: "host" and "[::1]" (or a
+    bare IPv6 literal, "::1") get :50551; "host:port" and gRPC targets ("unix:PATH",
+    "dns:///host:port") stay as they are."""
+    address = address.strip()
+    if address.startswith(_SCHEMES):
+        return address
+    if address.startswith("["):  # [v6] or [v6]:port
+        return address if "]:" in address else f"{address}:{DEFAULT_PORT}"
+    if address.count(":") > 1:  # more than one colon: a bare IPv6 literal, or nothing known
+        try:
+            return f"[{ipaddress.IPv6Address(address)}]:{DEFAULT_PORT}"
+        except ValueError:
+            return address
+    return address if ":" in address else f"{address}:{DEFAULT_PORT}"
+
+
+def _deadline(value: float | None, default: float, name: str) -> float:
+    if value is None:
+        return default
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a number of seconds above 0, not {value!r}")
+    return float(value)
 
 
 class Connection:
-    """One daemon's channel, its deadlines, and the error mapping of every call."""
+    """One daemon's channel, its deadlines, and the error mapping of every call (the
+    arguments are documented on kvgraft.Client)."""
 
     def __init__(
         self,
         address: str | None = None,
         *,
-        timeout_s: float = 30.0,
-        transfer_timeout_s: float = 3600.0,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        compute_timeout_s: float | None = DEFAULT_COMPUTE_TIMEOUT_S,
+        transfer_timeout_s: float | None = DEFAULT_TRANSFER_TIMEOUT_S,
         token: str | None = None,
         token_file: str | os.PathLike | None = None,
         tls: bool | None = None,
@@ -72,9 +105,13 @@ class Connection:
         keepalive_s: float = 20.0,
         keepalive_timeout_s: float = 10.0,
     ) -> None:
-        self.address = address or default_server()
-        self.timeout_s = timeout_s
-        self.transfer_timeout_s = transfer_timeout_s
+        self.address = with_default_port(address) if address else default_server()
+        # None: the default (the command line passes None when --timeout is not given)
+        self.timeout_s = _deadline(timeout_s, DEFAULT_TIMEOUT_S, STORE)
+        self.compute_timeout_s = _deadline(compute_timeout_s, DEFAULT_COMPUTE_TIMEOUT_S, COMPUTE)
+        self.transfer_timeout_s = _deadline(
+            transfer_timeout_s, DEFAULT_TRANSFER_TIMEOUT_S, TRANSFER
+        )
         security = Security.resolve(
             token=token,
             token_file=token_file,
@@ -128,8 +165,9 @@ class Connection:
 
     # ------------------------------------------------------------------
     @contextmanager
-    def _mapped(self) -> Iterator[None]:
-        """Turn grpc.RpcError into the kvgraft.errors class of its status code.
+    def _mapped(self, kind: str | None = None) -> Iterator[None]:
+        """Turn grpc.RpcError into the kvgraft.errors class of its status code, with
+        kvgraft.client.failures' words (`kind`: the call's kind, to name its deadline).
 
         INTERNAL is what gRPC reports when the HTTP/2 or HPACK state of the
         connection is broken (a header damaged on the way is remembered in
@@ -154,45 +192,35 @@ class Connection:
             if code == grpc.StatusCode.INTERNAL or any(sign in details for sign in _SILENT):
                 self._replace_connection(connection)
                 details += "; the next call opens a new connection"
-            if cls is Unavailable and any(sign in details for sign in _UNREACHABLE):
-                details = (
-                    f"cannot reach kvgraftd at {self.address} ({details}); is it running? "
-                    "Start it with `make serve` or `kvgraft serve`, or set --server/KVGRAFT_SERVER"
-                    + _TLS_HINT[self._tls]
-                )
-            elif cls is Unavailable and any(sign in details for sign in _CLOSED):
-                details = (
-                    f"the connection to kvgraftd at {self.address} closed ({details}): the daemon "
-                    "stopped or the network cut the call; retry. If it closes at once, "
-                    + (
-                        "the TLS handshake failed: check --tls-ca and the client certificate "
-                        "(--tls-cert, --tls-key)"
-                        if self._tls
-                        else "the daemon may serve TLS: give --tls-ca (KVGRAFT_TLS_CA)"
-                    )
-                )
+            deadline = (kind, getattr(self, kind)) if kind else None
+            details = explain(
+                code.name, details, address=self.address, tls=self._tls, deadline=deadline
+            )
             raise cls(details) from None
 
-    def _unary(self, call: Callable[..., T], request, timeout_s: float | None = None) -> T:
-        """call(request) under the short deadline, or `timeout_s` (the transfer one)."""
-        with self._mapped():
-            return call(request, timeout=timeout_s or self.timeout_s)
+    def _unary(self, call: Callable[..., T], request, kind: str = STORE) -> T:
+        """call(request) under the deadline of its kind of call (STORE, COMPUTE, TRANSFER)."""
+        with self._mapped(kind):
+            return call(request, timeout=getattr(self, kind))
 
-    def _open(self, call: Callable[..., T], request, timeout_s: float | None) -> T:
-        """Start a server-streaming call; an error at once is mapped like any other."""
-        with self._mapped():
-            return call(request, timeout=timeout_s)
+    def _open(self, call: Callable[..., T], request, kind: str | None) -> T:
+        """Start a server-streaming call under the deadline of its kind (None: no deadline,
+        for a watch that follows until cancelled); an error at once is mapped too."""
+        with self._mapped(kind):
+            return call(request, timeout=getattr(self, kind) if kind else None)
 
-    def _stream(self, responses: Iterable[T]) -> Iterator[T]:
-        with self._mapped():
+    def _stream(self, responses: Iterable[T], kind: str | None) -> Iterator[T]:
+        """The messages of a call opened with `_open(..., kind)`, its errors mapped."""
+        with self._mapped(kind):
             yield from responses
 
     def _progress_stream(self, call: Callable[..., Iterable[T]], request, progress, total) -> T:
         """Follow a server-streamed progress (messages with `bytes_done` and `done`) to its
         last message, which must be `done`; `progress` (tqdm's `total` and `update(n)`, or
-        None) follows `total(message)` and `bytes_done`."""
+        None) follows `total(message)` and `bytes_done`. It runs under the transfer
+        deadline."""
         last, done = None, 0
-        for last in self._stream(self._open(call, request, None)):
+        for last in self._stream(self._open(call, request, TRANSFER), TRANSFER):
             if progress is not None:
                 progress.total = total(last)
                 progress.update(last.bytes_done - done)

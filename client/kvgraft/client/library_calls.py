@@ -2,15 +2,15 @@
 
 An entry is a verified solution the daemon keeps as a trusted context
 (kvgraftd.library); `ask` recalls an entry's answer or generates with the
-library grafted in. Calls that compute (library_add, ask) take the transfer
-deadline; the others the short one.
+library grafted in. Calls that compute (library_add, ask) take the compute
+deadline (`compute_timeout_s`); the others the store's (`timeout_s`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvgraft.client.connection import Connection
+from kvgraft.client.connection import COMPUTE, Connection
 from kvgraft.results import AskResult
 from kvgraft.v1 import kvgraft_pb2 as pb
 
@@ -33,7 +33,7 @@ class LibraryCalls(Connection):
             verified_by=verified_by,
             tags=list(tags),
         )
-        return self._unary(self._stub.LibraryAdd, request, self.transfer_timeout_s)
+        return self._unary(self._stub.LibraryAdd, request, COMPUTE)
 
     def library_list(self, tag: str = "") -> list[pb.LibraryEntry]:
         """The served model's library entries (of one tag), ordered by id."""
@@ -59,4 +59,4 @@ class LibraryCalls(Connection):
             library_tag=library_tag,
             no_recall=no_recall,
         )
-        return AskResult.from_proto(self._unary(self._stub.Ask, request, self.transfer_timeout_s))
+        return AskResult.from_proto(self._unary(self._stub.Ask, request, COMPUTE))

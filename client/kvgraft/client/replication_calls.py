@@ -15,7 +15,7 @@ import ipaddress
 import logging
 from collections.abc import Iterable
 
-from kvgraft.client.connection import Connection
+from kvgraft.client.connection import STORE, TRANSFER, Connection
 from kvgraft.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -42,9 +42,9 @@ class ReplicationCalls(Connection):
         """The change feed from `from_sequence`; with `follow` it waits for new records
         until `cancel()` is called on the returned iterator."""
         request = pb.WatchRequest(from_sequence=from_sequence, follow=follow)
-        timeout = None if follow else self.timeout_s
-        call = self._open(self._stub.Watch, request, timeout)
-        return Stream(self._stream(call), call.cancel)
+        kind = None if follow else STORE  # a follow runs until cancelled
+        call = self._open(self._stub.Watch, request, kind)
+        return Stream(self._stream(call, kind), call.cancel)
 
     def get_artifact_messages(
         self, artifact_id: str, *, manifest_only: bool = False, only_pages: Iterable[bytes] = ()
@@ -57,12 +57,12 @@ class ReplicationCalls(Connection):
         request = pb.GetArtifactRequest(
             artifact_id=artifact_id, manifest_only=manifest_only, only_pages=list(only_pages)
         )
-        call = self._open(self._get, request, self.transfer_timeout_s)
-        return Stream(self._stream(call), call.cancel)
+        call = self._open(self._get, request, TRANSFER)
+        return Stream(self._stream(call, TRANSFER), call.cancel)
 
     def put_artifact_messages(self, messages: Iterable[bytes]) -> pb.PutArtifactResponse:
         """PutArtifact from encoded PutArtifactRequest messages: pages, then the manifest."""
-        with self._mapped():
+        with self._mapped(TRANSFER):
             return self._put(iter(messages), timeout=self.transfer_timeout_s)
 
     def replicate_to(

@@ -3,7 +3,8 @@ bundles, and the remote tier behind the store.
 
 `put_artifact` sends only the pages the daemon lacks (kvgraft.wire's hand
 encoding); `get_artifact` checks every page as it arrives (kvgraft.chunks).
-Small calls take the short deadline, transfers and remote_sync the transfer one.
+Small calls take the store's deadline (`timeout_s`); transfers, scrub and remote_sync
+the transfer one (`transfer_timeout_s`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from kvgraft import wire
 from kvgraft.artifact import Artifact, page_sizes, parse_manifest
 from kvgraft.bundle import read_bundle, write_bundle
 from kvgraft.chunks import PageChunks
-from kvgraft.client.connection import Connection
+from kvgraft.client.connection import TRANSFER, Connection
 from kvgraft.errors import DataLoss, InvalidArgument
 from kvgraft.page_buffers import page_slots
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -84,7 +85,7 @@ class StoreCalls(Connection):
                 canonical, hashlib.sha256(canonical).hexdigest(), artifact.signatures
             )
 
-        with self._mapped():
+        with self._mapped(TRANSFER):
             return self._put(requests(), timeout=self.transfer_timeout_s)
 
     def get_artifact(
@@ -105,7 +106,7 @@ class StoreCalls(Connection):
         """
         wanted = list(only_pages)
         request = pb.GetArtifactRequest(artifact_id=artifact_id, only_pages=wanted)
-        responses = self._stream(self._open(self._get, request, self.transfer_timeout_s))
+        responses = self._stream(self._open(self._get, request, TRANSFER), TRANSFER)
         first = next(responses, None)
         if first is None:
             raise DataLoss(f"GetArtifact {artifact_id} returned no manifest")
@@ -208,4 +209,4 @@ class StoreCalls(Connection):
     def remote_sync(self, *, push: bool = True, pull: bool = True) -> pb.RemoteSyncResponse:
         """Push local artifacts the bucket lacks and/or pull the bucket's missing ones."""
         request = pb.RemoteSyncRequest(push=push, pull=pull)
-        return self._unary(self._stub.RemoteSync, request, self.transfer_timeout_s)
+        return self._unary(self._stub.RemoteSync, request, TRANSFER)

@@ -84,8 +84,10 @@ class ArtifactCopier:
         self._stopped = stopped
         self._retries = retries
 
-    def copy(self, artifact_id: str, planned_bytes: int = 0) -> str:
-        """Make the target hold the artifact: "added", "present" or "vanished".
+    def copy(self, artifact_id: str, planned_bytes: int = 0, repair: bool = False) -> str:
+        """Make the target hold the artifact: "added", "present" or "vanished"; with
+        `repair` (the target's copy is quarantined), "repaired" once the pages it lacked
+        are sent and it committed them.
 
         Retries up to max_attempts, then raises the last error.
         """
@@ -109,8 +111,12 @@ class ArtifactCopier:
             self._ledger.retry(artifact_id, error)
             time.sleep(self._retries.delay(attempt))
         self._ledger.skipped(planned_bytes - moved[0])
-        counter = {"added": "artifacts_added", "present": "artifacts_present"}
-        self._ledger.count(**{counter.get(outcome, "artifacts_vanished"): 1})
+        if repair and outcome == "present":
+            outcome = "repaired"
+            self._ledger.repaired(artifact_id)
+        else:
+            counter = {"added": "artifacts_added", "present": "artifacts_present"}
+            self._ledger.count(**{counter.get(outcome, "artifacts_vanished"): 1})
         self._ledger.changed(outcome, artifact_id)
         return outcome
 
@@ -131,7 +137,14 @@ class ArtifactCopier:
             self._ledger.moved(data_bytes, len(done), len(again), sum(sizes[d] for d in again))
 
         relay = PageRelay(
-            artifact_id, manifest_bytes, signatures, sizes, missing, stream, forwarded
+            artifact_id,
+            manifest_bytes,
+            signatures,
+            sizes,
+            missing,
+            stream,
+            forwarded,
+            relayed_from=self.source.address,
         )
         try:
             with self._opened(stream):

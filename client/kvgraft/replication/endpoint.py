@@ -4,7 +4,8 @@ kvgraft.Client is one; the replication package names only this protocol, so it
 never imports the client (whose `replicate_to` and `replicate_from` are built
 on it). A source is read through `list_artifacts`, `watch`, `stats`, `stat`
 and `get_artifact_messages`; a target (kvgraft.replication.target.ClientTarget)
-is written through `missing_pages`, `put_artifact_messages` and `delete`;
+is read through `list_artifacts` and `watch` (what it holds, what its pins expired)
+and written through `missing_pages`, `put_artifact_messages` and `delete`;
 `info` tells two daemons apart.
 """
 

@@ -5,7 +5,8 @@ asked for, at its size, its pieces in order; each whole page against the
 xxh3-128 the source sends (SHA-256 when it sends none). Each message's chunks
 become one PutArtifactRequest, decoded (`parts`: a target across the network
 frames them anew, one in this process takes them as they are), and the
-manifest goes last with the id it must hash to. The target recomputes SHA-256
+manifest goes last with the id it must hash to and the source's address (a target
+across the network records it as the artifact's origin). The target recomputes SHA-256
 of everything anyway: the check here stops a corrupt page before it travels
 further, and says which side failed.
 
@@ -42,6 +43,7 @@ class PageRelay:
         wanted: list[bytes],
         stream: Stream[bytes] | None,
         on_message: MessageHook,
+        relayed_from: str = "",
     ) -> None:
         self._artifact_id = artifact_id
         self._manifest_bytes = manifest_bytes
@@ -49,6 +51,7 @@ class PageRelay:
         self._chunks = PageChunks({d: sizes[d] for d in wanted}, hint=" from the source")
         self._stream = stream  # GetArtifact(only_pages=wanted); None when nothing is wanted
         self._on_message = on_message
+        self._relayed_from = relayed_from
         self.source_error: KvgraftError | None = None
 
     def parts(self) -> Iterator[wire.PutPart]:
@@ -60,7 +63,9 @@ class PageRelay:
             except KvgraftError as exc:
                 self.source_error = exc
                 return
-        yield wire.PutPart([], self._manifest_bytes, self._artifact_id, self._signatures)
+        yield wire.PutPart(
+            [], self._manifest_bytes, self._artifact_id, self._signatures, self._relayed_from
+        )
 
     def _pages(self, stream: Stream[bytes]) -> Iterator[wire.PutPart]:
         if manifest_of(next(stream, None), self._artifact_id) != self._manifest_bytes:

@@ -31,10 +31,16 @@ target pinned it (an operator's explicit protection there, counted in
 `deletes_kept_pinned`); one the source evicted to stay within its budget
 (reason `evicted` in its feed) is not deleted: each store's budget is its own.
 Expired TTL pins are deletes like any other. A target's quarantined artifacts
-(a scrub found them corrupt) count as absent, so a pass copies them again: the
-missing pages are sent and the artifact is whole again. Pins are not replicated.
-Replicating twice, or from two sources at once, leaves one copy: puts are
-idempotent and pages shared.
+(a scrub found them corrupt) are copied again: the missing pages are sent, the
+artifact is whole again, and the summary counts and names it (`repaired`). Pins are
+not replicated, and a TTL pin that expired on the target is the target's decision: a
+pass does not copy that artifact back (the listing heals lost records, not expiries)
+unless the source's feed shows it added again after the expiry (by the records'
+clocks); a live record in follow mode is such an addition. An artifact present on
+both whose source copy carries signatures the target's lacks has its manifest sent
+again with them, so a signature added since (a Verify on the source) reaches the
+target and upgrades its trust there. Replicating twice, or from two sources at once,
+leaves one copy: puts are idempotent and pages shared.
 
 The target is anything with the `Target` methods: `ClientTarget` (another
 daemon over gRPC) here, or the daemon's own store in its follow mode
@@ -54,10 +60,17 @@ from concurrent.futures import ThreadPoolExecutor
 from kvgraft.errors import DataLoss, KvgraftError, Unavailable
 from kvgraft.replication.artifact_copy import ArtifactCopier, Retries, retry_cannot_fix
 from kvgraft.replication.endpoint import Endpoint
-from kvgraft.replication.feed import ADDED, DELETED, check_record, read_feed, read_listing
+from kvgraft.replication.feed import (
+    ADDED,
+    DELETED,
+    Listed,
+    check_record,
+    read_feed,
+    read_listing,
+)
 from kvgraft.replication.stream_guard import StreamGuard
 from kvgraft.replication.summary import ReplicationLedger, ReplicationSummary
-from kvgraft.replication.target import Target
+from kvgraft.replication.target import Holdings, Target
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -220,33 +233,74 @@ class Replicator:
             from_sequence = 1
         listed = read_listing(self.source)
         records = read_feed(self.source, from_sequence)
-        present, quarantined = self.target.holdings()
-        latest: dict[str, int] = {}  # artifact id -> kind of its last record, in feed order
+        held = self.target.holdings()
+        present = held.present
+        latest: dict[str, pb.ChangeRecord] = {}  # artifact id -> its last record, in order
         for record in records:
             latest.pop(record.artifact_id, None)
             if not evicted(record):  # the source's budget is not the target's: keep copies
-                latest[record.artifact_id] = record.kind
-        wanted = [a for a, kind in latest.items() if kind == ADDED]
+                latest[record.artifact_id] = record
+        wanted = [a for a, record in latest.items() if record.kind == ADDED]
         wanted += [a for a in listed if a not in latest]
-        adds = [a for a in wanted if a not in present or a in quarantined]  # those: repaired
-        self._ledger.count(artifacts_present=len(wanted) - len(adds))
+        adds, repairs, resigned = self._plan_copies(wanted, listed, latest, held)
         # The feed touched these, and the target holds them or the source no longer
         # lists them: deleted on the source, unless the source, asked again, has them.
         deletes = [
             a
-            for a, kind in latest.items()
-            if (kind == DELETED and (a in present or a in listed))
-            or (kind == ADDED and a in present and a not in listed)
+            for a, record in latest.items()
+            if (record.kind == DELETED and (a in present or a in listed))
+            or (record.kind == ADDED and a in present and a not in listed)
         ]
-        self._ledger.planned(sum(listed.get(a, 0) for a in adds))
+
+        def page_bytes(artifact_id: str) -> int:
+            return listed[artifact_id].page_bytes if artifact_id in listed else 0
+
+        self._ledger.planned(sum(map(page_bytes, adds + repairs)))
         failed = 0
-        jobs = [(self._copy_job, a, listed.get(a, 0)) for a in adds]
+        jobs = [(self._copy_job, a, page_bytes(a)) for a in adds]
+        jobs += [(self._repair_job, a, page_bytes(a)) for a in repairs]
+        jobs += [(self._copy_job, a, 0) for a in resigned]  # the manifest only
         jobs += [(self._delete_job, a, 0) for a in deletes]
         with ThreadPoolExecutor(self.workers, thread_name_prefix="replicate") as pool:
             for ok in pool.map(lambda job: job[0](job[1], job[2]), jobs):
                 failed += not ok
         position = records[-1].sequence if records else from_sequence - 1
         return (from_sequence - 1 if failed else position), failed
+
+    def _plan_copies(
+        self,
+        wanted: list[str],
+        listed: dict[str, Listed],
+        latest: dict[str, pb.ChangeRecord],
+        held: Holdings,
+    ) -> tuple[list[str], list[str], list[str]]:
+        """Of the artifacts the source holds (`wanted`): those to copy, to repair (the
+        target's copy is quarantined) and to send again for their signatures (the
+        target's copy lacks one); the rest are counted present, or left expired."""
+        absent = [a for a in wanted if a not in held.present]
+        expired = self.target.expired() if absent else {}
+        # A TTL that expired on the target stays expired, unless the source added the
+        # artifact again since (its record is later than the expiry).
+        left = {
+            a
+            for a in absent
+            if a in expired and (a not in latest or latest[a].unix_ms <= expired[a])
+        }
+        repairs = [a for a in wanted if a in held.quarantined]
+        no_signers: frozenset[bytes] = frozenset()
+        resigned = [
+            a
+            for a in wanted
+            if a in held.present
+            and a not in held.quarantined
+            and a in listed
+            and not listed[a].signers <= held.signers.get(a, no_signers)
+        ]
+        self._ledger.count(
+            artifacts_present=len(wanted) - len(absent) - len(repairs) - len(resigned),
+            expired_not_restored=len(left),
+        )
+        return [a for a in absent if a not in left], repairs, resigned
 
     def _apply(self, record: pb.ChangeRecord) -> None:
         if evicted(record):
@@ -265,6 +319,11 @@ class Replicator:
 
     def _copy_job(self, artifact_id: str, planned_bytes: int) -> bool:
         return self._job(lambda: self._copier.copy(artifact_id, planned_bytes), artifact_id)
+
+    def _repair_job(self, artifact_id: str, planned_bytes: int) -> bool:
+        return self._job(
+            lambda: self._copier.copy(artifact_id, planned_bytes, repair=True), artifact_id
+        )
 
     def _delete_job(self, artifact_id: str, _: int) -> bool:
         return self._job(lambda: self._copier.delete(artifact_id), artifact_id)
@@ -295,7 +354,7 @@ class Replicator:
             s.last_sequence,
             s.bytes_moved,
             s.retries,
-            s.artifacts_added + s.artifacts_present + s.artifacts_vanished,
+            s.artifacts_added + s.artifacts_repaired + s.artifacts_present + s.artifacts_vanished,
             s.artifacts_deleted
             + s.deletes_kept_pinned
             + s.deletes_kept_foreign

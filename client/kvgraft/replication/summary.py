@@ -3,7 +3,8 @@
 `ReplicationSummary` is what `Replicator.sync`/`follow` return and what
 `kvgraft replicate` prints (JSON with --json); its `mode` says which way the
 bytes went ("relay": through the caller, "pull": the target copied straight
-from the source) and stays client-side (not in the proto message).
+from the source) and stays client-side. A pull's summary travels as the proto
+message, which carries the fields both have (`to_proto`/`from_proto`).
 `ReplicationLedger` is the only writer of a summary while a replication runs:
 the replicator's workers count into it under one lock, and it drives the
 caller's progress bar (an object with tqdm's `total` and `update(n)`) and
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from kvgraft.errors import KvgraftError
@@ -32,7 +33,9 @@ class ReplicationSummary:
     source: str = ""
     target: str = ""
     artifacts_added: int = 0  # committed on the target by this replication
+    artifacts_repaired: int = 0  # quarantined on the target, made whole again (see repaired)
     artifacts_present: int = 0  # the target held them already
+    expired_not_restored: int = 0  # the target's TTL pin deleted them: not copied back
     artifacts_deleted: int = 0
     deletes_kept_pinned: int = 0  # deleted on the source, pinned on the target: kept
     deletes_kept_foreign: int = 0  # deleted on the source, not replicated from it: kept
@@ -49,6 +52,7 @@ class ReplicationSummary:
     elapsed_s: float = 0.0
     retry_reasons: list[str] = field(default_factory=list)  # the last few
     failures: dict[str, str] = field(default_factory=dict)  # artifact id -> last error
+    repaired: list[str] = field(default_factory=list)  # the artifacts repaired
     mode: str = "relay"  # "relay" (through the caller) or "pull" (Replicate); client-side only
 
     def as_dict(self) -> dict:
@@ -63,14 +67,23 @@ class ReplicationSummary:
     @classmethod
     def from_proto(cls, message: pb.ReplicationSummary) -> ReplicationSummary:
         """The summary a daemon sent; `mode` stays its default (the caller sets it)."""
-        values = {
-            f.name: getattr(message, f.name) for f in fields(cls) if f.name not in _CLIENT_SIDE
-        }
-        values.update(retry_reasons=list(message.retry_reasons), failures=dict(message.failures))
+        values = {}
+        for f in fields(cls):
+            if f.name in _CLIENT_SIDE:
+                continue
+            value = getattr(message, f.name)
+            if isinstance(value, Mapping):
+                value = dict(value)
+            elif not isinstance(value, str | int | float):
+                value = list(value)  # a repeated field
+            values[f.name] = value
         return cls(**values)
 
 
-_CLIENT_SIDE = frozenset({"mode"})  # fields of ReplicationSummary the proto message lacks
+# Fields of ReplicationSummary the proto message lacks ("mode", and any field the proto
+# does not have yet): they stay where the summary was made.
+_ON_THE_WIRE = frozenset(pb.ReplicationSummary.DESCRIPTOR.fields_by_name)
+_CLIENT_SIDE = frozenset(f.name for f in fields(ReplicationSummary)) - _ON_THE_WIRE
 
 
 class ReplicationLedger:
@@ -91,7 +104,12 @@ class ReplicationLedger:
         """A copy of the summary as it stands, consistent while workers count into it."""
         with self._lock:
             s = self.summary
-            return replace(s, retry_reasons=list(s.retry_reasons), failures=dict(s.failures))
+            return replace(
+                s,
+                retry_reasons=list(s.retry_reasons),
+                failures=dict(s.failures),
+                repaired=list(s.repaired),
+            )
 
     def count(self, **deltas: int) -> None:
         with self._lock:
@@ -126,6 +144,11 @@ class ReplicationLedger:
         with self._lock:
             self.summary.retries += 1
             self.summary.retry_reasons = [*self.summary.retry_reasons, reason][-MAX_REASONS:]
+
+    def repaired(self, artifact_id: str) -> None:
+        with self._lock:
+            self.summary.artifacts_repaired += 1
+            self.summary.repaired = [*self.summary.repaired, artifact_id]
 
     def failed(self, artifact_id: str, error: KvgraftError) -> None:
         with self._lock:

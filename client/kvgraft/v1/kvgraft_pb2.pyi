@@ -145,16 +145,18 @@ class PageBlock(_message.Message):
     def __init__(self, chunks: _Optional[_Iterable[_Union[PageChunk, _Mapping]]] = ...) -> None: ...
 
 class PutArtifactRequest(_message.Message):
-    __slots__ = ("pages", "manifest", "expected_artifact_id", "signatures")
+    __slots__ = ("pages", "manifest", "expected_artifact_id", "signatures", "relayed_from")
     PAGES_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
     SIGNATURES_FIELD_NUMBER: _ClassVar[int]
+    RELAYED_FROM_FIELD_NUMBER: _ClassVar[int]
     pages: PageBlock
     manifest: Manifest
     expected_artifact_id: str
     signatures: _containers.RepeatedCompositeFieldContainer[ArtifactSignature]
-    def __init__(self, pages: _Optional[_Union[PageBlock, _Mapping]] = ..., manifest: _Optional[_Union[Manifest, _Mapping]] = ..., expected_artifact_id: _Optional[str] = ..., signatures: _Optional[_Iterable[_Union[ArtifactSignature, _Mapping]]] = ...) -> None: ...
+    relayed_from: str
+    def __init__(self, pages: _Optional[_Union[PageBlock, _Mapping]] = ..., manifest: _Optional[_Union[Manifest, _Mapping]] = ..., expected_artifact_id: _Optional[str] = ..., signatures: _Optional[_Iterable[_Union[ArtifactSignature, _Mapping]]] = ..., relayed_from: _Optional[str] = ...) -> None: ...
 
 class ArtifactSignature(_message.Message):
     __slots__ = ("public_key", "signature")
@@ -245,14 +247,18 @@ class LookupRequest(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., prompt: _Optional[_Union[Prompt, _Mapping]] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("matched_tokens", "matched_pages", "model_fingerprint")
+    __slots__ = ("matched_tokens", "matched_pages", "model_fingerprint", "untrusted_tokens", "untrusted_artifact_id")
     MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MATCHED_PAGES_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    UNTRUSTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    UNTRUSTED_ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
     matched_tokens: int
     matched_pages: int
     model_fingerprint: bytes
-    def __init__(self, matched_tokens: _Optional[int] = ..., matched_pages: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ...) -> None: ...
+    untrusted_tokens: int
+    untrusted_artifact_id: str
+    def __init__(self, matched_tokens: _Optional[int] = ..., matched_pages: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., untrusted_tokens: _Optional[int] = ..., untrusted_artifact_id: _Optional[str] = ...) -> None: ...
 
 class Prompt(_message.Message):
     __slots__ = ("text", "tokens", "chat")
@@ -296,7 +302,7 @@ class DepositResponse(_message.Message):
     def __init__(self, artifact_id: _Optional[str] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
 
 class GenerateOptions(_message.Message):
-    __slots__ = ("max_new_tokens", "greedy", "no_cache", "deposit", "temperature", "seed", "labels", "return_logits", "allow_untrusted")
+    __slots__ = ("max_new_tokens", "greedy", "no_cache", "deposit", "temperature", "seed", "labels", "return_logits", "allow_untrusted", "progress")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -313,6 +319,7 @@ class GenerateOptions(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     RETURN_LOGITS_FIELD_NUMBER: _ClassVar[int]
     ALLOW_UNTRUSTED_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     greedy: bool
     no_cache: bool
@@ -322,7 +329,8 @@ class GenerateOptions(_message.Message):
     labels: _containers.ScalarMap[str, str]
     return_logits: bool
     allow_untrusted: bool
-    def __init__(self, max_new_tokens: _Optional[int] = ..., greedy: _Optional[bool] = ..., no_cache: _Optional[bool] = ..., deposit: _Optional[bool] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., return_logits: _Optional[bool] = ..., allow_untrusted: _Optional[bool] = ...) -> None: ...
+    progress: bool
+    def __init__(self, max_new_tokens: _Optional[int] = ..., greedy: _Optional[bool] = ..., no_cache: _Optional[bool] = ..., deposit: _Optional[bool] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., return_logits: _Optional[bool] = ..., allow_untrusted: _Optional[bool] = ..., progress: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt", "options")
@@ -343,12 +351,24 @@ class GraftRequest(_message.Message):
     def __init__(self, artifact_id: _Optional[str] = ..., continuation: _Optional[_Union[Prompt, _Mapping]] = ..., options: _Optional[_Union[GenerateOptions, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("token", "result")
+    __slots__ = ("token", "result", "progress")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     token: GeneratedToken
     result: GenerateResult
-    def __init__(self, token: _Optional[_Union[GeneratedToken, _Mapping]] = ..., result: _Optional[_Union[GenerateResult, _Mapping]] = ...) -> None: ...
+    progress: Progress
+    def __init__(self, token: _Optional[_Union[GeneratedToken, _Mapping]] = ..., result: _Optional[_Union[GenerateResult, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("prompt_tokens_done", "prompt_tokens", "reused_tokens")
+    PROMPT_TOKENS_DONE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens_done: int
+    prompt_tokens: int
+    reused_tokens: int
+    def __init__(self, prompt_tokens_done: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ...) -> None: ...
 
 class GeneratedToken(_message.Message):
     __slots__ = ("token_id", "text")
@@ -718,7 +738,7 @@ class ReplicateProgress(_message.Message):
     def __init__(self, bytes_planned: _Optional[int] = ..., bytes_done: _Optional[int] = ..., done: _Optional[bool] = ..., summary: _Optional[_Union[ReplicationSummary, _Mapping]] = ...) -> None: ...
 
 class ReplicationSummary(_message.Message):
-    __slots__ = ("source", "target", "artifacts_added", "artifacts_present", "artifacts_deleted", "deletes_kept_pinned", "deletes_kept_foreign", "artifacts_vanished", "artifacts_failed", "pages_moved", "bytes_moved", "pages_resent", "bytes_resent", "pages_written", "bytes_written", "retries", "last_sequence", "elapsed_s", "retry_reasons", "failures")
+    __slots__ = ("source", "target", "artifacts_added", "artifacts_present", "artifacts_deleted", "deletes_kept_pinned", "deletes_kept_foreign", "artifacts_vanished", "artifacts_failed", "pages_moved", "bytes_moved", "pages_resent", "bytes_resent", "pages_written", "bytes_written", "retries", "last_sequence", "elapsed_s", "retry_reasons", "failures", "artifacts_repaired", "repaired", "expired_not_restored")
     class FailuresEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -746,6 +766,9 @@ class ReplicationSummary(_message.Message):
     ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
     RETRY_REASONS_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_REPAIRED_FIELD_NUMBER: _ClassVar[int]
+    REPAIRED_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_NOT_RESTORED_FIELD_NUMBER: _ClassVar[int]
     source: str
     target: str
     artifacts_added: int
@@ -766,7 +789,10 @@ class ReplicationSummary(_message.Message):
     elapsed_s: float
     retry_reasons: _containers.RepeatedScalarFieldContainer[str]
     failures: _containers.ScalarMap[str, str]
-    def __init__(self, source: _Optional[str] = ..., target: _Optional[str] = ..., artifacts_added: _Optional[int] = ..., artifacts_present: _Optional[int] = ..., artifacts_deleted: _Optional[int] = ..., deletes_kept_pinned: _Optional[int] = ..., deletes_kept_foreign: _Optional[int] = ..., artifacts_vanished: _Optional[int] = ..., artifacts_failed: _Optional[int] = ..., pages_moved: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., pages_resent: _Optional[int] = ..., bytes_resent: _Optional[int] = ..., pages_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., retries: _Optional[int] = ..., last_sequence: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., retry_reasons: _Optional[_Iterable[str]] = ..., failures: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    artifacts_repaired: int
+    repaired: _containers.RepeatedScalarFieldContainer[str]
+    expired_not_restored: int
+    def __init__(self, source: _Optional[str] = ..., target: _Optional[str] = ..., artifacts_added: _Optional[int] = ..., artifacts_present: _Optional[int] = ..., artifacts_deleted: _Optional[int] = ..., deletes_kept_pinned: _Optional[int] = ..., deletes_kept_foreign: _Optional[int] = ..., artifacts_vanished: _Optional[int] = ..., artifacts_failed: _Optional[int] = ..., pages_moved: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., pages_resent: _Optional[int] = ..., bytes_resent: _Optional[int] = ..., pages_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., retries: _Optional[int] = ..., last_sequence: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., retry_reasons: _Optional[_Iterable[str]] = ..., failures: _Optional[_Mapping[str, str]] = ..., artifacts_repaired: _Optional[int] = ..., repaired: _Optional[_Iterable[str]] = ..., expired_not_restored: _Optional[int] = ...) -> None: ...
 
 class LibraryAddRequest(_message.Message):
     __slots__ = ("problem", "solution", "answer", "verified_by", "tags")

@@ -19,11 +19,15 @@ Isolation: a step that fails is run again context by context; only the
 context whose own pass fails gets the error (DATA_LOSS for a corrupt page, say),
 the others' rows are computed again with the same bits. Positions a failed step
 wrote are not the context's until a pass ends (KvContext.end_chunk), so the
-retry writes them again.
+retry writes them again. A pass whose request is no longer wanted (its client
+left: `wanted()` turns false) leaves before the next step with Cancelled, so a
+long prompt nobody waits for stops within a step.
 
-`Admission` bounds the contexts in flight (`max_running`): beyond, requests
-wait their turn in order (until their client leaves); beyond `max_queued`
-waiting, they are refused at once with RESOURCE_EXHAUSTED.
+`Admission` bounds the contexts in flight (`max_running`) and the live KV they
+may hold together (`max_live_kv_bytes`, each request's reserved when it is
+admitted): beyond either, requests wait their turn in order (until their
+client leaves); beyond `max_queued` waiting, they are refused at once with
+RESOURCE_EXHAUSTED, as is a request that alone needs more than the budget.
 """
 
 from __future__ import annotations
@@ -49,12 +53,21 @@ QUEUE_POLL_S = 0.25  # how often a queued request looks whether its client is st
 Step = Callable[[Sequence[tuple[object, list[int]]]], "list[torch.Tensor]"]
 
 
+def always() -> bool:
+    return True
+
+
 @dataclass
-class _Pass:
+class Pass:
+    """A context's tokens to append, over as many steps as they take: `future` holds the
+    logits at the last one (or the error); `computed` counts those done so far."""
+
     context: object
     tokens: list[int]  # still to compute
+    wanted: Callable[[], bool] = always  # false once its client has left
     future: Future = field(default_factory=Future)
     arrived: float | None = field(default_factory=time.monotonic)  # None once stepped
+    computed: int = 0
 
 
 @dataclass
@@ -69,6 +82,7 @@ class BatchCounters:
     passes: int = 0
     waiting: int = 0
     largest_step_contexts: int = 0
+    abandoned: int = 0  # passes dropped because their client left
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,8 @@ class BatchFigures:
     counters: BatchCounters
     running: int
     queued: int
+    live_kv_bytes: int  # reserved by the running requests
+    max_live_kv_bytes: int  # 0: unbounded
 
 
 class Batcher:
@@ -94,7 +110,7 @@ class Batcher:
         self.max_batch_tokens, self.max_batch_rows = max_batch_tokens, max_batch_rows
         self._gather_s = gather_s
         self._cond = threading.Condition()
-        self._waiting: list[_Pass] = []  # in order of arrival
+        self._waiting: list[Pass] = []  # in order of arrival
         self._joined = 0
         self._thread: threading.Thread | None = None
         self.counters = BatchCounters()
@@ -115,10 +131,18 @@ class Batcher:
                 self._joined -= 1
                 self._cond.notify_all()
 
-    def forward(self, context: object, tokens: Sequence[int]) -> torch.Tensor:
+    def forward(
+        self, context: object, tokens: Sequence[int], wanted: Callable[[], bool] = always
+    ) -> torch.Tensor:
         """Append `tokens` to `context` (over as many steps as the budget needs); the logits
-        at the last of them. Blocks the caller until then."""
-        item = _Pass(context, list(tokens))
+        at the last of them. Blocks the caller until then (Cancelled once not `wanted`)."""
+        return self.submit(context, tokens, wanted).future.result()
+
+    def submit(
+        self, context: object, tokens: Sequence[int], wanted: Callable[[], bool] = always
+    ) -> Pass:
+        """`forward` without waiting: the pass, whose future the caller waits on."""
+        item = Pass(context, list(tokens), wanted)
         if not item.tokens:
             raise ValueError("a pass holds at least one token")
         with self._cond:
@@ -128,7 +152,7 @@ class Batcher:
                 self._thread = threading.Thread(target=self._serve, name="batcher", daemon=True)
                 self._thread.start()
             self._cond.notify_all()
-        return item.future.result()
+        return item
 
     # ------------------------------------------------------------------
     def _serve(self) -> None:
@@ -139,6 +163,9 @@ class Batcher:
                 deadline = time.monotonic() + self._gather_s
                 while len(self._waiting) < self._joined and time.monotonic() < deadline:
                     self._cond.wait(max(0.0, deadline - time.monotonic()))
+                self._drop_abandoned()
+                if not self._waiting:
+                    continue
                 step = self._take()
             try:
                 self._run(step)
@@ -151,7 +178,15 @@ class Batcher:
                         if not item.future.done():
                             item.future.set_exception(error)
 
-    def _take(self) -> list[tuple[_Pass, list[int]]]:
+    def _drop_abandoned(self) -> None:
+        """Passes whose client left get Cancelled instead of another step (under the lock)."""
+        for item in [p for p in self._waiting if not p.wanted()]:
+            self._waiting.remove(item)
+            self.counters.abandoned += 1
+            item.future.set_exception(Cancelled("the client went away; its request stopped"))
+        self.counters.waiting = len(self._waiting)
+
+    def _take(self) -> list[tuple[Pass, list[int]]]:
         """This step's (pass, chunk)s within the budgets: one-token passes (decoding contexts)
         first, then prompt chunks, each group in order of arrival. While a prompt waits, the
         one-token passes leave it a row and half the tokens, so no prompt starves however
@@ -175,7 +210,7 @@ class Batcher:
             rows, tokens = rows - 1, tokens - len(chunk)
         return step
 
-    def _run(self, step: list[tuple[_Pass, list[int]]]) -> None:
+    def _run(self, step: list[tuple[Pass, list[int]]]) -> None:
         now = time.monotonic()
         counters = self.counters
         try:
@@ -198,6 +233,7 @@ class Batcher:
                     counters.passes += 1
                     item.arrived = None
                 del item.tokens[: len(chunk)]
+                item.computed += len(chunk)
                 if isinstance(result, Exception):
                     self._waiting.remove(item)
                     item.future.set_exception(result)
@@ -208,12 +244,15 @@ class Batcher:
 
 
 class Admission:
-    """At most `max_running` requests in flight; up to `max_queued` more wait in order."""
+    """At most `max_running` requests in flight, holding at most `max_live_kv_bytes` of live
+    KV together (0: no bound); up to `max_queued` more wait in order."""
 
-    def __init__(self, max_running: int, max_queued: int) -> None:
+    def __init__(self, max_running: int, max_queued: int, max_live_kv_bytes: int = 0) -> None:
         self.max_running, self.max_queued = max_running, max_queued
+        self.max_live_kv_bytes = max_live_kv_bytes
         self._cond = threading.Condition()
         self._running = 0
+        self._live_kv_bytes = 0
         self._queue: list[object] = []
 
     @property
@@ -224,23 +263,46 @@ class Admission:
     def queued(self) -> int:
         return len(self._queue)
 
+    @property
+    def live_kv_bytes(self) -> int:
+        """Live KV reserved by the requests running now."""
+        return self._live_kv_bytes
+
+    def _fits(self, kv_bytes: int) -> bool:
+        room = not self.max_live_kv_bytes or (
+            self._live_kv_bytes + kv_bytes <= self.max_live_kv_bytes
+        )
+        return self._running < self.max_running and room
+
     @contextmanager
-    def admitted(self, is_active: Callable[[], bool] | None = None) -> Iterator[None]:
-        """Hold a place for the body; wait in line for one (giving up when `is_active` turns
-        false: the client left), or raise ResourceExhausted when the line is full."""
+    def admitted(
+        self, is_active: Callable[[], bool] | None = None, kv_bytes: int = 0
+    ) -> Iterator[None]:
+        """Hold a place (and `kv_bytes` of the live KV budget) for the body; wait in line for
+        one (giving up when `is_active` turns false: the client left), or raise
+        ResourceExhausted when the line is full or the request alone exceeds the budget."""
+        if self.max_live_kv_bytes and kv_bytes > self.max_live_kv_bytes:
+            raise ResourceExhausted(
+                f"this request needs {kv_bytes / 2**20:.0f} MiB of live KV (its prompt and "
+                f"max_new_tokens), more than max_live_kv_bytes={self.max_live_kv_bytes / 2**20:.0f}"
+                " MiB lets all requests hold: shorten it, ask for fewer new tokens, or raise "
+                "max_live_kv_bytes in the daemon's config"
+            )
         ticket = object()
         with self._cond:
-            if self._running >= self.max_running or self._queue:
+            if not self._fits(kv_bytes) or self._queue:
                 if len(self._queue) >= self.max_queued:
                     raise ResourceExhausted(
                         f"the engine is busy: {self._running} requests running and "
                         f"{len(self._queue)} waiting (max_running_contexts="
-                        f"{self.max_running}, max_queued_requests={self.max_queued}); "
+                        f"{self.max_running}, max_queued_requests={self.max_queued}, "
+                        f"{self._live_kv_bytes / 2**20:.0f} MiB of live KV held of "
+                        f"max_live_kv_bytes={self.max_live_kv_bytes / 2**20:.0f} MiB); "
                         "retry later, or raise those limits in the daemon's config"
                     )
                 self._queue.append(ticket)
                 try:
-                    while self._running >= self.max_running or self._queue[0] is not ticket:
+                    while not self._fits(kv_bytes) or self._queue[0] is not ticket:
                         self._cond.wait(QUEUE_POLL_S)
                         if is_active is not None and not is_active():
                             raise Cancelled("the request was cancelled while queued")
@@ -248,9 +310,11 @@ class Admission:
                     self._queue.remove(ticket)
                     self._cond.notify_all()  # the next in line may be the head now
             self._running += 1
+            self._live_kv_bytes += kv_bytes
         try:
             yield
         finally:
             with self._cond:
                 self._running -= 1
+                self._live_kv_bytes -= kv_bytes
                 self._cond.notify_all()

@@ -21,6 +21,17 @@ class DecodeOptions:
     labels: Mapping[str, str] = field(default_factory=dict)
     # Also end after generating one of these (it is kept and counted), besides EOS.
     stop_token_ids: frozenset[int] = frozenset()
+    progress: bool = False  # report how far the prompt got while it is computed
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """How far a prompt got while it is computed: `done` of its `total` tokens, of which
+    `reused` were grafted."""
+
+    done: int
+    total: int
+    reused: int
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ multiples of page_tokens; each generated token is its own forward pass. Either w
 fresh run and a grafted run give the same bits:
 
 * Generate grafts the longest stored prefix whose chain matches the prompt (whole
-  pages, and on the row-invariant forward a partial tail page too), leaving at
-  least one prompt token to compute, then computes the rest.
+  pages, and on the row-invariant forward to the token: the first rows of a stored
+  page), leaving at least one prompt token to compute, then computes the rest.
 * Graft restores one whole artifact, tail page included, at its own positions
   and appends the continuation as a new segment; its fresh equivalent replays
   the artifact's segments, then the continuation.
@@ -20,15 +20,16 @@ fresh run and a grafted run give the same bits:
 A model fingerprint, compute profile or layout mismatch fails closed with
 FailedPrecondition; a corrupt page fails with DataLoss (from the store).
 Forward passes run one at a time on the compute thread (kvgraftd.engine.compute_thread);
-requests in flight are bounded (max_running_contexts; beyond, they queue up to
-max_queued_requests, then are refused with RESOURCE_EXHAUSTED).
+requests in flight are bounded (max_running_contexts, and the live KV they reserve:
+max_live_kv_bytes; beyond, they queue up to max_queued_requests, then are refused with
+RESOURCE_EXHAUSTED) and stop when their client leaves (kvgraftd.engine.passes).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack
 
 import torch
 
@@ -40,6 +41,7 @@ from kvgraftd.engine.decoding import DecodeOptions, ResultEvent, TokenEvent
 from kvgraftd.engine.deposits import Deposits
 from kvgraftd.engine.kv_context import KvContext
 from kvgraftd.engine.model_adapter import ModelAdapter
+from kvgraftd.engine.passes import Passes
 from kvgraftd.engine.receipts import (
     compute_profile,
     input_sha256,
@@ -50,7 +52,7 @@ from kvgraftd.engine.receipts import (
 from kvgraftd.engine.recompute import Recompute
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.signing import Signer, TrustPolicy
-from kvgraftd.store.trust_index import ChainMatch, is_trusted
+from kvgraftd.store.trust_index import NO_MATCH, ChainMatch, is_trusted
 from kvgraftd.tiers.device_pool import DevicePool
 from kvgraftd.tiers.host_cache import HostCache
 from kvgraftd.tiers.stack import Tiers
@@ -63,7 +65,7 @@ def choose_token(logits: torch.Tensor, options: DecodeOptions, generator: torch.
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-class Engine(Recompute, Deposits):
+class Engine(Passes, Recompute, Deposits):
     def __init__(
         self,
         adapter: ModelAdapter,
@@ -78,6 +80,7 @@ class Engine(Recompute, Deposits):
         max_batch_rows: int = 64,
         max_running_contexts: int = 64,
         max_queued_requests: int = 256,
+        max_live_kv_bytes: int = 0,
         auto_cache: bool = False,
     ) -> None:
         pin_determinism()
@@ -97,7 +100,9 @@ class Engine(Recompute, Deposits):
         self.block_tokens = block_tokens
         self.max_context_tokens = max_context_tokens
         # Requests in flight, and (on the row-invariant forward) their passes batched.
-        self.admission = Admission(max_running_contexts, max_queued_requests)
+        # live KV (computed here, in host buffers) a position of a context holds: K and V
+        self.live_bytes_per_token = 2 * g.num_layers * g.kv_heads * g.head_dim * 4
+        self.admission = Admission(max_running_contexts, max_queued_requests, max_live_kv_bytes)
         self.batcher = (
             Batcher(self.forward_batch, max_batch_tokens, max_batch_rows)
             if adapter.row_invariant
@@ -113,69 +118,6 @@ class Engine(Recompute, Deposits):
             head_dim=g.head_dim,
             kv_dtype=pb.KV_DTYPE_FLOAT32,
         )
-
-    # ------------------------------------------------------------------
-    # the one compute path
-
-    def _context(self) -> KvContext:
-        return KvContext(
-            self.adapter.geometry,
-            self.page_tokens,
-            self.block_tokens,
-            self.tiers,
-            rows=self.adapter.row_invariant,
-        )
-
-    def _forward(self, context: KvContext, chunk: list[int]) -> torch.Tensor:
-        return compute_thread.run(self._forward_here, context, chunk)
-
-    def _forward_here(self, context: KvContext, chunk: list[int]) -> torch.Tensor:
-        assert torch.are_deterministic_algorithms_enabled()
-        context.begin_chunk(context.length, chunk)
-        logits = self.adapter.forward(chunk, context.length, context)
-        context.end_chunk(chunk)
-        return logits
-
-    def forward_batch(self, items: Sequence[tuple[KvContext, list[int]]]) -> list[torch.Tensor]:
-        """One forward pass over the rows of several contexts (the row-invariant forward
-        only): each context's tokens appended at its own length, attending its own KV.
-        Returns each context's logits at its last token: the bits it would have alone."""
-        if not self.adapter.row_invariant:
-            raise FailedPrecondition("a batch of contexts needs the row-invariant forward")
-        return compute_thread.run(self._forward_batch_here, items)
-
-    def _forward_batch_here(self, items: Sequence[tuple[KvContext, list[int]]]) -> list:
-        for context, chunk in items:
-            context.begin_chunk(context.length, chunk)
-        parts = [(context, chunk, context.length) for context, chunk in items]
-        logits = self.adapter.native.forward_many(parts)
-        for context, chunk in items:
-            context.end_chunk(chunk)
-        return logits
-
-    @contextmanager
-    def _serving(self, is_active: Callable[[], bool] | None) -> Iterator[KvContext]:
-        """A request's context: admitted (or queued while `is_active`, or refused), joined
-        to the batcher."""
-        batch = self.batcher.joined() if self.batcher else nullcontext()
-        with self.admission.admitted(is_active), self._context() as context, batch:
-            yield context
-
-    def _append(self, context: KvContext, token_ids: Sequence[int]) -> torch.Tensor:
-        """Append one segment; logits at its last token. On the row-invariant forward, in
-        the batcher's steps (with other contexts' passes); else in passes up to each page
-        boundary (the fixed schedule)."""
-        ids = list(token_ids)
-        assert ids, "a segment holds at least one token"
-        if self.batcher is not None:
-            logits = self.batcher.forward(context, ids)
-        else:
-            while ids:
-                room = self.page_tokens - context.length % self.page_tokens
-                logits = self._forward(context, ids[:room])
-                ids = ids[room:]
-        context.segment_ends.append(context.length)
-        return logits
 
     def _check_length(self, tokens: int) -> None:
         if tokens > self.max_context_tokens:
@@ -211,17 +153,27 @@ class Engine(Recompute, Deposits):
                 "fresh run here: recompute it (Generate with no_cache and deposit)"
             )
 
-    def lookup(self, token_ids: Sequence[int]) -> tuple[int, int]:
-        """Trusted stored pages matching the start of `token_ids`: (tokens, whole pages)."""
-        match = self._matched_pages(token_ids, len(token_ids) // self.page_tokens)
-        tokens = sum(len(entry.token_ids) for entry in match.entries)
-        return tokens, tokens // self.page_tokens
+    def lookup(self, token_ids: Sequence[int]) -> pb.LookupResponse:
+        """The longest trusted stored prefix of `token_ids`, and a longer one an untrusted
+        artifact holds, if any (what verifying it would add)."""
+        tokens = self._matched_pages(token_ids).tokens
+        response = pb.LookupResponse(
+            matched_tokens=tokens,
+            matched_pages=tokens // self.page_tokens,
+            model_fingerprint=self.fingerprint,
+        )
+        if tokens < len(token_ids):
+            untrusted, artifact_id = self.store.longest_untrusted(
+                self.fingerprint, self.profile, self.layout, token_ids
+            )
+            if untrusted > tokens:
+                response.untrusted_tokens = untrusted
+                response.untrusted_artifact_id = artifact_id
+        return response
 
-    def _matched_pages(
-        self, token_ids: Sequence[int], max_pages: int, hold: ExitStack | None = None
-    ) -> ChainMatch:
+    def _matched_pages(self, token_ids: Sequence[int], hold: ExitStack | None = None) -> ChainMatch:
         return self.store.longest_chain(
-            self.fingerprint, self.profile, self.layout, token_ids, max_pages, hold
+            self.fingerprint, self.profile, self.layout, token_ids, hold
         )
 
     # ------------------------------------------------------------------
@@ -234,31 +186,34 @@ class Engine(Recompute, Deposits):
         is_active: Callable[[], bool] | None = None,
     ) -> Iterator[TokenEvent | ResultEvent]:
         """Run a prompt as one segment, grafting its longest stored prefix: whole pages, and
-        with row-invariant products a partial tail page too (at least one token is left to
-        compute, for the logits). `is_active`: whether the caller still wants it (a request
+        with row-invariant products any prefix of a stored page too (at least one token is
+        left to compute, for the logits). `is_active`: whether the caller still wants it (a request
         queued behind max_running_contexts gives up when it turns false)."""
         prompt = list(prompt_ids)
         if not prompt:
             raise InvalidArgument("the prompt is empty: give text or at least one token id")
         self._check_tokens(prompt)
         self._check_length(len(prompt) + options.max_new_tokens)
-        with self._serving(is_active) as context, ExitStack() as held:
-            reused, grafted = 0, []
-            if not options.no_cache:
-                # its voucher leased: not evicted while its pages are read (computed if so)
-                match = self._matched_pages(
-                    prompt[:-1], (len(prompt) - 1) // self.page_tokens, held
-                )
+        with ExitStack() as held:
+            # its voucher leased: not evicted while its pages are read (computed if so)
+            match = NO_MATCH if options.no_cache else self._matched_pages(prompt[:-1], held)
+            reused = match.tokens
+            live = len(prompt) - reused // self.page_tokens * self.page_tokens
+            with self._serving(is_active, live + options.max_new_tokens) as context:
                 if match.entries:
-                    reused = sum(len(entry.token_ids) for entry in match.entries)
                     hashes = [digest for entry in match.entries for digest in entry.page_sha256]
                     context.attach(prompt[:reused], hashes)
-                    grafted = match.grafted
-            logits = self._append(context, prompt[reused:])
-            auto = self.auto_cache and not options.deposit
-            yield from self._decode(
-                context, logits, options, reused, len(prompt) - reused, grafted, auto_deposit=auto
-            )
+                logits = yield from self._prompt(context, prompt[reused:], options, reused)
+                auto = self.auto_cache and not options.deposit
+                yield from self._decode(
+                    context,
+                    logits,
+                    options,
+                    reused,
+                    len(prompt) - reused,
+                    match.grafted,
+                    auto_deposit=auto,
+                )
 
     def _lease(self, held: ExitStack, artifact_id: str, tokens: int) -> bool:
         """Lease a stored artifact for a graft; False if it was evicted meanwhile (DataLoss
@@ -308,7 +263,9 @@ class Engine(Recompute, Deposits):
         fresh = options.no_cache or not self._lease(held, full_id, len(manifest.token_ids))
         if fresh:
             grafted = []
-        with held, self._serving(is_active) as context:
+        stored = 0 if fresh else len(manifest.token_ids) // self.page_tokens * self.page_tokens
+        live = len(manifest.token_ids) - stored + len(continuation) + options.max_new_tokens
+        with held, self._serving(is_active, live) as context:
             if fresh:  # asked for, or evicted since it was found: recomputed, same receipt
                 self._recompute(context, manifest)
                 reused, computed = 0, len(manifest.token_ids)
@@ -316,7 +273,7 @@ class Engine(Recompute, Deposits):
                 context.attach(manifest.token_ids, manifest.page_sha256)
                 context.segment_ends = list(manifest.segment_ends)
                 reused, computed = len(manifest.token_ids), 0
-            logits = self._append(context, continuation)
+            logits = yield from self._prompt(context, continuation, options, reused)
             computed += len(continuation)
             yield from self._decode(
                 context, logits, options, reused, computed, grafted, full_id if reused else ""

@@ -17,9 +17,10 @@ bytes of its source, so the logits do not depend on where a block came from
 or on the device budget (docs/architecture.md, contract 5); device memory is the pool's
 budget whatever the context length. While one block is attended, the next
 immutable one is brought into the pool on a background thread. On CPU, a
-scan of stored blocks that are one page each skips the pool: each is read
-where the store (or the host cache) keeps it, right after its check; and
-blocks of live positions only are read in the live buffers. How the native
+scan of stored blocks that are one page each skips the pool: each is attended
+in the host cache's copy, or in the copy the store reads for it (pread, then
+its check), without a slot; and blocks of live positions only are read in the
+live buffers. How the native
 kernel's partials are gathered from each place is kvgraftd.engine.native_decode.
 
 Pages are the unit of storage: page p of layer l holds positions
@@ -37,6 +38,7 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
+from kvgraft.errors import DataLoss
 from kvgraftd.engine.decode_attention import DecodeSoftmax, attend_live_step
 from kvgraftd.engine.model_adapter import ModelGeometry
 from kvgraftd.engine.native_decode import NativeDecode
@@ -46,7 +48,14 @@ from kvgraftd.tiers.live_buffers import GRANULE_TOKENS, round_capacity
 from kvgraftd.tiers.stack import Tiers
 
 _uids = itertools.count(1)
-# Stored pages attended in place are read-only views of the store's map; attention only reads.
+
+
+def _always() -> bool:
+    return True
+
+
+# Stored pages are attended in read-only copies (the host cache's, the store's); attention
+# only reads.
 warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
 
 
@@ -60,7 +69,10 @@ class KvContext(NativeDecode):
         block_tokens: int,
         tiers: Tiers,
         rows: bool = False,
+        live_tokens: int = 0,
     ) -> None:
+        """`live_tokens`: the live positions it will hold (if known): its buffers are sized
+        for them at once, instead of growing as it does."""
         if block_tokens % page_tokens:
             raise ValueError("block_tokens must be a multiple of page_tokens")
         self.rows = rows  # every row attends as a decode step at its position (RowsSoftmax)
@@ -78,6 +90,9 @@ class KvContext(NativeDecode):
         self._keys = [self._empty(0) for _ in range(geometry.num_layers)]
         self._values = [self._empty(0) for _ in range(geometry.num_layers)]
         self._chunk_start = 0
+        self._live_tokens = live_tokens
+        # whether the request computing it still wants it (false once its client left)
+        self.wanted: Callable[[], bool] = _always
 
     def _empty(self, capacity: int) -> torch.Tensor:
         # Unspecified contents (new or recycled): only positions already written are read.
@@ -94,7 +109,9 @@ class KvContext(NativeDecode):
         capacity = self._keys[0].shape[1]
         if live <= capacity:
             return
-        grown = round_capacity(max(live + headroom, 2 * capacity, GRANULE_TOKENS))
+        # sized once where the request said how much it will hold; else grown by half again
+        wanted = max(live, self._live_tokens) if self._live_tokens else live + headroom
+        grown = round_capacity(max(wanted, 2 * capacity))
         for buffers in (self._keys, self._values):
             for layer, old in enumerate(buffers):
                 new = self._empty(grown)
@@ -196,13 +213,13 @@ class KvContext(NativeDecode):
                 self.tiers.pool.release(pending.result())
 
     def _stored_blocks_read_in_place(self) -> int:
-        """How many leading blocks attention reads where the store keeps them (no slot).
+        """How many leading blocks attention reads in the page's own copy (no slot).
 
         On CPU, a stored block that is one page has the layout of a slot, and
         a scan (a stored region larger than the pool) would only pass it
-        through a transient slot: reading it in place, right after its check
-        pulled it into the cache, saves a copy per block and most of the
-        memory traffic. Its bytes are the same, so the result is (contract 5).
+        through a transient slot: attending the copy the host cache holds, or
+        the one the store reads and checks for it, saves a copy per block.
+        Its bytes are the same, so the result is (contract 5).
         """
         one_page = self.block_tokens == self.page_tokens
         return self._stored_blocks if one_page and self._on_cpu else 0
@@ -293,8 +310,10 @@ class KvContext(NativeDecode):
     def attach(self, token_ids: Sequence[int], page_sha256: Sequence[bytes]) -> None:
         """Graft stored pages (page-major hashes) with the KV of `token_ids` into an empty context.
 
-        Whole pages stay in the store and stream in when attended; a partial
-        last page is copied into the live buffers.
+        Whole pages stay in the store and stream in when attended; where
+        `token_ids` end inside the last page, its first rows (the KV of those
+        tokens, whatever the page holds after them) are copied into the live
+        buffers.
         """
         assert self.length == 0, "grafts start from an empty context"
         layers = self.geometry.num_layers
@@ -305,18 +324,22 @@ class KvContext(NativeDecode):
         self.stored_tokens = whole * self.page_tokens
         self._stored_pages = pages[:whole]
         self._reserve(len(token_ids), headroom=GRANULE_TOKENS)  # the continuation follows
-        if whole < len(pages):
-            self._load_tail(pages[whole])
+        rows = len(token_ids) - self.stored_tokens
+        if rows:
+            self._load_rows(pages[whole], rows)
         self.token_ids = array("I", token_ids)
 
-    def _load_tail(self, hashes: Sequence[bytes]) -> None:
-        """Copy a partial page (one hash per layer) to the start of the live buffers."""
+    def _load_rows(self, hashes: Sequence[bytes], rows: int) -> None:
+        """Copy the first `rows` positions of a page (one hash per layer) to the start of the
+        live buffers."""
         kv_heads, dim = self.geometry.kv_heads, self.geometry.head_dim
         with self.tiers.host.verified(list(hashes)) as data:
             for layer, page in enumerate(data):
                 raw = page.view(np.float32).reshape(2, kv_heads, -1, dim)  # K then V
-                self._keys[layer].numpy()[:, : raw.shape[2]] = raw[0]
-                self._values[layer].numpy()[:, : raw.shape[2]] = raw[1]
+                if raw.shape[2] < rows:
+                    raise DataLoss(f"a stored page holds {raw.shape[2]} positions, not {rows}")
+                self._keys[layer].numpy()[:, :rows] = raw[0, :, :rows]
+                self._values[layer].numpy()[:, :rows] = raw[1, :, :rows]
 
     def _copy_stored(self, layer: int, lo: int, hi: int, slot: torch.Tensor, at: int) -> None:
         """Copy stored positions [lo, hi) of `layer` into `slot`, whose first position is `at`."""

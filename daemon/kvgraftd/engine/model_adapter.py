@@ -25,6 +25,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import struct
 import time
 from dataclasses import dataclass
@@ -166,10 +167,15 @@ class ModelAdapter:
             model.hf_quantizer = None
             if hasattr(model.config, "quantization_config"):
                 del model.config.quantization_config
-            partial = converted.with_name(converted.name + ".partial")
+            # written aside, then renamed: another process converting the same file at the
+            # same time (two daemons sharing the cache) writes its own, and the first wins
+            partial = converted.with_name(f"{converted.name}.partial-{os.getpid()}")
             model.save_pretrained(partial)
             tokenizer.save_pretrained(partial)
-            os.replace(partial, converted)
+            try:
+                os.replace(partial, converted)
+            except OSError:  # the other one's is there (a non-empty directory)
+                shutil.rmtree(partial, ignore_errors=True)
         model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(converted)
         return cls._prepared(
@@ -276,8 +282,10 @@ def _cached_fingerprint(model, tokenizer, cache: Path | None) -> bytes:
     if cache is not None and cache.exists():
         return bytes.fromhex(json.loads(cache.read_text())["fingerprint"])
     fingerprint = model_fingerprint(model, tokenizer)
-    if cache is not None:
-        cache.write_text(json.dumps({"fingerprint": fingerprint.hex()}))
+    if cache is not None:  # whole or not at all: other processes may read it meanwhile
+        partial = cache.with_name(f"{cache.name}.{os.getpid()}")
+        partial.write_text(json.dumps({"fingerprint": fingerprint.hex()}))
+        os.replace(partial, cache)
     return fingerprint
 
 

@@ -4,8 +4,9 @@
 native attention kernel (kvgraftd.engine.decode_attention: DecodeSoftmax for a decode
 step, RowsSoftmax for a pass's rows) and merges its partials in block order:
 
-* stored one-page blocks read where the store or host cache keeps them, each checked
-  as it is read (a corrupt page is DataLoss);
+* stored one-page blocks read from the host cache, or copied out of the store batch by
+  batch on the worker that attends them, each checked as it is attended (a corrupt page
+  is DataLoss, and the store quarantines what holds it);
 * blocks through device-pool slots, in batches filled while the workers attend the last;
 * on CPU, blocks of live positions read in the live buffers; a decode step over live
   positions only, few enough blocks to attend inline, in one kernel call.
@@ -29,7 +30,7 @@ from kvgraftd.engine.decode_attention import (
     OrderedPartials,
     Partials,
 )
-from kvgraftd.store.page_records import corrupt_message
+from kvgraftd.store.page_records import CorruptPage
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -126,33 +127,33 @@ class NativeDecode:
         digests = [self._stored_pages[index][layer] for index in range(blocks)]
         admit = self._cache_stored_pages()
         size = self.tiers.attention_batch(blocks)
-        with self.tiers.host.unchecked(digests) as pages:  # views valid inside only
-            try:
-                for digest, (page, _) in zip(digests, pages, strict=True):
-                    if page.nbytes != self._stored_page_bytes:
-                        raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
-                for first in range(0, blocks, size):
-                    part = slice(first, first + size)
-                    partials.submit(
-                        self._pages_partial, softmax, first, digests[part], pages[part], admit
-                    )
-                partials.drain()
-            finally:  # an earlier batch's error, raised while handing over a later one
-                partials.settle()
+        try:
+            for first in range(0, blocks, size):
+                part = digests[first : first + size]
+                partials.submit(self._pages_partial, softmax, first, part, admit)
+            partials.drain()
+        finally:  # an earlier batch's error, raised while handing over a later one
+            partials.settle()
 
     def _pages_partial(
-        self, softmax: DecodeSoftmax, first: int, digests: list[bytes], pages: list, admit: bool
+        self, softmax: DecodeSoftmax, first: int, digests: list[bytes], admit: bool
     ) -> Partials:
-        """Partials of the one-page blocks from block `first`, each checked as it is read."""
-        try:
-            blocks = [
-                softmax.page_block(page, checksum, (first + i) * self.block_tokens)
-                for i, (page, checksum) in enumerate(pages)
-            ]
-            partials = softmax.partials(blocks)
-        except CorruptBlock as corrupt:
-            raise DataLoss(corrupt_message(digests[corrupt.index])) from None
-        for digest, (page, checksum) in zip(digests, pages, strict=True):
-            if admit and checksum is not None:
-                self.tiers.host.admit(digest, page)
+        """Partials of the one-page blocks from block `first`, each checked as it is read.
+        Each batch reads its own pages (copies out of the store, on the worker that attends
+        them), so a step holds the batches in flight, not the layer's stored pages."""
+        with self.tiers.host.unchecked(digests) as pages:
+            for digest, (page, _) in zip(digests, pages, strict=True):
+                if page.nbytes != self._stored_page_bytes:
+                    raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
+            try:
+                blocks = [
+                    softmax.page_block(page, checksum, (first + i) * self.block_tokens)
+                    for i, (page, checksum) in enumerate(pages)
+                ]
+                partials = softmax.partials(blocks)
+            except CorruptBlock as corrupt:  # the store quarantines what holds it
+                raise CorruptPage(digests[corrupt.index]) from None
+            for digest, (page, checksum) in zip(digests, pages, strict=True):
+                if admit and checksum is not None:
+                    self.tiers.host.admit(digest, page)
         return partials

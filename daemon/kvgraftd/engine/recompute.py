@@ -15,27 +15,36 @@ trust, profile) and owns none.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 import torch
 
+from kvgraft.errors import Cancelled
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine import compute_thread
 from kvgraftd.engine.kv_context import KvContext
 from kvgraftd.engine.receipts import input_sha256, logits_bytes, logits_sha256
+from kvgraftd.tiers.live_buffers import round_capacity
 
 VERIFIED = pb.Provenance.TRUST_VERIFIED
 
 
 class Recompute:
-    def verify(self, artifact_id: str) -> pb.VerifyResponse:
-        """Recompute an artifact fresh and compare every page and receipt hash."""
+    def verify(
+        self, artifact_id: str, is_active: Callable[[], bool] | None = None
+    ) -> pb.VerifyResponse:
+        """Recompute an artifact fresh and compare every page and receipt hash (Cancelled
+        once `is_active` turns false: the client left)."""
         full_id = self.store.resolve(artifact_id)
         manifest = self.store.get_record(full_id).manifest()
         self._check_compatible(manifest, full_id)
         self._check_tokens(manifest.token_ids)
         self._check_length(len(manifest.token_ids))  # a recompute costs what a generate would
         layers = self.layout.num_layers
-        with self.admission.admitted(), self._context() as context:
+        tokens = len(manifest.token_ids)
+        reserved = round_capacity(tokens) * self.live_bytes_per_token
+        with self.admission.admitted(is_active, reserved), self._context(tokens) as context:
+            context.wanted = is_active or context.wanted
             after_segment = self._replay(context, manifest)
             computed = [
                 hashlib.sha256(context.page_bytes(*divmod(position, layers))).digest()
@@ -87,7 +96,7 @@ class Recompute:
         if self.batcher is None:
             self._replay(context, manifest)
             return
-        self.batcher.forward(context, list(manifest.token_ids))
+        self.batcher.forward(context, list(manifest.token_ids), context.wanted)
         context.segment_ends.extend(manifest.segment_ends)
 
     def _replay(self, context: KvContext, manifest: pb.Manifest) -> list[torch.Tensor]:
@@ -106,6 +115,8 @@ class Recompute:
         tokens, ends, out = list(manifest.token_ids), list(manifest.segment_ends), []
         step = self.batcher.max_batch_tokens  # between steps: others wait no longer than that
         for first in range(0, len(tokens), step):
+            if not context.wanted():
+                raise Cancelled("the client went away; its request stopped")
             chunk = tokens[first : first + step]
             rows = [end - 1 - first for end in ends if first < end <= first + len(chunk)]
             logits = compute_thread.run(self._forward_rows_here, context, chunk, rows)

@@ -10,6 +10,7 @@ token ids in the vocabulary, generation bounds) before the engine runs.
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 from kvgraft.errors import FailedPrecondition, InvalidArgument, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine.batcher import BatchFigures
-from kvgraftd.engine.decoding import DecodeOptions, ResultEvent
+from kvgraftd.engine.decoding import DecodeOptions, ProgressEvent, ResultEvent
 
 if TYPE_CHECKING:  # the engine imports torch; a store-only daemon never does
     from kvgraftd.engine.engine import Engine
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 MAX_NEW_TOKENS = 4096
 MAX_LOGITS_STEPS = 16
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
+
+
+def _float32(value: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
 class EngineService:
@@ -61,7 +66,13 @@ class EngineService:
         if engine is None or engine.batcher is None:
             return None
         admission = engine.admission
-        return BatchFigures(engine.batcher.snapshot(), admission.running, admission.queued)
+        return BatchFigures(
+            engine.batcher.snapshot(),
+            admission.running,
+            admission.queued,
+            admission.live_kv_bytes,
+            admission.max_live_kv_bytes,
+        )
 
     def engine(self) -> Engine:
         if not self._enabled:
@@ -159,7 +170,8 @@ class EngineService:
             )
         greedy = options.greedy if options.HasField("greedy") else True
         temperature = options.temperature or 1.0
-        if not greedy and not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+        # the field is a float32: 0.0001 arrives as 9.99999975e-05, which is in bounds
+        if not greedy and not _float32(MIN_TEMPERATURE) <= temperature <= MAX_TEMPERATURE:
             # logits / 1e-38 overflow to inf and sampling fails: refuse, saying the bounds
             raise InvalidArgument(
                 f"temperature {temperature:g} is outside {MIN_TEMPERATURE:g}..{MAX_TEMPERATURE:g} "
@@ -175,6 +187,7 @@ class EngineService:
             return_logits=options.return_logits,
             allow_untrusted=options.allow_untrusted,
             labels={**dict(options.labels), **(labels or {})},
+            progress=options.progress,
         )
 
     @staticmethod
@@ -189,6 +202,13 @@ class EngineService:
                     generated_logits=event.generated_logits,
                 )
                 yield pb.GenerateResponse(result=result)
+            elif isinstance(event, ProgressEvent):
+                progress = pb.Progress(
+                    prompt_tokens_done=event.done,
+                    prompt_tokens=event.total,
+                    reused_tokens=event.reused,
+                )
+                yield pb.GenerateResponse(progress=progress)
             else:
                 yield pb.GenerateResponse(
                     token=pb.GeneratedToken(token_id=event.token_id, text=event.text)
@@ -202,12 +222,7 @@ class EngineService:
             if tokens:
                 raise InvalidArgument("give token_ids or prompt, not both")
             tokens = self._tokens(request.prompt, "prompt")
-        matched, pages = engine.lookup(tokens)
-        return pb.LookupResponse(
-            matched_tokens=matched,
-            matched_pages=pages,
-            model_fingerprint=engine.fingerprint,
-        )
+        return engine.lookup(tokens)
 
     def deposit(
         self, request: pb.DepositRequest, is_active: Callable[[], bool] | None = None
@@ -236,5 +251,7 @@ class EngineService:
         events = self.engine().graft(request.artifact_id, tokens, options, is_active)
         return self._responses(events)
 
-    def verify(self, request: pb.VerifyRequest) -> pb.VerifyResponse:
-        return self.engine().verify(request.artifact_id)
+    def verify(
+        self, request: pb.VerifyRequest, is_active: Callable[[], bool] | None = None
+    ) -> pb.VerifyResponse:
+        return self.engine().verify(request.artifact_id, is_active)

@@ -173,8 +173,13 @@ def normalize_question(text: str) -> str:
     text = " ".join(text.casefold().split())
     text = re.sub(r" ?([-+*/=^%<>×÷]) ?", r"\1", text)
     text = text.rstrip(" ?.;:")
-    # a final "!" is punctuation, except after a digit, where it is a factorial (5!)
-    return re.sub(r"(?<!\d)!+$", "", text).rstrip(" ?.;:")
+    # a final "!" is punctuation, except after a digit, where it is a factorial (5!); by
+    # hand, as a regex (?<!\d)!+$ takes time quadratic in the run of "!" (37 s for 100,000)
+    bangs = len(text) - len(text.rstrip("!"))
+    if bangs:
+        factorial = text[: len(text) - bangs][-1:].isdigit()
+        text = text[: len(text) - bangs + factorial]
+    return text.rstrip(" ?.;:")
 
 
 def _numeric(words: list[str]) -> bool:

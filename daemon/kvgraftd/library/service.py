@@ -147,6 +147,11 @@ class LibraryService:
         budget = request.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
         model = engine.adapter
         question = fmt.problem_tokens(model, request.text)
+        if len(question) > engine.max_context_tokens:  # refused before any work on its text
+            raise InvalidArgument(
+                f"the question is {len(question)} tokens, more than max_context_tokens="
+                f"{engine.max_context_tokens}; shorten it"
+            )
         entry = None
         if not request.no_recall:
             entry = index.match(engine.fingerprint, fmt.problem_key(question))

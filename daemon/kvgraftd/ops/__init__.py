@@ -1,5 +1,6 @@
-"""Operations around the server: the Prometheus endpoint, systemd notifications,
-readiness and the data directory's lock file.
+"""Operations around the server: the command line and configuration file, gRPC's own log
+kept quiet, the Prometheus endpoint, systemd notifications, readiness and the data
+directory's lock file.
 
 May import kvgraftd.server and below.
 """

@@ -11,8 +11,9 @@ keep it — no second set of books:
 | kvgraft_{computations,grafts}_total{method} | receipts, via Telemetry |
 | kvgraft_{reused,computed}_tokens_total | receipts, via Telemetry |
 | kvgraft_batch_{steps,contexts,tokens,passes,queue_seconds}_total | the engine's batcher |
+| kvgraft_batch_abandoned_total (passes whose client left) | the engine's batcher |
 | kvgraft_batch_{waiting_passes,largest_step_contexts} | the engine's batcher |
-| kvgraft_requests_{running,queued} | the engine's admission |
+| kvgraft_requests_{running,queued}, kvgraft_live_kv{,_budget}_bytes | the engine's admission |
 | kvgraft_tier_{hits,misses,evictions}_total{tier} | Stats().tiers |
 | kvgraft_tier_{used,capacity,peak}_bytes{tier} | Stats().tiers |
 | kvgraft_store_* (artifacts, pages, bytes, map use, disk free, sequence) | Stats() |
@@ -21,6 +22,7 @@ keep it — no second set of books:
 | kvgraft_cache_{budget_bytes,budget_artifacts,quarantined_artifacts} | Info().cache |
 | kvgraft_scrub_{pages,bytes}_{done,total}, kvgraft_scrub_corrupt_pages | Info().scrub |
 | kvgraft_scrub_running, kvgraft_scrub_last_finished_unix_seconds | Info().scrub |
+| kvgraft_store_{corrupt_reads,read_quarantines}_total | the store's ReadQuarantine |
 | process_* | prometheus_client's process collector |
 
 With TLS configured the endpoint is HTTPS with the daemon's certificate
@@ -44,6 +46,7 @@ from kvgraftd.config import DaemonConfig
 from kvgraftd.engine.batcher import BatchFigures
 from kvgraftd.server.limits import CallLimiter
 from kvgraftd.server.telemetry import Telemetry
+from kvgraftd.store.quarantine import ReadQuarantine
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +60,10 @@ class KvgraftCollector(Collector):
         limiter: CallLimiter,
         batching: Callable[[], BatchFigures | None] = lambda: None,
         cache: Callable[[], pb.InfoResponse] | None = None,
+        read_quarantine: ReadQuarantine | None = None,
     ) -> None:
         self._cache = cache
+        self._read_quarantine = read_quarantine
         self._calls = calls
         self._stats = stats
         self._telemetry = telemetry
@@ -71,6 +76,15 @@ class KvgraftCollector(Collector):
         yield from self._store_metrics(self._stats())
         if self._cache is not None:
             yield from self._cache_metrics(self._cache())
+        if self._read_quarantine is not None:
+            yield from self._damage_metrics(self._read_quarantine)
+
+    def _damage_metrics(self, found: ReadQuarantine) -> Iterator[Metric]:
+        for name, value, text in (
+            ("corrupt_reads", found.pages, "stored pages reads found corrupt or unreadable"),
+            ("read_quarantines", found.artifacts, "artifacts those reads quarantined"),
+        ):
+            yield CounterMetricFamily(f"kvgraft_store_{name}", text, value=value)
 
     def _cache_metrics(self, info: pb.InfoResponse) -> Iterator[Metric]:
         cache, scrub = info.cache, info.scrub
@@ -160,6 +174,7 @@ class KvgraftCollector(Collector):
             ("kvgraft_batch_tokens", steps.tokens, "tokens computed in those steps"),
             ("kvgraft_batch_passes", steps.passes, "passes that reached a step"),
             ("kvgraft_batch_queue_seconds", steps.queue_seconds, "seconds passes waited for it"),
+            ("kvgraft_batch_abandoned", steps.abandoned, "passes dropped: their client left"),
         ):
             yield CounterMetricFamily(name, text, value=value)
         for name, value, text in (
@@ -167,6 +182,8 @@ class KvgraftCollector(Collector):
             ("kvgraft_batch_largest_step_contexts", steps.largest_step_contexts, "most in a step"),
             ("kvgraft_requests_running", figures.running, "requests computing (admitted)"),
             ("kvgraft_requests_queued", figures.queued, "requests waiting to be admitted"),
+            ("kvgraft_live_kv_bytes", figures.live_kv_bytes, "live KV the running ones reserved"),
+            ("kvgraft_live_kv_budget_bytes", figures.max_live_kv_bytes, "0: unbounded"),
         ):
             yield GaugeMetricFamily(name, text, value=value)
 

@@ -50,7 +50,7 @@ from kvgraftd.store.catalog import ArtifactRecord
 from kvgraftd.store.chains import ChainEntry, chain_keys, manifest_entries
 from kvgraftd.store.page_records import Framer, PageRecord, page_records_of
 from kvgraftd.store.signing import TrustPolicy
-from kvgraftd.store.trust_index import UNRECORDED, ChainMatch, is_trusted
+from kvgraftd.store.trust_index import NO_MATCH, UNRECORDED, ChainMatch, is_trusted
 from kvgraftd.store.usage import Usage
 
 log = logging.getLogger(__name__)
@@ -112,11 +112,23 @@ class RemoteBackedStore:
     def collect_staged(self, older_than_s: float) -> int:
         return self._store.collect_staged(older_than_s)
 
-    def withdraw_trust(self, keys: frozenset[bytes]) -> int:
-        return self._store.withdraw_trust(keys)
-
     def provenance(self, artifact_id: str) -> pb.Provenance:
         return self._store.provenance(artifact_id)
+
+    def reevaluate_trust(self, policy: TrustPolicy) -> tuple[int, int] | None:
+        return self._store.reevaluate_trust(policy)
+
+    def signer_keys(self, artifact_ids: Iterable[str]) -> dict[str, frozenset[bytes]]:
+        return self._store.signer_keys(artifact_ids)
+
+    def longest_untrusted(
+        self,
+        fingerprint: bytes,
+        profile: pb.ComputeProfile,
+        layout: pb.KvLayout,
+        token_ids: Sequence[int],
+    ) -> tuple[int, str]:
+        return self._store.longest_untrusted(fingerprint, profile, layout, token_ids)
 
     def trust_artifact(self, artifact_id: str, provenance: pb.Provenance) -> pb.Provenance:
         return self._store.trust_artifact(artifact_id, provenance)
@@ -251,26 +263,38 @@ class RemoteBackedStore:
         profile: pb.ComputeProfile,
         layout: pb.KvLayout,
         token_ids: Sequence[int],
-        max_pages: int,
         hold: ExitStack | None = None,
     ) -> ChainMatch:
-        found = self._store.longest_chain(fingerprint, profile, layout, token_ids, max_pages, hold)
-        ends_in_tail = found.entries and len(found.entries[-1].token_ids) < profile.page_tokens
-        if (
-            not self._read_through
-            or ends_in_tail  # the bucket is searched for whole pages only
-            or len(found.entries) >= max_pages
-            or not self._remote.breaker.available()
-        ):
+        found = self._store.longest_chain(fingerprint, profile, layout, token_ids, hold)
+        page_tokens = profile.page_tokens
+        max_pages = len(token_ids) // page_tokens
+        whole = found.tokens // page_tokens  # the bucket holds whole pages only
+        if not self._read_through or whole >= max_pages or not self._remote.breaker.available():
             return found
         try:
-            more = self._remote_chain(
-                fingerprint, profile, layout, token_ids, len(found.entries), max_pages
-            )
+            more = self._remote_chain(fingerprint, profile, layout, token_ids, whole, max_pages)
         except KvgraftError as exc:  # e.g. the local disk is full: serve what is local
             log.warning("remote prefix match abandoned: %s", exc)
-            more = ChainMatch([], [])
-        return ChainMatch(found.entries + more.entries, found.grafted + more.grafted)
+            more = NO_MATCH
+        if not more.entries:
+            return found
+        # The bucket continues the whole local pages, past a page used here only in part:
+        # the artifact vouching for that page holds the ones before it.
+        local = [
+            pb.GraftedArtifact(
+                artifact_id=g.artifact_id,
+                tokens=whole * page_tokens,
+                trust=g.trust,
+                vouched_by=g.vouched_by,
+            )
+            for g in found.grafted[:1]
+            if whole
+        ]
+        return ChainMatch(
+            found.entries[:whole] + more.entries,
+            whole * page_tokens + more.tokens,
+            local + more.grafted,
+        )
 
     def _remote_chain(
         self,
@@ -315,7 +339,7 @@ class RemoteBackedStore:
             for aid, provenance, pages in vouchers
             if min(pages, end) > start
         ]
-        return ChainMatch(kept, grafted)
+        return ChainMatch(kept, len(kept) * page_tokens, grafted)
 
     def _chain_entries(
         self, fingerprint: bytes, artifact_id: str

@@ -37,7 +37,9 @@ from pathlib import Path
 
 from kvgraft import Client, wire
 from kvgraft.errors import FailedPrecondition, KvgraftError, NotFound
+from kvgraft.replication.feed import expiries
 from kvgraft.replication.replicator import Replicator
+from kvgraft.replication.target import Holdings
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.service import StoreService
@@ -47,6 +49,7 @@ log = logging.getLogger(__name__)
 POSITIONS_FILE = "replication.json"
 RESTART_DELAY_S = 5.0  # after an unexpected error in a follower thread
 FAILURES_BEFORE_RECONNECT = 3  # errors in a row before the peer's channel is opened anew
+LISTING_BATCH = 1000  # artifacts (or change records) read per read transaction
 
 
 class LocalTarget:
@@ -63,13 +66,22 @@ class LocalTarget:
         there, and a delete from there applies only to what came from there."""
         return LocalTarget(self._service, self._store, source)
 
-    def holdings(self) -> tuple[set[str], set[str]]:
-        held: set[str] = set()
+    def holdings(self) -> Holdings:
+        signers: dict[str, frozenset[bytes]] = {}
         after = b""
-        while batch := self._store.list_records(after, 1000):
-            held.update(aid for aid, _ in batch)
+        while batch := self._store.list_records(after, LISTING_BATCH):
+            signers.update(self._store.signer_keys(aid for aid, _ in batch))
             after = bytes.fromhex(batch[-1][0])
-        return held, set(self._store.quarantined_ids())
+        return Holdings(set(signers), set(self._store.quarantined_ids()), signers)
+
+    def expired(self) -> dict[str, int]:
+        def feed() -> Iterator[pb.ChangeRecord]:
+            sequence = 1
+            while batch := self._store.changes_since(sequence, LISTING_BATCH):
+                yield from batch
+                sequence = batch[-1].sequence + 1
+
+        return expiries(feed())
 
     def has_artifact(self, artifact_id: str) -> bool:
         try:

@@ -34,6 +34,7 @@ from kvgraftd.engine.service import EngineService
 from kvgraftd.library.service import LibraryService
 from kvgraftd.remote.service import RemoteService
 from kvgraftd.replication.pulls import Pulls
+from kvgraftd.server.bind_errors import why_not_bound
 from kvgraftd.server.limits import CallLimiter, Lanes
 from kvgraftd.server.security import AccessInterceptor, TokenCheck
 from kvgraftd.server.status import info_response, stats_response
@@ -45,9 +46,34 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Kvgraft"].full_name
 
 
+# What an error message may repeat of the caller's input: a message quotes what it refuses
+# (an id, a tag, a label), and a refused input may be anything.
+MAX_WORD_CHARS = 256  # one word: an id or a hash is 64 characters, a path rarely longer
+KEPT_WORD_CHARS = 64
+MAX_MESSAGE_CHARS = 2048
+
+
+def _readable(message: str) -> str:
+    """The message as a terminal or a log may show it: every character that moves the cursor,
+    reorders text or hides (controls, bidirectional overrides, invisible format
+    characters) escaped as Python writes it (\\x1b, \\u202e); a word longer than
+    MAX_WORD_CHARS cut to its start and its length; a message longer than MAX_MESSAGE_CHARS
+    cut in the middle, so the end that says what to do stays."""
+    escaped = "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in message)
+    words = [
+        word if len(word) <= MAX_WORD_CHARS else f"{word[:KEPT_WORD_CHARS]}…[{len(word)} chars]"
+        for word in escaped.split(" ")
+    ]
+    text = " ".join(words)
+    if len(text) > MAX_MESSAGE_CHARS:
+        cut = len(text) - MAX_MESSAGE_CHARS
+        text = f"{text[: MAX_MESSAGE_CHARS // 2]} …[{cut} chars]… {text[-MAX_MESSAGE_CHARS // 2 :]}"
+    return text
+
+
 def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, KvgraftError):
-        return grpc.StatusCode[exc.code], str(exc)
+        return grpc.StatusCode[exc.code], _readable(str(exc))
     log.exception("internal error", exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the daemon log"
 
@@ -208,7 +234,7 @@ def _method_table(
     table.update(
         Lookup=unary("Lookup", lambda r, c: engine.lookup(r), pb.LookupRequest),
         Deposit=unary("Deposit", lambda r, c: engine.deposit(r, c.is_active), pb.DepositRequest),
-        Verify=unary("Verify", lambda r, c: engine.verify(r), pb.VerifyRequest),
+        Verify=unary("Verify", lambda r, c: engine.verify(r, c.is_active), pb.VerifyRequest),
         Generate=streaming(
             "Generate", lambda r, c: engine.generate(r, c.is_active), pb.GenerateRequest, serialize
         ),
@@ -288,18 +314,24 @@ def create_server(
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
+    port = _bind(server, listen, settings.credentials)
+    if settings.probe_socket:
+        _bind(server, settings.probe_socket, None)
+    return server, port, health_servicer
+
+
+def _bind(server: grpc.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    """The port bound; an OSError saying why and what to do when gRPC cannot bind."""
     try:
-        if settings.credentials is not None:
-            port = server.add_secure_port(listen, settings.credentials)
+        if credentials is not None:
+            port = server.add_secure_port(address, credentials)
         else:
-            port = server.add_insecure_port(listen)
-        if settings.probe_socket and not server.add_insecure_port(settings.probe_socket):
-            raise OSError(f"cannot open the health probe socket {settings.probe_socket}")
-    except RuntimeError:
+            port = server.add_insecure_port(address)
+    except RuntimeError:  # "Failed to bind to address": the reason is worked out below
         port = 0
     if port == 0:
-        raise OSError(f"cannot listen on {listen}: the address is in use or not local")
-    return server, port, health_servicer
+        raise OSError(why_not_bound(address))
+    return port
 
 
 def set_serving(health_servicer: health.HealthServicer, serving: bool) -> None:

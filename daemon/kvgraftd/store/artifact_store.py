@@ -7,9 +7,11 @@ Sub-databases (docs/architecture.md, "The store"):
   artifacts  artifact id (32 bytes) -> record header || canonical manifest
   log        u64 sequence (big-endian) -> ChangeRecord        the replication feed
   chains     chain key -> chain entry                        prefix lookup (engine)
+  chain_children  parent key || tokens || chain key -> ""    the entries after each page
   meta       name -> value                         format version, counters, segment tail
   provenance artifact id -> Provenance             why it is trusted (kvgraftd.store.trust_index)
   vouchers   chain key || artifact id -> ""       trusted artifacts holding a chain page
+  untrusted_heads  first tokens || artifact id -> ""   untrusted artifacts (Lookup names them)
   usage      artifact id -> last use, reused tokens   (kvgraftd.store.lifecycle)
   pin_expiry artifact id -> unix ms                    when a TTL pin expires
   quarantine artifact id -> unix ms                    a scrub found it corrupt
@@ -20,9 +22,11 @@ Invariants:
   Page bytes are appended to the segment files and synced before that
   transaction commits (kvgraftd.store.segments), so an index record never names
   bytes that are not durable; bytes whose transaction failed are cut off.
-* Every page read is checked against its xxh3-128 after the copy (in place
-  for `verified_pages`); a mismatch raises DataLoss and no byte of the page
-  is returned.
+* Every page read is copied out of its segment (pread: a damaged segment
+  fails the read, never the process) and checked against its xxh3-128; a
+  mismatch or missing bytes raise DataLoss and no byte of the page is
+  returned, and the artifacts holding it are quarantined
+  (kvgraftd.store.quarantine).
 * Pages received before their manifest may be staged (persisted but
   referenced by nothing, invisible to readers of artifacts) so a cut transfer
   resumes; staged pages nobody claims are collected after a grace period.
@@ -57,7 +61,7 @@ import lmdb
 import numpy as np
 
 from kvgraft.artifact import canonical_bytes, page_sizes
-from kvgraft.errors import NotFound
+from kvgraft.errors import NotFound, ResourceExhausted
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import catalog, page_records, staging, trust_index
 from kvgraftd.store import migration as store_migration
@@ -73,11 +77,11 @@ from kvgraftd.store.lifecycle import LIFECYCLE_DATABASES, Lifecycle, usage_of_ne
 from kvgraftd.store.lmdb_env import LmdbEnv
 from kvgraftd.store.page_records import PageRecord, write_needs
 from kvgraftd.store.page_store import PageStore
-from kvgraftd.store.quarantine import QUARANTINE_DATABASES, Quarantine
+from kvgraftd.store.quarantine import QUARANTINE_DATABASES, Quarantine, ReadQuarantine
 from kvgraftd.store.segments import DEFAULT_SEGMENT_BYTES, Location
 from kvgraftd.store.staging import Staging
 from kvgraftd.store.trusted_prefixes import TrustedPrefixes
-from kvgraftd.store.usage import UsageBook
+from kvgraftd.store.usage import USAGE_FLUSH_S, UsageBook
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +135,11 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
                 "artifacts",
                 "log",
                 "chains",
+                "chain_children",
                 "meta",
                 "provenance",
                 "vouchers",
+                "untrusted_heads",
                 *LIFECYCLE_DATABASES,
                 *QUARANTINE_DATABASES,
             ),
@@ -148,6 +154,7 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
         self._clock = clock
         self._usage = UsageBook()
         self.evictor = Evictor(self, budget)
+        self.read_quarantine = ReadQuarantine(self._quarantine_pages)  # corrupt pages reads found
         # One commit at a time from making its room to using it (the usage book changes
         # inside each transaction, so it follows the catalogue: kvgraftd.store.lifecycle).
         self._admitting = threading.Lock()
@@ -155,15 +162,23 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
             version = store_migration.check_format(self._lmdb, self.path)
             self._pages.open(version)
             if version < store_migration.STORE_FORMAT_VERSION:
-                store_migration.migrate_v2(self._lmdb)
+                store_migration.migrate_index(self._lmdb, max(version, 2))
             self._load_usage()
         except BaseException:
             self.close()
             raise
 
     def close(self) -> None:
+        self.read_quarantine.settled()
         try:
             self.flush_usage()
+        except ResourceExhausted as exc:  # a full disk at shutdown: expected, no traceback
+            log.warning(
+                "could not record the artifacts' last uses: the uses since the last write "
+                "(at most %.0f s of them) are forgotten; no data is lost (%s)",
+                USAGE_FLUSH_S,
+                exc,
+            )
         except Exception:  # a closing store loses recent use times, never data
             log.exception("could not record the artifacts' last uses")
         self._lmdb.close()
@@ -177,22 +192,22 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
         return self._pages.missing(digests)
 
     def read_pages_into(self, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:
-        """Copy each page into its uint8 destination and verify it there."""
-        self._pages.read_into(digests, dests)
+        """Read each page into its uint8 destination and verify it there."""
+        with self._quarantining_corrupt():
+            self._pages.read_into(digests, dests)
 
     @contextmanager
     def verified_pages(self, digests: Sequence[bytes]) -> Iterator[list[np.ndarray]]:
-        """The pages as read-only uint8 views of their segments, each verified in place (the
-        cheapest read: one pass, the check's). Valid inside the `with` block only: after it,
-        a deleted page's space may be given back."""
-        with self._pages.verified(digests) as views:
-            yield views
+        """The pages, each read into an array of its own and verified there."""
+        with self._quarantining_corrupt():
+            yield self._pages.verified(digests)
 
     @contextmanager
     def pages_to_check(self, digests: Sequence[bytes]) -> Iterator[list[tuple[bytes, np.ndarray]]]:
-        """(xxh3-128, unchecked read-only view) of each page: the caller checks each one."""
-        with self._pages.unchecked(digests) as pages:
-            yield pages
+        """(xxh3-128, unchecked copy) of each page: the caller checks each one, raising
+        CorruptPage inside the `with` block for one that fails (it is quarantined)."""
+        with self._quarantining_corrupt():
+            yield self._pages.unchecked(digests)
 
     def read_page(self, digest: bytes) -> tuple[bytes, bytes]:
         """One page's bytes and xxh3-128, verified."""
@@ -204,8 +219,9 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
 
     def read_pages_framed(self, digests: Sequence[bytes], frame: page_records.Framer) -> bytes:
         """frame(0, ...) + page 0 + frame(1, ...) + ..., every page verified: `frame(index,
-        sha256, xxh3, size)` gives the bytes before page `index` (the wire, one copy)."""
-        return self._pages.read_framed(digests, frame)
+        sha256, xxh3, size)` gives the bytes before page `index` (the wire)."""
+        with self._quarantining_corrupt():
+            return self._pages.read_framed(digests, frame)
 
     # ------------------------------------------------------------------
     # artifacts

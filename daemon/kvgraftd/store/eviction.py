@@ -223,6 +223,9 @@ class CacheKeeper:
                 if time.monotonic() - flushed >= USAGE_FLUSH_S:
                     self.store.flush_usage()
                     flushed = time.monotonic()
+            except ResourceExhausted as exc:  # a full disk: said in a line, tried again
+                log.warning("cache maintenance could not write, trying again: %s", exc)
+                self._stop.wait(1.0)
             except Exception:  # a pass that fails is tried again at the next wake
                 log.exception("cache maintenance failed; trying again")
                 self._stop.wait(1.0)

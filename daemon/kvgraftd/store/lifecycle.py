@@ -7,7 +7,9 @@ to remove, this module removes it safely.
 Contract:
 * `reading(artifact_id)` holds a lease for a graft or an export: the artifact
   is neither evicted, expired nor deleted until it ends (NotFound if it is
-  already gone: the caller computes instead). It counts as a use.
+  already gone, or quarantined: the caller computes instead). It counts as a
+  use. It first waits for the quarantines of pages reads found corrupt
+  (kvgraftd.store.quarantine), so no lease starts on pages known to be bad.
 * `remove(aids, reason)` deletes, in one transaction, those of `aids` that
   nobody reads, pinned ones included only for `REASON_EXPIRED`; each gets a
   change record with its reason (followers keep evicted artifacts, delete
@@ -37,6 +39,7 @@ from kvgraft.errors import FailedPrecondition, NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import catalog, chains, trust_index
 from kvgraftd.store.catalog import decode_record
+from kvgraftd.store.quarantine import ReadQuarantine
 from kvgraftd.store.segments import Location
 from kvgraftd.store.usage import USAGE_RECORD, Usage, UsageBook
 
@@ -45,13 +48,16 @@ log = logging.getLogger(__name__)
 _EXPIRY = struct.Struct("<q")
 _U64 = struct.Struct("<Q")
 LIFECYCLE_DATABASES = ("usage", "pin_expiry")
+_PINNED = "artifact {} is pinned; unpin it first (kvgraft pin --off ID)"
 
 
 class Lifecycle:
-    """Mixin of Store: needs `_db`, `_read`, `_write`, `_pages`, `_drop_pages`, `_notify_change`."""
+    """Mixin of Store: needs `_db`, `_read`, `_write`, `_pages`, `_drop_pages`, `_notify_change`,
+    `read_quarantine`."""
 
     _usage: UsageBook
     _clock: Callable[[], int]
+    read_quarantine: ReadQuarantine
 
     def _load_usage(self) -> None:
         """Fill the usage book from the catalogue and the `usage` sub-database."""
@@ -88,6 +94,10 @@ class Lifecycle:
     def reading(self, artifact_id: str, reused_tokens: int = 0) -> Iterator[None]:
         """Hold the artifact for a reader (see the module's contract); counts as a use."""
         aid = catalog.parse_full_id(artifact_id)
+        self.read_quarantine.settled()
+        with self._read() as txn:
+            if txn.get(aid, db=self._db["quarantine"]) is not None:
+                raise NotFound(f"artifact {artifact_id[:16]} is quarantined (a page was corrupt)")
         with self._usage.lease(aid):
             self._usage.used(aid, self._clock(), reused_tokens)
             yield
@@ -163,14 +173,15 @@ class Lifecycle:
         """Remove an artifact; returns (pages freed, bytes freed). Waits up to `wait_s` for
         its readers (grafts, exports) to finish."""
         aid = catalog.parse_full_id(artifact_id)
+        usage = self._usage.get(aid)
+        if usage is not None and usage.pinned:  # refused without a claim, which readers wait on
+            raise FailedPrecondition(_PINNED.format(artifact_id))
         self._usage.claim_waiting(aid, wait_s)
 
         def body(txn: lmdb.Transaction, take_out) -> list[Location]:
             record = require_present(txn, self._db, aid, artifact_id)
             if record.pinned:
-                raise FailedPrecondition(
-                    f"artifact {artifact_id} is pinned; unpin it first (kvgraft pin --off ID)"
-                )
+                raise FailedPrecondition(_PINNED.format(artifact_id))
             reason = pb.ChangeRecord.REASON_UNSPECIFIED
             locations = self._remove_in(txn, aid, record.manifest(), reason)
             take_out([aid])

@@ -10,13 +10,18 @@ Contract:
   `min_free_bytes` of the disk is refused with ResourceExhausted before it
   starts, counting the space LMDB can reuse inside its file (`file_bytes`,
   what the body writes outside LMDB, cannot reuse it); a disk that
-  fills anyway fails the write cleanly (ResourceExhausted), never the process.
+  fills anyway (another process wrote meanwhile) fails the write cleanly
+  (ResourceExhausted), never the process: LMDB reports a short write as
+  EIO, which a full disk explains.
   Writes with needed_bytes == 0 (deletes, pins) may use the reserve: they
   are how an operator frees space.
 * The map is read-only to the process (writemap=False); LMDB writes pages
   with pwrite and syncs before a commit returns. A writable map is slower for
   large values on the disks measured here, and a full disk under it kills
   the process with SIGBUS.
+* The reader table (LMDB's `lock.mdb`, written through a shared mapping) has
+  its blocks allocated at open: LMDB creates it sparse, and a reader taking
+  a slot on a page never written before, on a full disk, would be SIGBUS.
 * `close()` waits for every open transaction.
 
 kvgraftd.store.artifact_store holds what the data means; this module only how it is kept.
@@ -24,7 +29,9 @@ kvgraftd.store.artifact_store holds what the data means; this module only how it
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import shutil
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -99,6 +106,11 @@ class LmdbEnv:
             writemap=False,
         )
         self.db = {name: self._env.open_db(name.encode()) for name in names}
+        try:
+            self._allocate_reader_table()
+        except BaseException:
+            self._env.close()
+            raise
         self._write_lock = threading.Lock()
         self._gate = _ResizeGate()
 
@@ -130,7 +142,7 @@ class LmdbEnv:
                 except lmdb.MapFullError:
                     self._grow_map(needed_bytes)
                 except lmdb.Error as exc:
-                    if "No space left" not in str(exc):
+                    if "No space left" not in str(exc) and not self._full(needed_bytes):
                         raise
                     raise ResourceExhausted(
                         f"the disk holding {self.path} is full; nothing was written. Free disk "
@@ -146,8 +158,7 @@ class LmdbEnv:
         if not needed_bytes and not file_bytes:
             return
         free = shutil.disk_usage(self.path).free
-        # LMDB rounds values up to whole 4 KiB pages and copies tree pages.
-        needed = needed_bytes + needed_bytes // 16 + (1 << 20)
+        needed = _with_overhead(needed_bytes)
         # Pages freed by deletes are reused before the file grows.
         growth = max(0, needed - self._reusable_bytes()) + file_bytes
         if free - growth < self._min_free_bytes:
@@ -157,6 +168,26 @@ class LmdbEnv:
                 f"min_free_bytes={_mib(self._min_free_bytes)} in reserve. Free disk space, "
                 "delete artifacts (kvgraft rm ID) or lower --min-free-bytes."
             )
+
+    def _full(self, needed_bytes: int) -> bool:
+        """Whether the disk lacks room for a transaction of `needed_bytes` (a failed commit:
+        LMDB says EIO where a write came back short, which a full disk does)."""
+        return shutil.disk_usage(self.path).free < _with_overhead(needed_bytes)
+
+    def _allocate_reader_table(self) -> None:
+        fd = os.open(self.path / "lock.mdb", os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            os.posix_fallocate(fd, 0, size)  # blocks for every slot; no byte of it changes
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise ResourceExhausted(
+                f"the disk holding {self.path} is full: the store cannot reserve its reader "
+                f"table ({size >> 10} KiB). Free disk space, then start again."
+            ) from None
+        finally:
+            os.close(fd)
 
     def _reusable_bytes(self) -> int:
         """Bytes of LMDB's file that no tree uses (freed pages, reused before growing)."""
@@ -173,6 +204,12 @@ class LmdbEnv:
         with self._gate.resize():
             self._env.set_mapsize(target)
         log.info("store map grown from %d MiB to %d MiB", current >> 20, target >> 20)
+
+
+def _with_overhead(needed_bytes: int) -> int:
+    """What a transaction of `needed_bytes` may take: LMDB rounds values up to whole 4 KiB
+    pages and copies tree pages."""
+    return needed_bytes + needed_bytes // 16 + (1 << 20)
 
 
 def _mib(count: int) -> str:

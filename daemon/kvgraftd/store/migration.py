@@ -13,8 +13,14 @@ dropped and the format becomes 2, in one transaction.
 
 Format 3 adds trust (kvgraftd.store.trust_index): a `provenance` record per artifact
 and `vouchers` for the chain index, which holds trusted artifacts' pages only.
-`migrate_v2` empties the chain index of a format-2 store, whose artifacts have
+`migrate_index` empties the chain index of a format-2 store, whose artifacts have
 no provenance and are therefore untrusted until verified.
+
+Format 4 lists every chain entry under its parent (`chain_children`,
+kvgraftd.store.chains), so a prompt reuses any prefix of a stored page, and
+every untrusted artifact by its first tokens (`untrusted_heads`), so Lookup
+names one holding a prompt's prefix. `migrate_index` builds both lists from
+the artifacts, in one transaction.
 
 The checksum travels with the bytes unchanged (a page corrupt in format 1
 stays detectably corrupt). Migration needs free disk for the page bytes;
@@ -32,14 +38,15 @@ from pathlib import Path
 import lmdb
 
 from kvgraft.errors import FailedPrecondition
-from kvgraftd.store import trust_index
-from kvgraftd.store.catalog import now_ms
+from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.store import chains, trust_index
+from kvgraftd.store.catalog import decode_record, now_ms
 from kvgraftd.store.lmdb_env import LmdbEnv
 from kvgraftd.store.page_records import PageRecord
 
 log = logging.getLogger(__name__)
 
-STORE_FORMAT_VERSION = 3
+STORE_FORMAT_VERSION = 4
 BATCH_BYTES = 256 << 20
 V1_CHECKSUM_BYTES = 16
 
@@ -61,7 +68,7 @@ def check_format(env: LmdbEnv, path: Path) -> int:
         return int(bytes(found))
 
     version = env.write(0, body)
-    if version not in (1, 2, STORE_FORMAT_VERSION):  # 1: PageStore.open, 2: migrate_v2
+    if not 1 <= version <= STORE_FORMAT_VERSION:  # 1: PageStore.open, 2 and 3: migrate_index
         raise FailedPrecondition(
             f"store {path} has format {version}; this kvgraftd reads formats 1 to "
             f"{STORE_FORMAT_VERSION}. Use a matching kvgraft version."
@@ -105,18 +112,54 @@ def migrate_v1(env: LmdbEnv, write_appending: WriteAppending, append: AppendPage
     return moved
 
 
-def migrate_v2(env: LmdbEnv) -> None:
-    """Format 2 -> 3: artifacts gain a provenance, and only trusted ones feed the chain
-    index. A format-2 artifact has no provenance, so none is trusted yet: the index is
-    emptied in one transaction (`kvgraft verify ID` trusts an artifact again)."""
+def migrate_index(env: LmdbEnv, version: int) -> None:
+    """Format 2 or 3 -> 4, in one transaction. From 2: artifacts gain a provenance, and
+    only trusted ones feed the chain index; a format-2 artifact has none, so none is
+    trusted yet: the index is emptied (`kvgraft verify ID` trusts an artifact again).
+    From 3: every chain entry is listed under its parent."""
 
     def finish(txn: lmdb.Transaction) -> int:
-        trust_index.clear_chains(txn, env.db)
+        if version < 3:
+            trust_index.clear_chains(txn, env.db)
+        else:
+            _list_chain_children(txn, env.db)
+        _list_untrusted(txn, env.db)
         txn.put(b"format_version", str(STORE_FORMAT_VERSION).encode(), db=env.db["meta"])
         return 0
 
     env.write(0, finish)
-    log.info(
-        "store format 2 -> 3: artifacts stored before are untrusted until verified "
-        "(kvgraft verify ID); they are no longer grafted automatically"
-    )
+    if version < 3:
+        log.info(
+            "store format 2 -> 4: artifacts stored before are untrusted until verified "
+            "(kvgraft verify ID); they are no longer grafted automatically"
+        )
+    else:
+        log.info("store format 3 -> 4: chain entries and untrusted artifacts listed")
+
+
+def _list_chain_children(txn: lmdb.Transaction, dbs: Mapping) -> None:
+    """The chain entries of every trusted artifact not in quarantine, listed under their
+    parents (where the index holds that entry)."""
+    for raw_aid, raw in txn.cursor(db=dbs["provenance"]):
+        aid = bytes(raw_aid)
+        if not trust_index.is_trusted(pb.Provenance.FromString(bytes(raw))):
+            continue
+        found = txn.get(aid, db=dbs["artifacts"])
+        if found is None or txn.get(aid, db=dbs["quarantine"]) is not None:
+            continue
+        for key, entry in chains.manifest_entries(decode_record(found).manifest()):
+            if txn.get(key, db=dbs["chains"]) is not None:
+                txn.put(
+                    chains.child_key(entry.parent, entry.token_ids, key),
+                    b"",
+                    db=dbs["chain_children"],
+                )
+
+
+def _list_untrusted(txn: lmdb.Transaction, dbs: Mapping) -> None:
+    """Every untrusted artifact listed by its first tokens."""
+    for raw_aid, raw in txn.cursor(db=dbs["artifacts"]):
+        aid = bytes(raw_aid)
+        if not trust_index.is_trusted(trust_index.read(txn, dbs, aid)):
+            manifest = decode_record(raw).manifest()
+            trust_index.list_untrusted(txn, dbs, aid, manifest, True)

@@ -6,12 +6,14 @@ A page's bytes lie in a segment file (kvgraftd.store.segments); its record in th
     xxh3-128 of the bytes (16 bytes) || segment u32 || offset u64 || length u64
 
 SHA-256 names the page everywhere (manifests, the wire, dedup); the xxh3-128
-is checked on every read, after the bytes are copied out of the segment's
-mapping (or in place, for a caller that reads the mapping directly), because
-it costs a fraction of SHA-256 and catches what the disk or a stray write can
-do to a page. A mismatch raises DataLoss and no byte of the page reaches the
-caller: `read_into` zeroes its destinations, `verified_views` hands out no
-view, `verify_framed` fails before the joined bytes are handed on.
+is checked on every read, after the bytes are read into memory of the
+caller's (pread: kvgraftd.store.segments), because it costs a fraction of
+SHA-256 and catches what the disk or a stray write can do to a page. A page
+that fails it, or whose segment cannot give its bytes (cut short, removed,
+unreadable), raises CorruptPage (a DataLoss naming the page) and no byte of
+it reaches the caller: `read_into` zeroes its destinations, `verified_copies`
+and `gather_framed` hand out nothing. A page whose record was dropped while
+artifacts still hold it (kvgraftd.store.quarantine) reads as DataLoss too.
 
 A page on its way in is a `PageRecord`: a view of its bytes and its
 xxh3-128, or None where the checksum is left to `write_pages`, which then
@@ -32,9 +34,10 @@ from typing import NamedTuple
 import lmdb
 import numpy as np
 
-from kvgraft.errors import DataLoss, NotFound
+from kvgraft.errors import DataLoss, KvgraftError, NotFound
 from kvgraft.page_buffers import block_aligned
-from kvgraft.page_checks import first_mismatch, split_pages, xxh3_128
+from kvgraft.page_checks import split_pages, xxh3_128
+from kvgraftd.store.segment_reads import UnreadPage
 from kvgraftd.store.segments import Location, SegmentFiles
 
 INDEX_RECORD = struct.Struct("<16sIQQ")  # xxh3-128, segment, offset, length
@@ -44,8 +47,7 @@ Buffer = bytes | bytearray | memoryview | np.ndarray  # a page's bytes, C-contig
 
 # frame(index, sha256, xxh3, size) -> the bytes that precede a page (gather_framed)
 Framer = Callable[[int, bytes, bytes, int], bytes]
-# what verify_framed checks: (sha256, xxh3, offset in the joined bytes, size) per page
-FramedChecks = list[tuple[bytes, bytes, int, int]]
+Located = list[tuple[bytes, Location]]  # (xxh3-128, location) of each page read
 
 
 class PageRecord(NamedTuple):
@@ -77,28 +79,58 @@ def location_of(record: bytes | memoryview) -> Location:
     return Location(*INDEX_RECORD.unpack(record)[1:])
 
 
+class CorruptPage(DataLoss):
+    """A stored page whose bytes fail their checksum or cannot be read: `digest` names it
+    (the store quarantines the artifacts holding it)."""
+
+    def __init__(self, digest: bytes, why: str = "") -> None:
+        super().__init__(why or corrupt_message(digest))
+        self.digest = digest
+
+
 class StoredPages(NamedTuple):
     """The pages an index transaction sees, with the segments that hold their bytes."""
 
     txn: lmdb.Transaction
     db: object
+    refs: object  # the refs sub-database: a page held by artifacts but not stored was lost
     segments: SegmentFiles
 
-    def pages(self, digests: Sequence[bytes]) -> list[tuple[bytes, memoryview]]:
-        """(xxh3-128, bytes not yet verified) of each stored page.
-
-        The per-page cost of every read (~2 us of Python for a lookup and a
-        view, against ~8 us to copy a 98 KB page): kept to the bare calls.
-        """
-        get, db, unpack, view = self.txn.get, self.db, INDEX_RECORD.unpack, self.segments.view
-        found: list[tuple[bytes, memoryview]] = []
+    def locate(self, digests: Sequence[bytes]) -> Located:
+        """(xxh3-128, location) of each stored page; kept to the bare calls (a hot path)."""
+        get, db, unpack = self.txn.get, self.db, INDEX_RECORD.unpack
+        found: list[tuple[bytes, Location]] = []
         for digest in digests:
             record = get(digest, db=db)
             if record is None:
-                raise NotFound(f"page {digest.hex()[:16]} is not in the store")
+                raise self._absent(digest)
             checksum, segment, offset, length = unpack(record)
-            found.append((checksum, view(segment, offset, length)))
+            found.append((checksum, Location(segment, offset, length)))
         return found
+
+    def read(self, digests: Sequence[bytes], located: Located, dests: Sequence[Buffer]) -> None:
+        """Copy pages into `dests`, not yet verified; CorruptPage for the first one its segment
+        cannot give whole."""
+        try:
+            self.segments.read([location for _, location in located], dests)
+        except UnreadPage as lost:
+            raise _unreadable(digests[lost.index], lost) from None
+
+    def read_bytes(self, digest: bytes, location: Location) -> bytes:
+        """One page's bytes, not yet verified; CorruptPage if its segment lacks them."""
+        try:
+            return self.segments.read_bytes(location)
+        except DataLoss as lost:
+            raise _unreadable(digest, lost) from None
+
+    def _absent(self, digest: bytes) -> KvgraftError:
+        if self.txn.get(digest, db=self.refs) is not None:
+            return DataLoss(
+                f"page {digest.hex()[:16]} was found corrupt on disk and dropped; the "
+                "artifacts holding it are quarantined until a good copy repairs them "
+                "(kvgraft replicate from a replica, or kvgraft remote sync --pull)"
+            )
+        return NotFound(f"page {digest.hex()[:16]} is not in the store")
 
 
 def write_needs(records: Iterable[PageRecord]) -> tuple[int, int]:
@@ -126,71 +158,90 @@ def write_pages(stored: StoredPages, records: Mapping[bytes, PageRecord]) -> Non
 
 
 def read_into(stored: StoredPages, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:
-    """Copy each page into its uint8 destination and verify it there (runs side by side)."""
-    pages = stored.pages(digests)
-    for digest, (_, data), dest in zip(digests, pages, dests, strict=True):
-        if len(data) != dest.nbytes:
+    """Read each page into its uint8 destination and verify it there (runs side by side)."""
+    located = stored.locate(digests)
+    for digest, (_, location), dest in zip(digests, located, dests, strict=True):
+        if location.length != dest.nbytes:
             raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
+    _read_checked(stored, digests, located, dests)
 
-    def copy_and_check(lo: int, hi: int) -> int | None:
-        # each page checked right after its copy, while it is still in cache
-        for index in range(lo, hi):
-            (checksum, data), dest = pages[index], dests[index]
-            dest[:] = np.frombuffer(data, np.uint8)
-            if xxh3_128(dest) != checksum:
+
+def verified_copies(stored: StoredPages, digests: Sequence[bytes]) -> list[np.ndarray]:
+    """Each page read into an array of its own and verified there (read-only: a caller may
+    keep it as it is, e.g. the host cache)."""
+    located = stored.locate(digests)
+    copies = [np.empty(location.length, np.uint8) for _, location in located]
+    _read_checked(stored, digests, located, copies)
+    for copy in copies:
+        copy.flags.writeable = False
+    return copies
+
+
+def _read_checked(
+    stored: StoredPages, digests: Sequence[bytes], located: Located, dests: Sequence[np.ndarray]
+) -> None:
+    unread: dict[int, CorruptPage] = {}
+
+    def read_and_check(lo: int, hi: int) -> int | None:
+        # a run read at once, each page checked right after, while it is still in cache
+        first_unread = None
+        try:
+            stored.read(digests[lo:hi], located[lo:hi], dests[lo:hi])
+        except CorruptPage as lost:
+            first_unread = digests.index(lost.digest, lo, hi)  # those before: read whole
+            unread[first_unread] = lost
+        for index in range(lo, hi if first_unread is None else first_unread):
+            if xxh3_128(dests[index]) != located[index][0]:
                 return index
-        return None
+        return first_unread
 
-    bad = split_pages(len(pages), sum(d.nbytes for d in dests), copy_and_check)
+    bad = split_pages(len(located), sum(d.nbytes for d in dests), read_and_check)
     if bad is not None:
         for dest in dests:
             dest[:] = 0  # never leave corrupt bytes where a caller may look
-        raise DataLoss(corrupt_message(digests[bad]))
+        raise unread.get(bad) or CorruptPage(digests[bad])
 
 
-def verified_views(stored: StoredPages, digests: Sequence[bytes]) -> list[np.ndarray]:
-    """Each page as a read-only uint8 view of its segment, checked in place (side by side).
+def unchecked_copies(
+    stored: StoredPages, digests: Sequence[bytes]
+) -> list[tuple[bytes, np.ndarray]]:
+    """(xxh3-128, bytes not yet verified) of each page, read into one buffer of their own,
+    for a caller that checks them as it reads them."""
+    located = stored.locate(digests)
+    buffer = np.empty(sum(location.length for _, location in located), np.uint8)
+    copies, at = [], 0
+    for _, location in located:
+        copies.append(buffer[at : at + location.length])
+        at += location.length
+    stored.read(digests, located, copies)
+    return [(checksum, copy) for (checksum, _), copy in zip(located, copies, strict=True)]
 
-    No copy: one read of the bytes, for the check. The views stay valid bytes
-    while the read (`segments.reading()`) they were made in lasts.
-    """
-    pages = stored.pages(digests)
-    views = [np.frombuffer(data, np.uint8) for _, data in pages]
-    bad = first_mismatch(views, [checksum for checksum, _ in pages])
-    if bad is not None:
-        raise DataLoss(corrupt_message(digests[bad]))
-    return views
 
-
-def gather_framed(
-    stored: StoredPages, digests: Sequence[bytes], frame: Framer
-) -> tuple[bytes, FramedChecks]:
-    """frame(0, ...) + page 0 + frame(1, ...) + page 1 + ... in one copy, not yet verified."""
-    parts: list[bytes | memoryview] = []
-    checks: FramedChecks = []
-    offset = 0
-    for index, (digest, (checksum, data)) in enumerate(
-        zip(digests, stored.pages(digests), strict=True)
+def gather_framed(stored: StoredPages, digests: Sequence[bytes], frame: Framer) -> bytes:
+    """frame(0, ...) + page 0 + frame(1, ...) + page 1 + ..., every page verified as read."""
+    parts: list[bytes] = []
+    for index, (digest, (checksum, location)) in enumerate(
+        zip(digests, stored.locate(digests), strict=True)
     ):
-        prefix = frame(index, digest, checksum, len(data))
-        parts += (prefix, data)
-        offset += len(prefix)
-        checks.append((digest, checksum, offset, len(data)))
-        offset += len(data)
-    return b"".join(parts), checks
-
-
-def verify_framed(joined: bytes, checks: FramedChecks) -> None:
-    """Check every page of gather_framed's copy (outside the transaction)."""
-    out = memoryview(joined)
-    pages = [out[start : start + size] for _, _, start, size in checks]
-    bad = first_mismatch(pages, [expected for _, expected, _, _ in checks])
-    if bad is not None:
-        raise DataLoss(corrupt_message(checks[bad][0]))
+        data = stored.read_bytes(digest, location)
+        if xxh3_128(data) != checksum:  # while the page is still in cache
+            raise CorruptPage(digest)
+        parts += (frame(index, digest, checksum, location.length), data)
+    return b"".join(parts)
 
 
 def corrupt_message(digest: bytes) -> str:
     return (
         f"page {digest.hex()[:16]} is corrupt on disk (checksum mismatch); it was not served. "
-        "Restore the store from a replica or re-deposit the artifact."
+        f"{QUARANTINED}"
     )
+
+
+QUARANTINED = (
+    "The artifacts holding it are quarantined: retry, and what they held is computed "
+    "afresh; a good copy repairs them (kvgraft replicate, kvgraft remote sync --pull)."
+)
+
+
+def _unreadable(digest: bytes, lost: DataLoss) -> CorruptPage:
+    return CorruptPage(digest, f"page {digest.hex()[:16]} was not served: {lost} {QUARANTINED}")

@@ -17,10 +17,13 @@ Contract:
 * `drop(txn, digest)` removes a page's record and returns its location;
   once that transaction has committed, `free(locations)` gives the space
   back (when no read that could still see the bytes is running).
-* Reads (`read_into`, `verified`, `read_framed`) check every page's
-  xxh3-128 and raise DataLoss rather than hand out a corrupt byte;
-  `unchecked` hands out each page's xxh3-128 with its bytes, for a reader
-  that checks them as it reads them (kvgraftd.engine.decode_attention).
+* Reads (`read_into`, `verified`, `read_framed`) read the pages into memory
+  of the caller's or of their own (pread, never a mapping:
+  kvgraftd.store.segments) and check every page's xxh3-128, raising CorruptPage
+  rather than hand out a corrupt byte; `unchecked` hands out each page's
+  xxh3-128 with a copy of its bytes, for a reader that checks them as it reads
+  them (kvgraftd.engine.decode_attention). The copies are the caller's: no
+  transaction or read of the store is held while it uses them.
 * `open(format_version)` moves a format-1 store's pages into segments
   (kvgraftd.store.migration) and makes the segment files agree with the
   index (what a crash left half-done is cut off or given back).
@@ -55,6 +58,7 @@ class PageStore:
     def __init__(self, env: LmdbEnv, directory: Path, *, segment_bytes: int) -> None:
         self._env = env
         self._db = env.db["page_locations"]
+        self._refs = env.db["refs"]
         self._meta = env.db["meta"]
         self._segments = SegmentFiles(directory, segment_bytes=segment_bytes)
         self._appending = threading.Lock()
@@ -160,28 +164,24 @@ class PageStore:
         with self._reading() as stored:
             page_records.read_into(stored, digests, dests)
 
-    @contextmanager
-    def verified(self, digests: Sequence[bytes]) -> Iterator[list[np.ndarray]]:
+    def verified(self, digests: Sequence[bytes]) -> list[np.ndarray]:
         with self._reading() as stored:
-            yield page_records.verified_views(stored, digests)
+            return page_records.verified_copies(stored, digests)
 
-    @contextmanager
-    def unchecked(self, digests: Sequence[bytes]) -> Iterator[list[tuple[bytes, np.ndarray]]]:
+    def unchecked(self, digests: Sequence[bytes]) -> list[tuple[bytes, np.ndarray]]:
         with self._reading() as stored:
-            pages = stored.pages(digests)
-            yield [(checksum, np.frombuffer(data, np.uint8)) for checksum, data in pages]
+            return page_records.unchecked_copies(stored, digests)
 
     def read_framed(self, digests: Sequence[bytes], frame: page_records.Framer) -> bytes:
         with self._reading() as stored:
-            joined, checks = page_records.gather_framed(stored, digests, frame)
-        page_records.verify_framed(joined, checks)
-        return joined
+            return page_records.gather_framed(stored, digests, frame)
 
     @contextmanager
-    def reading_index(self) -> Iterator[tuple[lmdb.Transaction, SegmentFiles]]:
-        """A read transaction of the index and the segments, whose views stay valid inside."""
-        with self._segments.reading(), self._env.read() as txn:
-            yield txn, self._segments
+    def reading_index(self) -> Iterator[StoredPages]:
+        """A read transaction of the index and the segments, whose pages keep their bytes
+        inside."""
+        with self._reading() as stored:
+            yield stored
 
     @contextmanager
     def _reading(self) -> Iterator[StoredPages]:
@@ -189,4 +189,4 @@ class PageStore:
             yield self._stored(txn)
 
     def _stored(self, txn: lmdb.Transaction) -> StoredPages:
-        return StoredPages(txn, self._db, self._segments)
+        return StoredPages(txn, self._db, self._refs, self._segments)

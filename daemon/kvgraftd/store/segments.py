@@ -25,8 +25,10 @@ Contract:
   are cut off or removed, segments nothing lives in are removed, and the
   space between live pages is given back to the filesystem.
 * `disk_bytes()`: the disk space the files take (holes excluded).
-* `view(segment, offset, length)`: a read-only view of a page's bytes in a
-  shared mapping of its segment. Reads happen inside `reading()`.
+* `read(locations, dests)` and `read_bytes(location)` read pages with pread
+  (kvgraftd.store.segment_reads: never through a mapping, so a damaged file
+  fails a read with DataLoss, never the process). Reads happen inside
+  `reading()`.
 * `free(locations)` returns the space of pages the index no longer names, but
   only once every `reading()` that began before the free has ended (until
   then such a reader may still be looking at the bytes): the hole is
@@ -42,7 +44,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import mmap
 import os
 import re
 import threading
@@ -53,7 +54,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import NamedTuple
 
-from kvgraft.errors import DataLoss, ResourceExhausted
+from kvgraft.errors import ResourceExhausted
 from kvgraft.page_buffers import BLOCK_BYTES, block_aligned
 from kvgraftd.store.direct_io import (
     TailBlocks,
@@ -68,6 +69,7 @@ from kvgraftd.store.linux_files import (
     start_writeback,
     sync_directory,
 )
+from kvgraftd.store.segment_reads import SegmentReads, WritableBuffer
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +113,7 @@ class SegmentFiles:
         self._direct_fd: int | None = None  # the same with O_DIRECT (None: not supported)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="segment-writer")
         self._fd_segment = 0
-        self._maps: dict[int, memoryview] = {}  # of read-only mappings, whole segments
-        self._map_lock = threading.Lock()
+        self._reads = SegmentReads(self._path)
         self._lock = threading.Lock()  # epochs, readers, frees, live bytes
         self._reclaiming = threading.Lock()  # also guards _unpunched
         self._unpunched: list[Location] = []  # freed, their holes not punched yet
@@ -155,7 +156,7 @@ class SegmentFiles:
         self.give_back()
         self._writer.shutdown()
         self._close_fds()
-        self._maps.clear()  # a mapping closes when its last view is gone
+        self._reads.close()
 
     # ------------------------------------------------------------------
     # appends
@@ -284,7 +285,7 @@ class SegmentFiles:
 
     @contextmanager
     def reading(self) -> Iterator[None]:
-        """Views handed out inside stay valid bytes until it ends (see `free`)."""
+        """Pages the index named when it began keep their bytes until it ends (see `free`)."""
         with self._lock:
             epoch = self._epoch
             self._readers[epoch] += 1
@@ -298,37 +299,13 @@ class SegmentFiles:
             if self._freed:
                 self._reclaim()
 
-    def view(self, segment: int, offset: int, length: int) -> memoryview:
-        """The bytes at (segment, offset, length), read-only (DataLoss where the file lacks them).
+    def read(self, locations: Sequence[Location], dests: Sequence[WritableBuffer]) -> None:
+        """Copy each page into its buffer (kvgraftd.store.segment_reads)."""
+        self._reads.read(locations, dests)
 
-        Called for every page read: kept to a dictionary lookup and a slice.
-        """
-        mapped = self._maps.get(segment)
-        if mapped is None or offset + length > len(mapped):
-            mapped = self._map(segment, offset + length)
-        return mapped[offset : offset + length]
-
-    def _map(self, segment: int, needed: int) -> memoryview:
-        with self._map_lock:
-            mapped = self._maps.get(segment)
-            if mapped is not None and needed <= len(mapped):
-                return mapped
-            try:
-                with open(self._path(segment), "rb") as f:
-                    size = os.fstat(f.fileno()).st_size
-                    if size < needed:
-                        raise DataLoss(
-                            f"segment {segment} of {self.directory} is shorter than the index "
-                            "says; its pages were not served. Restore the store from a replica."
-                        )
-                    mapped = memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ))
-            except FileNotFoundError:
-                raise DataLoss(
-                    f"segment {segment} of {self.directory} is missing; its pages were not "
-                    "served. Restore the store from a replica."
-                ) from None
-            self._maps[segment] = mapped  # the old mapping lives on in its views
-            return mapped
+    def read_bytes(self, location: Location) -> bytes:
+        """One page's bytes (kvgraftd.store.segment_reads)."""
+        return self._reads.read_bytes(location)
 
     # ------------------------------------------------------------------
     # freeing space
@@ -361,7 +338,9 @@ class SegmentFiles:
                 removed = emptied - active
                 for segment in removed:
                     del self._live[segment]
-                    self._maps.pop(segment, None)
+                    # no reader can reach it: the index names none of its pages, and every
+                    # read that could has ended
+                    self._reads.forget(segment)
             self._unpunched += [loc for locs in ready for loc in locs]
             try:  # the index no longer names these bytes: failing here loses no data
                 for segment in removed:

@@ -169,7 +169,7 @@ class StoreService:
             # Taken off the connection while the previous message is hashed and
             # stored; what was taken survives a cut call (kvgraftd.store.read_ahead).
             with closing(read_ahead(parts, READ_AHEAD_MESSAGES)) as received:
-                manifest, expected_id, signatures = _receive(received, intake)
+                manifest, last = _receive(received, intake)
         except KvgraftError:
             raise
         except Exception:
@@ -181,6 +181,7 @@ class StoreService:
                 "PutArtifact ended without a manifest; no artifact was stored (the pages sent "
                 "are kept for a retry): send the manifest as the last message"
             )
+        expected_id = last.expected_artifact_id
         if expected_id and artifact_id(manifest) != expected_id:
             intake.stage()  # the pages were verified; only the manifest is in doubt
             raise DataLoss(
@@ -188,7 +189,11 @@ class StoreService:
                 f"to the expected {expected_id[:16]}; no artifact was stored: resend it"
             )
         intake.check_against(manifest)
-        provenance = self.trust.received(artifact_id(manifest), signatures, origin)
+        if last.relayed_from and not source:
+            # A client relaying a replication names its source: information for the
+            # origin only (no trust, and no say in which deletes apply: replicated_from).
+            origin = f"replicated from {last.relayed_from} via a client"
+        provenance = self.trust.received(artifact_id(manifest), last.signatures, origin)
         if source:  # a pull or a follower: a delete from there will apply to it
             provenance.replicated_from.append(source)
         result = self._store.commit_artifact(manifest, intake.records, provenance)
@@ -346,20 +351,19 @@ class StoreService:
 
 def _receive(
     parts: Iterable[wire.PutPart], intake: PageIntake
-) -> tuple[pb.Manifest | None, str, tuple[pb.ArtifactSignature, ...]]:
-    """Pages into `intake`; the manifest (the last part), its expected id and its
-    signatures, if sent."""
+) -> tuple[pb.Manifest | None, wire.PutPart]:
+    """Pages into `intake`; the manifest (the last part), if sent, and that last part (its
+    expected id, signatures and relay source)."""
     manifest: pb.Manifest | None = None
-    expected_id = ""
-    signatures: tuple[pb.ArtifactSignature, ...] = ()
-    for chunks, manifest_bytes, expected, signed in parts:
+    last = wire.PutPart([])
+    for part in parts:
         if manifest is not None:
             raise InvalidArgument("the manifest must be the last message of PutArtifact")
-        if manifest_bytes is not None:
-            manifest = parse_manifest(manifest_bytes)
-            expected_id, signatures = expected, signed
-        intake.add(chunks)
-    return manifest, expected_id, signatures
+        if part.manifest is not None:
+            manifest = parse_manifest(part.manifest)
+            last = part
+        intake.add(part.chunks)
+    return manifest, last
 
 
 def _decode_page_token(token: str) -> bytes:

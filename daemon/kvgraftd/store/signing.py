@@ -12,12 +12,15 @@ Signed bytes: b"kvgraft-artifact/1\\0" followed by the 32 bytes of the artifact
 id (the SHA-256 of its canonical manifest), so a signature vouches for one
 manifest and, through its page hashes, for every byte of the artifact.
 
-`TrustPolicy.provenance` turns what came with an artifact into its
-kvgraft.v1 Provenance; the store keeps it and obeys its `trust`.
+`TrustPolicy.received` turns what came with an artifact into its kvgraft.v1
+Provenance; the store keeps it and obeys its `trust`. `TrustPolicy.voucher` judges
+stored signatures again when the trusted keys change (at start:
+kvgraftd.store.trusted_prefixes.reevaluate_trust).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Iterable
@@ -105,6 +108,25 @@ class TrustPolicy:
     def __init__(self, signer: Signer, trusted_keys: Iterable[bytes] = ()) -> None:
         self.signer = signer
         self.keys = frozenset([signer.public_key, *trusted_keys])
+        # the store remembers which keys its artifacts were judged against by this digest
+        self.keys_digest = hashlib.sha256(b"".join(sorted(self.keys))).digest()
+
+    def voucher(
+        self, artifact_id: str, signatures: Iterable[pb.ArtifactSignature], current: bytes = b""
+    ) -> bytes:
+        """The trusted key that vouches for an artifact carrying `signatures`: `current`
+        (its voucher so far) while it is still trusted, else the first key trusted now
+        whose signature is valid; b"" when none is."""
+        if current in self.keys:
+            return current  # its signature was checked when it became the voucher
+        return next(
+            (
+                s.public_key
+                for s in signatures
+                if s.public_key in self.keys and signature_is_valid(s, artifact_id)
+            ),
+            b"",
+        )
 
     def computed(self, artifact_id: str, trust: int = pb.Provenance.TRUST_COMPUTED):
         """The provenance of an artifact this daemon computed (or verified): signed by it."""

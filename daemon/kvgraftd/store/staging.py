@@ -90,7 +90,8 @@ class Staging:
         return self._pages.write(*write_needs(records.values()), body)
 
     def collect_staged(self, older_than_s: float) -> int:
-        """Delete staged pages older than `older_than_s` that nothing references."""
+        """Delete staged pages older than `older_than_s` that nothing references. On a full
+        disk (the index cannot be written) it logs so and leaves them to the next call."""
         limit = now_ms() - int(older_than_s * 1000)
 
         def body(txn: lmdb.Transaction) -> tuple[int, list[Location]]:
@@ -101,7 +102,11 @@ class Staging:
             unclaimed = [d for d in doomed if txn.get(d, db=self._db["refs"]) is None]
             return len(doomed), self._drop_pages(txn, unclaimed)
 
-        collected, freed = self._write(0, body)
+        try:
+            collected, freed = self._write(0, body)
+        except ResourceExhausted as exc:  # the daemon's housekeeping goes on
+            log.warning("staged pages not collected this time: %s", exc)
+            return 0
         self._pages.free(freed)
         if collected:
             log.info("collected %d staged pages older than %.0f s", collected, older_than_s)

@@ -4,6 +4,8 @@ chain entry.
 Sub-databases (inside the store's transactions):
   provenance  artifact id (32 bytes) -> kvgraft.v1 Provenance (deterministic bytes)
   vouchers    chain key (32) || artifact id (32) -> b""   trusted artifacts holding that page
+  untrusted_heads  first tokens || artifact id -> b""    untrusted artifacts, by what they start
+                   with (chains.head_key): Lookup names one that holds a prompt's prefix
 
 Invariant: an artifact's whole pages are in the chain index (kvgraftd.store.chains),
 and it vouches for them here, exactly while its provenance is trusted
@@ -13,7 +15,8 @@ artifact without a record (stored before trust existed: format 2) is untrusted
 until it is verified.
 
 This module decides nothing about keys (kvgraftd.store.signing does); it keeps what
-it is told, and upgrades, never downgrades, an artifact's trust.
+it is told. An arrival or a Verify only ever upgrades an artifact's trust; `reevaluate`
+(when the trusted keys change) judges every signed or untrusted artifact again, both ways.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import chains
+from kvgraftd.store.catalog import decode_record
 
 TRUSTED = frozenset(
     {pb.Provenance.TRUST_COMPUTED, pb.Provenance.TRUST_VERIFIED, pb.Provenance.TRUST_SIGNED}
@@ -35,6 +39,7 @@ _RANK = {
 }
 MAX_KEPT_SIGNATURES = 16  # per artifact: its voucher's first
 MAX_SOURCES = 16  # replication sources remembered per artifact
+UNTRUSTED_CANDIDATES = 8  # untrusted artifacts a Lookup compares with the prompt
 UNRECORDED = pb.Provenance(trust=pb.Provenance.TRUST_UNTRUSTED, origin="stored before trust")
 
 
@@ -80,14 +85,24 @@ def record(txn, dbs, aid: bytes, manifest: pb.Manifest, provenance: pb.Provenanc
     after = merged(before, provenance) if before is not None else merged(provenance, provenance)
     before = before or UNRECORDED
     txn.put(aid, after.SerializeToString(deterministic=True), db=dbs["provenance"])
+    list_untrusted(txn, dbs, aid, manifest, not is_trusted(after))
     if is_trusted(after) and not is_trusted(before) and txn.get(aid, db=dbs["quarantine"]) is None:
         vouch(txn, dbs, aid, manifest)
+
+
+def list_untrusted(txn, dbs, aid: bytes, manifest: pb.Manifest, untrusted: bool) -> None:
+    """List an untrusted artifact by its first tokens (or unlist it: trusted, or gone)."""
+    key = chains.head_key(manifest.token_ids, aid)
+    if untrusted:
+        txn.put(key, b"", db=dbs["untrusted_heads"])
+    else:
+        txn.delete(key, db=dbs["untrusted_heads"])
 
 
 def vouch(txn, dbs, aid: bytes, manifest: pb.Manifest) -> None:
     """A trusted artifact's pages enter the chain index, vouched for by it."""
     entries = list(chains.manifest_entries(manifest))
-    chains.register(txn, dbs["chains"], entries, +1)
+    chains.register(txn, dbs, entries, +1)
     for key, entry in entries:
         found = txn.get(key, db=dbs["chains"])
         # it vouches only where the index holds its bytes (not another's, kept first)
@@ -100,7 +115,7 @@ def withdraw_vouchers(txn, dbs, aid: bytes, manifest: pb.Manifest, entries=None)
     `entries`: its chain entries, when the caller has them."""
     if is_trusted(read(txn, dbs, aid)):
         entries = entries if entries is not None else list(chains.manifest_entries(manifest))
-        chains.register(txn, dbs["chains"], entries, -1)
+        chains.register(txn, dbs, entries, -1)
         for key, _ in entries:
             txn.delete(key + aid, db=dbs["vouchers"])
 
@@ -109,27 +124,43 @@ def forget(txn, dbs, aid: bytes, manifest: pb.Manifest, entries=None) -> None:
     """An artifact is deleted: it vouches for nothing any more."""
     if txn.get(aid, db=dbs["quarantine"]) is None:  # a quarantined one already withdrew
         withdraw_vouchers(txn, dbs, aid, manifest, entries)
+    list_untrusted(txn, dbs, aid, manifest, False)
     txn.delete(aid, db=dbs["provenance"])
 
 
-def withdraw(txn, dbs, keys: frozenset[bytes], manifest_of) -> int:
-    """Keys no longer trusted: an artifact they vouched for is vouched for by another
-    trusted signature it carries, or becomes untrusted and leaves the chain index.
-    `manifest_of(aid)` reads an artifact's manifest. Returns the artifacts downgraded."""
-    downgraded = 0
-    for raw_aid, raw in list(txn.cursor(db=dbs["provenance"])):
+def reevaluate(txn, dbs, voucher_of, manifest_of) -> tuple[int, int]:
+    """Judge every signed or untrusted artifact again (the trusted keys changed):
+    `voucher_of(aid, provenance)` names the trusted key among its signatures (b"": none).
+    One that gained a voucher is signed and its pages enter the chain index; one whose
+    signers are all untrusted now is untrusted and leaves it; computed and verified
+    artifacts stay. `manifest_of(aid)` reads a manifest. Returns (upgraded, downgraded)."""
+    changed: list[tuple[bytes, pb.Provenance, bytes]] = []
+    for raw_aid, raw in txn.cursor(db=dbs["provenance"]):  # read all before any write
         provenance = pb.Provenance.FromString(bytes(raw))
-        if provenance.trust != pb.Provenance.TRUST_SIGNED or provenance.vouched_by in keys:
+        if provenance.trust not in (pb.Provenance.TRUST_SIGNED, pb.Provenance.TRUST_UNTRUSTED):
             continue
-        aid = bytes(raw_aid)
-        other = next((s.public_key for s in provenance.signatures if s.public_key in keys), b"")
-        if not other:
-            forget(txn, dbs, aid, manifest_of(aid))  # out of the index while still trusted
-            provenance.trust = pb.Provenance.TRUST_UNTRUSTED
-            downgraded += 1
-        provenance.vouched_by = other
+        voucher = voucher_of(bytes(raw_aid), provenance)
+        if voucher != provenance.vouched_by:
+            changed.append((bytes(raw_aid), provenance, voucher))
+    upgraded = downgraded = 0
+    for aid, provenance, voucher in changed:
+        was_trusted = is_trusted(provenance)
+        held = txn.get(aid, db=dbs["quarantine"]) is None  # a quarantined one vouches for nothing
+        if held and was_trusted and not voucher:
+            withdraw_vouchers(txn, dbs, aid, manifest_of(aid))
+        if held and voucher and not was_trusted:
+            vouch(txn, dbs, aid, manifest_of(aid))
+        if bool(voucher) != was_trusted:
+            list_untrusted(txn, dbs, aid, manifest_of(aid), not voucher)
+        upgraded += bool(voucher) and not was_trusted
+        downgraded += was_trusted and not voucher
+        provenance.trust = pb.Provenance.TRUST_SIGNED if voucher else pb.Provenance.TRUST_UNTRUSTED
+        provenance.vouched_by = voucher
+        signatures = unique_signatures(provenance.signatures, first=voucher)
+        del provenance.signatures[:]
+        provenance.signatures.extend(signatures)
         txn.put(aid, provenance.SerializeToString(deterministic=True), db=dbs["provenance"])
-    return downgraded
+    return upgraded, downgraded
 
 
 def voucher(txn, dbs, chain_key: bytes) -> bytes | None:
@@ -143,10 +174,16 @@ def voucher(txn, dbs, chain_key: bytes) -> bytes | None:
 
 @dataclass(frozen=True)
 class ChainMatch:
-    """A prompt's longest run of trusted stored whole pages, and what vouches for them."""
+    """A prompt's longest stored prefix among trusted artifacts' pages, and what vouches
+    for them: `entries` hold its first `tokens` tokens (the last one, with row-invariant
+    products, perhaps in part: its first rows)."""
 
     entries: list[chains.ChainEntry]
+    tokens: int
     grafted: list[pb.GraftedArtifact]  # the artifacts holding them (receipts name them)
+
+
+NO_MATCH = ChainMatch([], 0, [])
 
 
 def longest_trusted_run(
@@ -156,31 +193,62 @@ def longest_trusted_run(
     profile: pb.ComputeProfile,
     layout: pb.KvLayout,
     token_ids: Sequence[int],
-    max_pages: int,
 ) -> ChainMatch:
-    """The chain entries of the longest run of pages starting `token_ids` (only trusted
-    artifacts' pages are indexed; see chains.longest_run), and the artifact vouching
-    for the last one: it holds every page before it too."""
-    entries = chains.longest_run(
-        txn, dbs["chains"], fingerprint, profile, layout, token_ids, max_pages
-    )
+    """The longest stored prefix of `token_ids` (only trusted artifacts' pages are indexed;
+    see chains.longest_run), and the artifact vouching for its last page: it holds every
+    page before it too."""
+    entries, tokens = chains.longest_run(txn, dbs, fingerprint, profile, layout, token_ids)
     if not entries:
-        return ChainMatch([], [])
+        return NO_MATCH
     last_key = chains.entry_keys(fingerprint, profile, layout, entries)[-1]
     aid = voucher(txn, dbs, last_key)
     if aid is None:  # an entry is registered only with a voucher
-        return ChainMatch([], [])
+        return NO_MATCH
     provenance = read(txn, dbs, aid)
     grafted = pb.GraftedArtifact(
         artifact_id=aid.hex(),
-        tokens=sum(len(entry.token_ids) for entry in entries),
+        tokens=tokens,
         trust=provenance.trust,
         vouched_by=provenance.vouched_by,
     )
-    return ChainMatch(entries, [grafted])
+    return ChainMatch(entries, tokens, [grafted])
+
+
+def longest_untrusted(
+    txn,
+    dbs,
+    fingerprint: bytes,
+    profile: pb.ComputeProfile,
+    layout: pb.KvLayout,
+    token_ids: Sequence[int],
+) -> tuple[int, str]:
+    """The longest prefix of `token_ids` an untrusted artifact of this model and profile
+    holds (tokens it would reuse once trusted: on the fixed schedule its chain pages
+    only), and that artifact's id; (0, "") if none. It looks at the few artifacts listed
+    nearest the prompt (UNTRUSTED_CANDIDATES): an answer to name, not a search."""
+    best, best_id = 0, ""
+    for aid in chains.nearest_heads(txn, dbs["untrusted_heads"], token_ids, UNTRUSTED_CANDIDATES):
+        found = txn.get(aid, db=dbs["artifacts"])
+        if found is None or txn.get(aid, db=dbs["quarantine"]) is not None:
+            continue
+        manifest = decode_record(found).manifest()
+        if (manifest.model_fingerprint, manifest.profile, manifest.layout) != (
+            fingerprint,
+            profile,
+            layout,
+        ):
+            continue
+        shared = chains.shared_start(manifest.token_ids, token_ids)
+        if not chains.row_invariant(profile):
+            eligible = chains.chain_pages(manifest) * profile.page_tokens
+            shared = min(shared, eligible) // profile.page_tokens * profile.page_tokens
+        if shared > best:
+            best, best_id = shared, aid.hex()
+    return best, best_id
 
 
 def clear_chains(txn, dbs) -> None:
     """Format 2 -> 3: no artifact is trusted yet, so none has pages in the chain index."""
     txn.drop(dbs["chains"], delete=False)
+    txn.drop(dbs["chain_children"], delete=False)
     txn.drop(dbs["vouchers"], delete=False)

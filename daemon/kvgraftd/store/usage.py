@@ -8,8 +8,9 @@ keeps all of it in memory, mirroring the catalogue: the store tells it of
 every artifact added and removed, inside its own write path.
 
 Contract:
-* `lease(aid)` succeeds only for an artifact in the book and not claimed for
-  removal; until the lease is returned the artifact cannot be claimed.
+* `lease(aid)` succeeds only for an artifact in the book; one claimed for a
+  removal is waited for, and leased if the removal did not take it (a delete
+  refused: pinned); until the lease is returned the artifact cannot be claimed.
   `claim(aids)` takes for removal the artifacts not leased (and marks them so
   that no new lease starts); the caller removes them, then `removed`, or
   `unclaim` if the removal failed. So a graft or an export that holds a lease
@@ -33,6 +34,7 @@ from kvgraft.errors import FailedPrecondition, NotFound
 
 USAGE_RECORD = struct.Struct("<qQ")  # last used unix ms, reused tokens
 USAGE_FLUSH_S = 30.0
+CLAIM_WAIT_S = 30.0  # a lease waits this long, at most, for a removal to end either way
 
 
 @dataclass
@@ -138,8 +140,13 @@ class UsageBook:
 
     @contextmanager
     def lease(self, aid: bytes) -> Iterator[None]:
+        """A reader's hold on `aid`. An artifact claimed for a removal is waited for (up to
+        CLAIM_WAIT_S): gone after it, NotFound; kept (a delete of a pinned artifact, a
+        removal that failed), the lease is taken."""
         with self._lock:
-            if aid not in self._entries or aid in self._claimed:
+            if not self._lock.wait_for(lambda: aid not in self._claimed, CLAIM_WAIT_S):
+                raise NotFound(f"artifact {aid.hex()} is being removed")
+            if aid not in self._entries:
                 raise NotFound(f"artifact {aid.hex()} is not in the store (evicted or deleted)")
             self._readers[aid] += 1
         try:

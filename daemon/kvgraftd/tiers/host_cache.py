@@ -1,13 +1,13 @@
 """The host tier: verified copies of stored pages in RAM, least recently used first out.
 
-Reading a page from LMDB costs a lookup, a copy and an xxh3 check; a page
-kept here was checked when it came in and is handed out as it is. The cache
-holds at most `budget_bytes` of page bytes (0 disables it). A page larger
-than the budget, or any page while a reader streams more stored bytes than
-the budget could ever hold (`admit=False`), goes straight from the store to
-its destination: caching a scan larger than the cache only evicts what
-would have been hit. With CUDA present, cached pages live in pinned memory
-so host-to-device copies run at full speed.
+Reading a page from the store costs a lookup, a copy out of its segment and an
+xxh3 check; a page kept here was checked when it came in and is handed out as
+it is. The cache holds at most `budget_bytes` of page bytes (0 disables it). A
+page larger than the budget, or any page while a reader streams more stored
+bytes than the budget could ever hold (`admit=False`), goes straight from the
+store to its destination: caching a scan larger than the cache only evicts
+what would have been hit. With CUDA present, cached pages live in pinned
+memory so host-to-device copies run at full speed.
 
 Thread-safe. Pages are immutable, so a cached copy is never stale.
 """
@@ -71,24 +71,23 @@ class HostCache:
     def verified(self, digests: list[bytes], admit: bool = False) -> Iterator[list[np.ndarray]]:
         """Every page's bytes, verified, to read (not write) inside the `with` block.
 
-        A cached page is its cached copy; any other is a view of the store's
-        map checked in place (Store.verified_pages), copied into the cache
-        only with `admit`: for reads that copy each page once, where they
-        need it.
+        A cached page is its cached copy; any other is read from the store into
+        a read-only array of its own (Store.verified_pages), which `admit` keeps
+        as the cached copy itself (no second copy) where no pinned copy is needed.
         """
         found = self._cached(digests)
         missing = [index for index, page in enumerate(found) if page is None]
         if not missing:
             yield found
             return
-        with self.store.verified_pages([digests[i] for i in missing]) as views:
+        with self.store.verified_pages([digests[i] for i in missing]) as pages:
             with self._lock:
                 self.counters.misses += len(missing)
-                self.counters.bytes_streamed += sum(view.nbytes for view in views)
-            for index, view in zip(missing, views, strict=True):
-                found[index] = view
+                self.counters.bytes_streamed += sum(page.nbytes for page in pages)
+            for index, page in zip(missing, pages, strict=True):
+                found[index] = page
                 if admit and self.budget_bytes:
-                    self._admit(digests[index], view)
+                    self._admit(digests[index], page, owned=True)
             yield found
 
     @contextmanager
@@ -96,18 +95,18 @@ class HostCache:
         """(bytes, xxh3-128 to check them against) of every page, inside the `with` block.
 
         A cached page is its cached copy, checked when it came in (None); any
-        other is a read-only view of the store's map, not yet checked: the
-        caller checks it before using anything computed from it, and may then
-        `admit` it.
+        other is a copy read from the store, not yet checked: the caller checks
+        it before using anything computed from it (raising CorruptPage inside
+        the block for one that fails), and may then `admit` it.
         """
         found: list = [None if page is None else (page, None) for page in self._cached(digests)]
         missing = [index for index, page in enumerate(found) if page is None]
         with self.store.pages_to_check([digests[i] for i in missing]) as pages:
             with self._lock:
                 self.counters.misses += len(missing)
-                self.counters.bytes_streamed += sum(view.nbytes for _, view in pages)
-            for index, (checksum, view) in zip(missing, pages, strict=True):
-                found[index] = (view, checksum)
+                self.counters.bytes_streamed += sum(page.nbytes for _, page in pages)
+            for index, (checksum, page) in zip(missing, pages, strict=True):
+                found[index] = (page, checksum)
             yield found
 
     def _cached(self, digests: list[bytes]) -> list[np.ndarray | None]:
@@ -127,11 +126,15 @@ class HostCache:
         if self.budget_bytes:
             self._admit(digest, data)
 
-    def _admit(self, digest: bytes, data: np.ndarray) -> None:
+    def _admit(self, digest: bytes, data: np.ndarray, owned: bool = False) -> None:
+        """Keep `data` (`owned`: read-only, nobody else's: kept as it is where it may be)."""
         if data.nbytes > self.budget_bytes:
             return
-        copy = self._allocate(data.nbytes)
-        copy[:] = data
+        if owned and not self._pinned:
+            copy = data
+        else:
+            copy = self._allocate(data.nbytes)
+            copy[:] = data
         with self._lock:
             if digest in self._pages:
                 return

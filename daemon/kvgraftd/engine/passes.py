@@ -1,0 +1,144 @@
+"""A request's passes: its context admitted, its segments computed, cancellable, reported.
+
+`Passes` is the part of the Engine (kvgraftd.engine.engine) that computes a request's
+tokens. `_serving` admits the request (kvgraftd.engine.batcher.Admission) with the live KV
+it will hold reserved (its prompt's positions not grafted whole, and max_new_tokens), gives
+it a context whose buffers are sized for that once, and joins it to the batcher.
+`_appending` appends one segment: on the row-invariant forward as passes handed to the
+batcher (its steps hold other contexts' rows too), elsewhere in forward passes up to each
+page boundary (the fixed schedule), on the compute thread either way. A request whose
+client has left (`context.wanted()` false) stops before its next step with Cancelled.
+`_prompt` reports how far a prompt got (ProgressEvent: at its start, then every
+PROGRESS_S) when the request asked for it. It reads the engine's state (adapter, batcher,
+admission, tiers, geometry) and owns none.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager, nullcontext
+
+import torch
+
+from kvgraft.errors import Cancelled, FailedPrecondition
+from kvgraftd.engine import compute_thread
+from kvgraftd.engine.batcher import always
+from kvgraftd.engine.decoding import DecodeOptions, ProgressEvent
+from kvgraftd.engine.kv_context import KvContext
+from kvgraftd.tiers.live_buffers import round_capacity
+
+PROGRESS_S = 0.5  # how often a prompt being computed reports how far it got
+
+
+class Passes:
+    def _context(self, live_tokens: int = 0) -> KvContext:
+        return KvContext(
+            self.adapter.geometry,
+            self.page_tokens,
+            self.block_tokens,
+            self.tiers,
+            rows=self.adapter.row_invariant,
+            live_tokens=live_tokens,
+        )
+
+    def _forward(self, context: KvContext, chunk: list[int]) -> torch.Tensor:
+        return compute_thread.run(self._forward_here, context, chunk)
+
+    def _forward_here(self, context: KvContext, chunk: list[int]) -> torch.Tensor:
+        assert torch.are_deterministic_algorithms_enabled()
+        context.begin_chunk(context.length, chunk)
+        logits = self.adapter.forward(chunk, context.length, context)
+        context.end_chunk(chunk)
+        return logits
+
+    def forward_batch(self, items: Sequence[tuple[KvContext, list[int]]]) -> list[torch.Tensor]:
+        """One forward pass over the rows of several contexts (the row-invariant forward
+        only): each context's tokens appended at its own length, attending its own KV.
+        Returns each context's logits at its last token: the bits it would have alone."""
+        if not self.adapter.row_invariant:
+            raise FailedPrecondition("a batch of contexts needs the row-invariant forward")
+        return compute_thread.run(self._forward_batch_here, items)
+
+    def _forward_batch_here(self, items: Sequence[tuple[KvContext, list[int]]]) -> list:
+        for context, chunk in items:
+            context.begin_chunk(context.length, chunk)
+        parts = [(context, chunk, context.length) for context, chunk in items]
+        logits = self.adapter.native.forward_many(parts)
+        for context, chunk in items:
+            context.end_chunk(chunk)
+        return logits
+
+    @contextmanager
+    def _serving(
+        self, is_active: Callable[[], bool] | None, live_tokens: int
+    ) -> Iterator[KvContext]:
+        """A request's context: admitted with `live_tokens` of live KV reserved (or queued
+        while `is_active`, or refused), joined to the batcher; its passes stop once
+        `is_active` turns false (the client left)."""
+        batch = self.batcher.joined() if self.batcher else nullcontext()
+        reserved = round_capacity(live_tokens) * self.live_bytes_per_token
+        with (
+            self.admission.admitted(is_active, reserved),
+            self._context(live_tokens) as context,
+            batch,
+        ):
+            context.wanted = is_active or always
+            yield context
+
+    def _append(self, context: KvContext, token_ids: Sequence[int]) -> torch.Tensor:
+        """Append one segment; logits at its last token (see `_appending`)."""
+        steps = self._appending(context, token_ids)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def _appending(
+        self, context: KvContext, token_ids: Sequence[int]
+    ) -> Generator[int, None, torch.Tensor]:
+        """Append one segment, yielding the tokens of it computed so far now and then
+        (PROGRESS_S); returns the logits at its last token. On the row-invariant forward, in
+        the batcher's steps (with other contexts' passes); else in passes up to each page
+        boundary (the fixed schedule). Cancelled once the request is no longer wanted."""
+        ids = list(token_ids)
+        assert ids, "a segment holds at least one token"
+        if self.batcher is not None:
+            item = self.batcher.submit(context, ids, context.wanted)
+            while True:
+                try:
+                    logits = item.future.result(timeout=PROGRESS_S)
+                    break
+                except FutureTimeout:
+                    yield item.computed
+        else:
+            done = 0
+            while done < len(ids):
+                if not context.wanted():
+                    raise Cancelled("the client went away; its request stopped")
+                room = self.page_tokens - context.length % self.page_tokens
+                logits = self._forward(context, ids[done : done + room])
+                done += len(ids[done : done + room])
+                yield done
+        context.segment_ends.append(context.length)
+        return logits
+
+    def _prompt(
+        self, context: KvContext, token_ids: Sequence[int], options: DecodeOptions, reused: int
+    ) -> Generator[ProgressEvent, None, torch.Tensor]:
+        """Append a prompt's tokens as one segment; with `options.progress`, a ProgressEvent
+        as it starts (the grafted tokens counted as done), then every PROGRESS_S."""
+        steps = self._appending(context, token_ids)
+        total, last = reused + len(token_ids), time.monotonic()
+        if options.progress:
+            yield ProgressEvent(reused, total, reused)
+        while True:
+            try:
+                done = next(steps)
+            except StopIteration as finished:
+                return finished.value
+            if options.progress and time.monotonic() - last >= PROGRESS_S:
+                last = time.monotonic()
+                yield ProgressEvent(reused + done, total, reused)
