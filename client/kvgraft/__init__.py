@@ -9,6 +9,8 @@ line lives in `kvgraft.cli.main`.
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING
+
 from kvgraft.artifact import Artifact
 from kvgraft.errors import KvgraftError
 from kvgraft.results import (
@@ -21,6 +23,9 @@ from kvgraft.results import (
     Token,
     VerifyResult,
 )
+
+if TYPE_CHECKING:  # for type checkers and editors; at run time, on first use (below)
+    from kvgraft.client.client import Client
 
 __all__ = [
     "Artifact",

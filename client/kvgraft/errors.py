@@ -4,9 +4,18 @@ Each class names the gRPC status code it travels as (`code`, a string, so this
 module needs no gRPC). The daemon maps raised errors to status codes in one
 place (kvgraftd.server.grpc_server); the client maps status codes back to these classes in
 one place (kvgraft.client.client). Messages say what happened and what to do.
+`printable` is how either side shows text someone else chose (an id in a message, a
+label): nothing in it may move the cursor, reorder or hide what follows.
 """
 
 from __future__ import annotations
+
+
+def printable(text: str) -> str:
+    """`text` safe to print on a terminal or in a log: characters that move the cursor,
+    reorder text or hide (controls, bidirectional overrides, invisible format characters)
+    escaped as Python writes them (\\x1b, \\u202e)."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 class KvgraftError(Exception):

@@ -196,6 +196,22 @@ def test_ls_heads_every_column_cuts_labels_and_shows_a_ttl(daemon, client, rng) 
     assert ", pinned until " in created and created.endswith(" UTC (2h00m left), then deleted")
 
 
+def test_ls_and_stat_escape_what_a_label_would_do_to_a_terminal(daemon, client, rng) -> None:
+    """Regression: an artifact's labels (anyone's who uploads, imports or replicates one)
+    reached the terminal as they were: escape sequences, bidirectional overrides."""
+    hostile = "\x1b[2J\u202eevil\x07"
+    artifact = _artifact(rng, note=hostile)
+    client.put_artifact(artifact)
+    listed = kvgraft("ls", server=daemon.address).stdout
+    stat = kvgraft("stat", artifact.id, server=daemon.address).stdout
+    for shown in (listed, stat):
+        assert all(c.isprintable() for line in shown.splitlines() for c in line), repr(shown)
+    row = next(line for line in listed.splitlines() if line.startswith(artifact.id[:16]))
+    assert row.endswith("note=\\x1b[2J\\u202eevil\\x07")
+    assert "label note=\\x1b[2J\\u202eevil\\x07" in stat.splitlines()
+    assert kvgraft_json("stat", artifact.id, server=daemon.address)["labels"] == {"note": hostile}
+
+
 def test_verify_untrusted_without_a_model_fails_saying_what_waits(daemon, client, rng) -> None:
     """Regression: on a daemon serving no model, `verify --untrusted` answered "0 of 0
     untrusted artifacts verified" with exit 0 while uploads waited untrusted."""

@@ -1,13 +1,15 @@
 """How the `kvgraft` command reaches a daemon, run as the real command against a real
 store-only daemon (or a peer that never answers): in its own words when it cannot (no
 line of gRPC's own logging on the terminal), on port 50551 when none is given, and
-within `--timeout` for every call, those that compute included.
+within `--timeout` for every call, those that compute included; Ctrl-C cancels a call in
+one line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -95,3 +97,33 @@ def test_timeout_bounds_the_calls_that_compute() -> None:
                 "deadline of 0.5 s: give it longer with --timeout S (in Python, "
                 "Client(compute_timeout_s=S))",
             }
+
+
+def test_ctrl_c_cancels_the_call_in_one_line() -> None:
+    """Regression: Ctrl-C during a call (a long generate) printed a Python traceback
+    ending in KeyboardInterrupt."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("KVGRAFT_")}
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        silent.settimeout(60)
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        command = ["generate", "--tokens", "1,2,3"]
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kvgraft", "--server", address, "--json", *command],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment,
+            # Python raises KeyboardInterrupt only where SIGINT was not ignored at its start
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        try:
+            connection, _ = silent.accept()  # the call is under way: it opened the connection
+            with connection:
+                process.send_signal(signal.SIGINT)
+                out, err = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    message = "interrupted: the call was cancelled"
+    assert (process.returncode, err) == (130, f"kvgraft: {message}\n")
+    assert json.loads(out) == {"error": {"code": "CANCELLED", "message": message}}

@@ -6,7 +6,8 @@ Regressions of issue 31: `--sample --temperature 0` sampled at temperature 1 and
 `--temperature` without `--sample` was ignored (now a temperature samples at it, 0 is
 greedy, and the command line and Python agree token for token); `return_logits` gave
 bytes (now float32 arrays whose bytes are what the receipt hashes); `stat --manifest`
-showed "reused 0 tokens, computed 0" for a stored receipt, which keeps no such counts.
+and `verify --json` showed "reused 0 tokens, computed 0" for a stored receipt, which keeps
+no such counts.
 """
 
 from __future__ import annotations
@@ -95,6 +96,11 @@ def test_stat_manifest_shows_what_a_stored_receipt_keeps(daemon: DaemonProcess) 
     receipt = stored["manifest"]["receipt"]
     assert receipt["input_sha256"] == document["input_sha256"]
     assert "reused_tokens" not in receipt and "computed_tokens" not in receipt
+    # nor does `verify --json` say them of the stored receipt (it said 0 and 0 too)
+    verified = json.loads(kvgraft(daemon.address, "--json", "verify", artifact_id).stdout)
+    assert verified["ok"] and verified["stored"]["input_sha256"] == document["input_sha256"]
+    assert "reused_tokens" not in verified["stored"] and "computed_tokens" not in verified["stored"]
+    assert verified["recomputed"]["computed_tokens"] == 8
 
 
 def kvgraft(address: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -83,7 +83,19 @@ def assert_usage_error(result: subprocess.CompletedProcess[str], command: str, m
             ["generate", "--text", "x", "--temperature", "nan"],
             "generate",
             "argument --temperature: nan is not a temperature: give 0 (greedy) or a number "
-            "above 0, e.g. 0.7",
+            "from 0.0001 to 10000, e.g. 0.7",
+        ),
+        (  # Regression: 0 on the wire (a float32), which the daemon samples at 1.0
+            ["generate", "--text", "x", "--temperature", "1e-46"],
+            "generate",
+            "argument --temperature: 1e-46 is not a temperature: give 0 (greedy) or a number "
+            "from 0.0001 to 10000, e.g. 0.7",
+        ),
+        (  # Regression: the daemon's refusal, in its API's words ("leave greedy set"), exit 1
+            ["graft", "abcdef12", "--text", "x", "--temperature", "0.00001"],
+            "graft",
+            "argument --temperature: 0.00001 is not a temperature: give 0 (greedy) or a number "
+            "from 0.0001 to 10000, e.g. 0.7",
         ),
         (
             ["replicate", "--from", "a:1", "--to", "b:1", "--from-sequence", "-5"],
@@ -116,6 +128,22 @@ def assert_usage_error(result: subprocess.CompletedProcess[str], command: str, m
             ["generate", "--text", "x", "--seed", "3"],
             "generate",
             "--seed picks the samples: add --sample or --temperature T",
+        ),
+        (  # Regression: past the wire's uint64, protobuf's ValueError came as a traceback
+            ["pin", "abcdef12", "--ttl", "999999999999999999999999999d"],
+            "pin",
+            "argument --ttl: '999999999999999999999999999d' is too long: a pin's TTL is at "
+            "most 3650d",
+        ),
+        (  # Regression: the daemon's refusal named its API field ("Pin ttl_s is at most")
+            ["pin", "abcdef12", "--ttl", "3651d"],
+            "pin",
+            "argument --ttl: '3651d' is too long: a pin's TTL is at most 3650d",
+        ),
+        (
+            ["scrub", "--rate", "99999999999999999999TB"],
+            "scrub",
+            "argument --rate: '99999999999999999999TB' is too large: give e.g. 200MB or 1GiB",
         ),
         (
             ["pin", "abcdef12", "--off", "--ttl", "1h"],

@@ -105,6 +105,17 @@ def test_options_are_checked_like_python_arguments() -> None:
             client.generate(token_ids=[1], greedy=False, temperature=0)
         with pytest.raises(ValueError, match="max_new_tokens must be 0 or more, not -3"):
             client.generate(token_ids=[1], max_new_tokens=-3)
+        # Regression: 0 as the wire's float32, so the daemon sampled at 1.0
+        for tiny in (1e-46, 5e-324):
+            with pytest.raises(ValueError) as caught:
+                client.generate(token_ids=[1], temperature=tiny)
+            assert str(caught.value) == (
+                f"temperature={tiny!r} is 0 on the wire (a float32): give 0 to decode "
+                "greedily, or a temperature of 0.0001 or more to sample"
+            )
+    # the smallest the wire carries, and past its largest (inf), go to the daemon to judge
+    assert _generate_options("generate", None, {"temperature": 1e-45}).temperature > 0
+    assert _generate_options("generate", None, {"temperature": 1e300}).temperature == np.inf
 
 
 @pytest.mark.parametrize(

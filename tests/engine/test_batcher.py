@@ -13,7 +13,9 @@ import contextlib
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,9 +24,10 @@ from kvgraft.errors import Cancelled, DataLoss, ResourceExhausted
 from kvgraftd.config import DaemonConfig
 from kvgraftd.engine import linear
 from kvgraftd.engine.batcher import Admission, Batcher
-from kvgraftd.engine.decoding import DecodeOptions, ResultEvent, TokenEvent
+from kvgraftd.engine.decoding import DecodeOptions, ProgressEvent, ResultEvent, TokenEvent
 from kvgraftd.engine.engine import Engine
 from kvgraftd.engine.model_adapter import ModelAdapter
+from kvgraftd.engine.passes import Passes
 from kvgraftd.store.artifact_store import Store
 from tests.support.on_disk import flip_stored_page
 
@@ -274,6 +277,41 @@ def test_a_pass_whose_client_left_stops_before_its_next_step() -> None:
         with pytest.raises(Cancelled, match="went away"):
             prompt.result(timeout=30)
     assert steps.seen == [[("long", list(range(8)))]]
+    assert batcher.counters.abandoned == 1
+    assert batcher.forward("next", [1, 2]) == "logits of next"  # the batcher goes on
+
+
+class _Prompts(Passes):
+    """Passes over a batcher of Steps (no model): what `_prompt` does with a pass."""
+
+    page_tokens = 8
+
+    def __init__(self, batcher: Batcher) -> None:
+        self.batcher = batcher
+
+
+def test_a_prompt_closed_mid_step_outlives_that_step_and_computes_nothing_more() -> None:
+    """Regression: a prompt reporting progress, closed between two reports (its client went
+    away) while a batcher step computed its pass, returned at once: its request gave the
+    context's live buffers back (another request could take them) while the step still
+    wrote them, and the rest of its tokens were computed for no one."""
+    steps = Steps()
+    batcher = Batcher(steps, max_batch_tokens=8, max_batch_rows=4)
+    context = SimpleNamespace(wanted=lambda: True, segment_ends=[])
+    steps.release.clear()
+    prompt = _Prompts(batcher)._prompt(
+        context, list(range(100)), DecodeOptions(progress=True), reused=0
+    )
+    assert next(prompt) == ProgressEvent(0, 100, 0)
+    assert next(prompt) == ProgressEvent(0, 100, 0)  # a report while its first step holds
+    assert steps.entered.is_set()
+    with ThreadPoolExecutor(1) as pool:
+        closing = pool.submit(prompt.close)
+        with pytest.raises(FutureTimeout):
+            closing.result(timeout=0.3)  # the step in flight still writes the context
+        steps.release.set()
+        closing.result(timeout=30)
+    assert steps.seen == [[(context, list(range(8)))]]
     assert batcher.counters.abandoned == 1
     assert batcher.forward("next", [1, 2]) == "logits of next"  # the batcher goes on
 

@@ -121,14 +121,10 @@ def test_fifty_grafted_samples_equal_fresh_runs(daemons, real_model) -> None:
         elsewhere = b.generate(token_ids=prompt, **options)
         # row-invariant products: the longest stored prefix, to the token (a radix tree's
         # answer), leaving the last prompt token to compute; on the fixed schedule (no
-        # native kernels), whole pages of the one prefix it extends
-        if grafted.receipt.profile.products:
-            assert a.lookup(prompt).matched_tokens == _longest_stored(prompt, stored), sample
-            expected_reuse = _longest_stored(prompt[:-1], stored)
-        elif way == 0:
-            expected_reuse = min(len(prefix) // PAGE, (len(prompt) - 1) // PAGE) * PAGE
-        else:
-            continue
+        # native kernels), whole pages of it only
+        whole = not grafted.receipt.profile.products
+        assert a.lookup(prompt).matched_tokens == _longest_stored(prompt, stored, whole), sample
+        expected_reuse = _longest_stored(prompt[:-1], stored, whole)
         assert grafted.receipt.reused_tokens == expected_reuse, sample
         assert grafted.receipt.computed_tokens == len(prompt) - expected_reuse + NEW_TOKENS
         assert fresh.receipt.reused_tokens == elsewhere.receipt.reused_tokens == 0
@@ -140,8 +136,9 @@ def test_fifty_grafted_samples_equal_fresh_runs(daemons, real_model) -> None:
     b.close()
 
 
-def _longest_stored(prompt: list[int], stored: list[list[int]]) -> int:
-    """The longest common start of `prompt` and any stored sequence."""
+def _longest_stored(prompt: list[int], stored: list[list[int]], whole_pages: bool) -> int:
+    """The longest common start of `prompt` and any stored sequence (in whole pages of it
+    only, with `whole_pages`)."""
     best = 0
     for sequence in stored:
         shared = 0
@@ -149,6 +146,8 @@ def _longest_stored(prompt: list[int], stored: list[list[int]]) -> int:
             if x != y:
                 break
             shared += 1
+        if whole_pages:
+            shared = min(shared, len(sequence) // PAGE * PAGE) // PAGE * PAGE
         best = max(best, shared)
     return best
 

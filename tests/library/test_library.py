@@ -417,6 +417,10 @@ def test_jsonl_import_is_checked_line_by_line(tmp_path: Path) -> None:
         ("[1]", ":1: expected an object"),
         (json.dumps({**good, "answer": ""}), ":1: 'answer'"),
         (json.dumps({**good, "tags": [1]}), ":1: 'tags'"),
+        # Regression: JSON's lone-surrogate escapes raised UnicodeEncodeError (a traceback)
+        (json.dumps({**good, "problem": "p\ud800"}), ":1: 'problem' is not UTF-8 text"),
+        (json.dumps({**good, "tags": ["t", "\udfff"]}), ":1: 'tags' is not UTF-8 text"),
+        (json.dumps({**good, "verified_by": "\ud83d"}), ":1: 'verified_by' is not UTF-8"),
     ):
         path.write_text(line + "\n")
         with pytest.raises(InvalidArgument, match=match):

@@ -209,6 +209,40 @@ def test_a_read_takes_neighbours_at_once_and_names_the_first_page_a_cut_file_lac
     segments_.close()
 
 
+def test_a_read_that_cannot_open_a_segment_for_want_of_descriptors_damages_nothing(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Regression: every OSError of a read was taken for a damaged segment, so a read that
+    met a full descriptor table (EMFILE) quarantined the artifact and dropped its pages'
+    records, freeing good bytes. Only errors that say the bytes are gone (EIO, a missing
+    file, a file cut short) are DataLoss; the rest fail the read and leave the store."""
+    store = Store(tmp_path / "store", min_free_bytes=0)
+    try:
+        artifact = _artifact(random.Random(3), 1)
+        _commit(store, artifact)
+        store.close()
+        store = Store(tmp_path / "store", min_free_bytes=0)  # no segment opened for reads yet
+        real_open = os.open
+
+        def no_descriptors(path, flags, *args, **kwargs):
+            if str(path).endswith(".seg") and not flags & os.O_WRONLY and not flags & os.O_RDWR:
+                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), str(path))
+            return real_open(path, flags, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", no_descriptors)
+        digests = list(artifact.pages)
+        with pytest.raises(ResourceExhausted, match="descriptors"):
+            _read(store, artifact)
+        with pytest.raises(ResourceExhausted, match="descriptors"):
+            store.read_page(digests[0])
+        store.read_quarantine.settled()
+        monkeypatch.setattr(os, "open", real_open)
+        assert store.quarantined_ids() == [] and store.missing_pages(digests) == []
+        assert _read(store, artifact) == _pages(artifact)
+    finally:
+        store.close()
+
+
 def test_locations_never_overlap_across_appends(tmp_path: Path) -> None:
     segments = SegmentFiles(tmp_path)
     segments.open(Tail(1, 0), [])

@@ -23,6 +23,8 @@ from typing import NoReturn
 
 UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
+# The temperatures the daemon samples at (kvgraftd.engine.service's bounds).
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
 
 
 class UsageError(Exception):
@@ -73,14 +75,17 @@ def positive(text: str) -> int:
 
 
 def temperature(text: str) -> float:
-    """A sampling temperature: a finite number, 0 or more (0: greedy decoding)."""
+    """A sampling temperature: 0 (greedy decoding), or one the daemon samples at
+    (MIN_TEMPERATURE..MAX_TEMPERATURE: below, a temperature rounds to 0 on the wire and
+    would sample at 1.0; outside, the daemon refuses it in its API's words)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
+    if value != 0 and not MIN_TEMPERATURE <= value <= MAX_TEMPERATURE:  # nan too
         raise argparse.ArgumentTypeError(
-            f"{text} is not a temperature: give 0 (greedy) or a number above 0, e.g. 0.7"
+            f"{text} is not a temperature: give 0 (greedy) or a number from "
+            f"{MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}, e.g. 0.7"
         )
     return value
 
@@ -152,13 +157,14 @@ def check_text_values(args: argparse.Namespace, parser: argparse.ArgumentParser)
     names = {action.dest: action for action in parser._actions}
     for dest, value in vars(args).items():
         for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, str) and not _is_utf8(item):
+            if isinstance(item, str) and not is_utf8(item):
                 action = names.get(dest)
                 flag = (action.option_strings or [action.metavar or dest])[-1] if action else dest
                 raise UsageError(f"{flag}: the value is not UTF-8 text", parser)
 
 
-def _is_utf8(text: str) -> bool:
+def is_utf8(text: str) -> bool:
+    """Whether `text` can be sent: no lone surrogate (what undecodable bytes become)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -15,22 +15,26 @@ from __future__ import annotations
 import argparse
 import re
 
-from kvgraft.cli.arguments import UsageError
+from kvgraft.cli.arguments import UINT64_MAX, UsageError
 from kvgraft.cli.render import emit, human_bytes, message_to_json, progress_bar, when
 from kvgraft.client.client import Client
 from kvgraft.v1 import kvgraft_pb2 as pb
 
+MAX_TTL_S = 10 * 365 * 86400  # the daemon's longest TTL (kvgraftd.store.service)
 SCRUB_TIMEOUT_S = 24 * 3600.0  # without --timeout; the daemon's scrub goes on regardless
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in "90", "90s", "15m", "2h" or "7d"."""
+    """Seconds in "90", "90s", "15m", "2h" or "7d", up to a pin's longest (ten years)."""
     match = _DURATION.match(text)
     if match is None or float(match.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration: give e.g. 90s, 15m, 2h, 7d")
-    return float(match.group(1)) * _SECONDS[match.group(2)]
+    seconds = float(match.group(1)) * _SECONDS[match.group(2)]
+    if seconds > MAX_TTL_S:
+        raise argparse.ArgumentTypeError(f"{text!r} is too long: a pin's TTL is at most 3650d")
+    return seconds
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
@@ -43,7 +47,10 @@ def parse_rate(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size: give e.g. 200MB or 1GiB")
     unit = (match.group(2) or "b").lower().rstrip("b")
     power = "kmgt".index(unit[0]) + 1 if unit else 0
-    return int(float(match.group(1)) * (1024 if unit.endswith("i") else 1000) ** power)
+    rate = int(float(match.group(1)) * (1024 if unit.endswith("i") else 1000) ** power)
+    if rate > UINT64_MAX:  # protobuf would refuse it with a traceback
+        raise argparse.ArgumentTypeError(f"{text!r} is too large: give e.g. 200MB or 1GiB")
+    return rate
 
 
 def cmd_pin(client: Client, args: argparse.Namespace) -> None:

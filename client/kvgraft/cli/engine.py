@@ -211,6 +211,8 @@ def cmd_verify(client: Client, args: argparse.Namespace) -> None:
         return
     response = client.verify(args.id)
     document = message_to_json(response.raw)
+    if document["stored"] is not None:  # a manifest keeps no reuse counts: its zeros say none
+        del document["stored"]["reused_tokens"], document["stored"]["computed_tokens"]
     if response.ok:
         text = (
             f"verified {args.id}: every page and receipt hash matches a fresh run; this "
@@ -278,10 +280,10 @@ def cmd_lookup(client: Client, args: argparse.Namespace) -> None:
         response = client.lookup(text=kwargs["text"], chat=kwargs["chat"])
     else:
         response = client.lookup(kwargs["token_ids"])
+    pages = f"{response.matched_pages} whole page{'' if response.matched_pages == 1 else 's'}"
     lines = [
-        f"{response.matched_tokens} leading tokens are stored ({response.matched_pages} whole "
-        "pages): a generate of this prompt reuses them (all but the last token at most: its "
-        "logits are computed)"
+        f"{response.matched_tokens} leading tokens are stored ({pages}): a generate of this "
+        "prompt reuses them (all but the last token at most: its logits are computed)"
     ]
     if response.untrusted_tokens:
         artifact = response.untrusted_artifact_id[:16]

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvgraft.cli import arguments
-from kvgraft.cli.arguments import read_text
+from kvgraft.cli.arguments import is_utf8, read_text
 from kvgraft.cli.options import add_global_options
 from kvgraft.cli.render import clip, emit, human_bytes, message_to_json, progress_bar, table
 from kvgraft.client.client import Client
@@ -120,6 +120,10 @@ def read_jsonl(path: Path, tags: list[str], verified_by: str) -> list[dict]:
             raise InvalidArgument(f"{path}:{number}: 'verified_by' must be a string")
         entry["tags"] = sorted(set(line_tags) | set(tags))
         entry["verified_by"] = by
+        # JSON's \ud800 escapes decode to lone surrogates, which no protobuf string carries
+        for name, value in entry.items():
+            if not all(map(is_utf8, [value] if isinstance(value, str) else value)):
+                raise InvalidArgument(f"{path}:{number}: {name!r} is not UTF-8 text")
         entries.append(entry)
     return entries
 

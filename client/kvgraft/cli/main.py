@@ -16,7 +16,8 @@ Exit status: 0 success; 1 an error met doing the work (the daemon's, or kvgraft'
 own: a corrupt bundle, a file that cannot be written), printed on one line on stderr
 as `kvgraft: error: CODE: message`; 2 a usage error (kvgraft.cli.arguments): the
 usage of the command it was made in, then one line saying what to change, on stderr,
-and with --json the document {"error": {"code": "INVALID_ARGUMENT", "message"}}.
+and with --json the document {"error": {"code": "INVALID_ARGUMENT", "message"}}; 130
+Ctrl-C (the call cancelled, one line; code CANCELLED with --json).
 """
 
 from __future__ import annotations
@@ -142,4 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         # stdout is pointed at /dev/null so the interpreter's final flush cannot fail too.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a killed writer
+    except KeyboardInterrupt:
+        # Ctrl-C: leaving the `with` closed the connection, which cancels the call (the
+        # daemon stops its work at its next step). No traceback: one line, as for errors.
+        message = "interrupted: the call was cancelled"
+        if args.json:
+            print(json.dumps({"error": {"code": "CANCELLED", "message": message}}, indent=2))
+        print(f"kvgraft: {message}", file=sys.stderr)
+        return 130  # 128 + SIGINT, what a shell reports for an interrupted command
     return 0

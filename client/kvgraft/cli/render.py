@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from kvgraft.errors import printable
+
 
 def message_to_json(message: Message) -> dict:
     """A protobuf message as plain JSON data, every field present, bytes as hex."""
@@ -84,8 +86,9 @@ def time_left(unix_ms: int) -> str:
 
 
 def clip(text: str, width: int) -> str:
-    """`text` on one line (runs of whitespace as one space), cut to `width` with "…"."""
-    text = " ".join(text.split())
+    """`text` on one line (runs of whitespace as one space), printable, cut to `width`
+    with "…"."""
+    text = printable(" ".join(text.split()))
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 

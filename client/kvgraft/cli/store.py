@@ -38,7 +38,7 @@ from kvgraft.cli.render import (
     when,
 )
 from kvgraft.client.client import Client
-from kvgraft.errors import InvalidArgument
+from kvgraft.errors import InvalidArgument, printable
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 TRUST_NAMES = {
@@ -173,9 +173,12 @@ def cmd_stat(client: Client, args: argparse.Namespace) -> None:
             if info.provenance.vouched_by
             else ""
         ),
-    ] + [f"label {k}={v}" for k, v in sorted(info.labels.items())]
+    ] + [f"label {printable(k)}={printable(v)}" for k, v in sorted(info.labels.items())]
     if info.quarantined:
-        lines.append("QUARANTINED: a scrub found a page corrupt; repair it from a good copy")
+        lines.append(
+            "QUARANTINED: a read or a scrub found a page corrupt; repair it from a good copy "
+            "(kvgraft replicate from a replica, or kvgraft remote sync --pull)"
+        )
     if args.manifest:
         lines += manifest_lines(response.manifest)
     emit(args.json, document, "\n".join(lines))

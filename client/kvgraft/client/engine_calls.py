@@ -10,6 +10,8 @@ compute deadline (`compute_timeout_s`, kvgraft.client.connection).
 
 from __future__ import annotations
 
+import math
+import struct
 from collections.abc import Callable, Iterable, Mapping
 
 from kvgraft.client.connection import COMPUTE, Connection
@@ -234,10 +236,23 @@ def _decoding(greedy: bool | None, temperature: float | None) -> dict:
                 f"greedy=True with temperature={temperature!r}: a temperature samples; "
                 "leave out greedy=True to sample, or the temperature to decode greedily"
             )
+        if temperature > 0 and _float32(temperature) == 0:  # the daemon would read 1.0
+            raise ValueError(
+                f"temperature={temperature!r} is 0 on the wire (a float32): give 0 to decode "
+                "greedily, or a temperature of 0.0001 or more to sample"
+            )
         return {"greedy": False, "temperature": temperature}
     if greedy is None:
         return {}  # absent: greedy
     return {"greedy": True} if greedy else {"greedy": False, "temperature": 1.0}
+
+
+def _float32(value: float) -> float:
+    """`value` as GenerateOptions.temperature carries it (a float32; inf beyond its range)."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:
+        return math.inf
 
 
 def _prompt(text: str | None, token_ids: Iterable[int] | None, chat: bool) -> pb.Prompt:

@@ -21,7 +21,8 @@ the others' rows are computed again with the same bits. Positions a failed step
 wrote are not the context's until a pass ends (KvContext.end_chunk), so the
 retry writes them again. A pass whose request is no longer wanted (its client
 left: `wanted()` turns false) leaves before the next step with Cancelled, so a
-long prompt nobody waits for stops within a step.
+long prompt nobody waits for stops within a step; `withdraw` does the same for a pass
+whose caller is leaving and returns once no step computes it.
 
 `Admission` bounds the contexts in flight (`max_running`) and the live KV they
 may hold together (`max_live_kv_bytes`, each request's reserved when it is
@@ -37,6 +38,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -55,6 +57,10 @@ Step = Callable[[Sequence[tuple[object, list[int]]]], "list[torch.Tensor]"]
 
 def always() -> bool:
     return True
+
+
+def never() -> bool:
+    return False
 
 
 @dataclass
@@ -153,6 +159,15 @@ class Batcher:
                 self._thread.start()
             self._cond.notify_all()
         return item
+
+    def withdraw(self, item: Pass) -> None:
+        """Its caller no longer waits for `item` (the request is leaving): it gets Cancelled
+        before its next step, and this returns once no step computes it (a step in flight
+        writes its context's buffers, which the caller gives back next)."""
+        with self._cond:
+            item.wanted = never
+            self._cond.notify_all()
+        futures.wait([item.future])
 
     # ------------------------------------------------------------------
     def _serve(self) -> None:

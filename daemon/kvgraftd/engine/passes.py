@@ -7,7 +7,9 @@ it a context whose buffers are sized for that once, and joins it to the batcher.
 `_appending` appends one segment: on the row-invariant forward as passes handed to the
 batcher (its steps hold other contexts' rows too), elsewhere in forward passes up to each
 page boundary (the fixed schedule), on the compute thread either way. A request whose
-client has left (`context.wanted()` false) stops before its next step with Cancelled.
+client has left (`context.wanted()` false) stops before its next step with Cancelled; one
+closed while a pass is in the batcher (at a progress report) withdraws the pass and waits for
+the step computing it, so no step writes a context after its request gave it back.
 `_prompt` reports how far a prompt got (ProgressEvent: at its start, then every
 PROGRESS_S) when the request asked for it. It reads the engine's state (adapter, batcher,
 admission, tiers, geometry) and owns none.
@@ -18,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
-from contextlib import contextmanager, nullcontext
+from contextlib import closing, contextmanager, nullcontext
 
 import torch
 
@@ -107,12 +109,16 @@ class Passes:
         assert ids, "a segment holds at least one token"
         if self.batcher is not None:
             item = self.batcher.submit(context, ids, context.wanted)
-            while True:
-                try:
-                    logits = item.future.result(timeout=PROGRESS_S)
-                    break
-                except FutureTimeout:
-                    yield item.computed
+            try:
+                while True:
+                    try:
+                        logits = item.future.result(timeout=PROGRESS_S)
+                        break
+                    except FutureTimeout:
+                        yield item.computed
+            finally:
+                if not item.future.done():  # closed at a report: its request is leaving
+                    self.batcher.withdraw(item)
         else:
             done = 0
             while done < len(ids):
@@ -132,13 +138,16 @@ class Passes:
         as it starts (the grafted tokens counted as done), then every PROGRESS_S."""
         steps = self._appending(context, token_ids)
         total, last = reused + len(token_ids), time.monotonic()
-        if options.progress:
-            yield ProgressEvent(reused, total, reused)
-        while True:
-            try:
-                done = next(steps)
-            except StopIteration as finished:
-                return finished.value
-            if options.progress and time.monotonic() - last >= PROGRESS_S:
-                last = time.monotonic()
-                yield ProgressEvent(reused + done, total, reused)
+        # closed at a report (the client left): `steps` is closed here, withdrawing its pass,
+        # before the request gives its context back
+        with closing(steps):
+            if options.progress:
+                yield ProgressEvent(reused, total, reused)
+            while True:
+                try:
+                    done = next(steps)
+                except StopIteration as finished:
+                    return finished.value
+                if options.progress and time.monotonic() - last >= PROGRESS_S:
+                    last = time.monotonic()
+                    yield ProgressEvent(reused + done, total, reused)

@@ -52,7 +52,14 @@ class EngineService:
         try:
             self._engine = load()
         except BaseException as exc:  # reported on every engine call
-            log.exception("the model failed to load")
+            # one line for the operator; the traceback for whoever debugs (log level DEBUG)
+            log.error(
+                "the model failed to load (%s: %s); the daemon serves the store only: fix "
+                "--model and restart",
+                type(exc).__name__,
+                exc,
+            )
+            log.debug("the model's load", exc_info=exc)
             self._error = exc
         finally:
             self._ready.set()

@@ -99,7 +99,7 @@ class KvgraftCollector(Collector):
         for name, text in (
             ("budget_bytes", "store_budget_bytes (0: none)"),
             ("budget_artifacts", "store_budget_artifacts (0: none)"),
-            ("quarantined_artifacts", "artifacts a scrub found corrupt, not yet repaired"),
+            ("quarantined_artifacts", "artifacts a read or scrub found corrupt, not yet repaired"),
         ):
             yield GaugeMetricFamily(f"kvgraft_cache_{name}", text, value=getattr(cache, name))
         for name, value, text in (

@@ -28,7 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from kvgraft import wire
-from kvgraft.errors import InvalidArgument, KvgraftError
+from kvgraft.errors import InvalidArgument, KvgraftError, printable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine.service import EngineService
 from kvgraftd.library.service import LibraryService
@@ -59,7 +59,7 @@ def _readable(message: str) -> str:
     characters) escaped as Python writes it (\\x1b, \\u202e); a word longer than
     MAX_WORD_CHARS cut to its start and its length; a message longer than MAX_MESSAGE_CHARS
     cut in the middle, so the end that says what to do stays."""
-    escaped = "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in message)
+    escaped = printable(message)
     words = [
         word if len(word) <= MAX_WORD_CHARS else f"{word[:KEPT_WORD_CHARS]}…[{len(word)} chars]"
         for word in escaped.split(" ")

@@ -216,7 +216,7 @@ def nearest_heads(txn, db, token_ids: Sequence[int], most: int) -> list[bytes]:
     if cursor.set_range(query):
         for key in cursor.iternext(values=False):
             after.append(bytes(key)[-32:])
-            if len(after) == most // 2:
+            if len(after) == max(1, most // 2):
                 break
         has_before = cursor.set_range(query) and cursor.prev()
     else:
@@ -225,7 +225,7 @@ def nearest_heads(txn, db, token_ids: Sequence[int], most: int) -> list[bytes]:
     if has_before:
         for key in cursor.iterprev(values=False):
             before.append(bytes(key)[-32:])
-            if len(before) == most - most // 2:
+            if len(before) >= most - max(1, most // 2):
                 break
     return after + before
 

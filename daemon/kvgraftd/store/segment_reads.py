@@ -20,16 +20,21 @@ Contract:
   their buffers are whole.
 * `read_bytes(location)` is one page's bytes (DataLoss where it cannot be read
   whole).
+* Only what says the bytes are gone (EIO and its kin, a missing file, a file
+  cut short) is DataLoss: the store quarantines what a DataLoss names and drops
+  its pages. Any other error of the system (no descriptor left: EMFILE, ENFILE;
+  no memory) damages nothing: it fails the read (ResourceExhausted) and no more.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kvgraft.errors import DataLoss
+from kvgraft.errors import DataLoss, ResourceExhausted
 from kvgraft.page_buffers import BLOCK_BYTES, block_aligned
 
 IOV_MAX = 1024
@@ -37,6 +42,9 @@ READ_RUN_BYTES = 64 << 20  # read by one preadv at most: far below what one read
 WritableBuffer = bytearray | memoryview  # or any object exposing a writable buffer
 Location = tuple[int, int, int]  # segment, offset, length
 _GAP = memoryview(bytearray(BLOCK_BYTES))  # where reads drop the padding between pages
+# errors that say a segment's bytes cannot be had: the disk, or the filesystem, lost them
+_GONE = frozenset({errno.EIO, errno.ENXIO, errno.ENODATA, errno.EBADMSG, errno.EUCLEAN})
+_SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})  # the process's, not the disk's
 
 
 class UnreadPage(DataLoss):
@@ -69,6 +77,7 @@ class SegmentReads:
             try:
                 got = os.preadv(self._fd(segment), pieces, offset)
             except OSError as exc:
+                self._not_damage(locations[index], exc)
                 raise UnreadPage(index, self._unreadable(locations[index], exc)) from None
             for at in range(index, run):  # the first page the file did not give whole
                 if got < locations[at][1] + locations[at][2] - offset:
@@ -81,6 +90,7 @@ class SegmentReads:
         try:
             data = os.pread(self._fd(segment), length, offset)
         except OSError as exc:
+            self._not_damage(location, exc)
             raise DataLoss(self._unreadable(location, exc)) from None
         if len(data) < length:
             raise DataLoss(self._cut_short(location))
@@ -109,6 +119,19 @@ class SegmentReads:
                     self._path_of(segment), os.O_RDONLY | os.O_CLOEXEC
                 )
             return fd
+
+    def _not_damage(self, location: Location, exc: OSError) -> None:
+        """Raise what `exc` is where it does not say the segment's bytes are gone (see the
+        contract); return where it does."""
+        if isinstance(exc, FileNotFoundError) or exc.errno in _GONE:
+            return
+        if exc.errno in _SHORT_OF:
+            raise ResourceExhausted(
+                f"segment file {self._path_of(location[0])} could not be read ({exc.strerror}): "
+                "the daemon is short of file descriptors or memory, the store is intact. Retry; "
+                "raise the daemon's open-files limit (LimitNOFILE) if it recurs"
+            ) from exc
+        raise exc
 
     def _unreadable(self, location: Location, exc: OSError) -> str:
         segment, offset, _ = location

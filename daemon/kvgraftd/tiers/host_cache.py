@@ -101,6 +101,9 @@ class HostCache:
         """
         found: list = [None if page is None else (page, None) for page in self._cached(digests)]
         missing = [index for index, page in enumerate(found) if page is None]
+        if not missing:
+            yield found
+            return
         with self.store.pages_to_check([digests[i] for i in missing]) as pages:
             with self._lock:
                 self.counters.misses += len(missing)
