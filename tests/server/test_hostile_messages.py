@@ -48,14 +48,14 @@ def test_an_error_repeats_hostile_input_escaped_and_cut(daemon) -> None:
         )
 
         error = _refusal(stub.Replicate, pb.ReplicateRequest(source=HOSTILE + ":1"), stream=True)
-        assert error.code() == CODE.FAILED_PRECONDITION
+        assert error.code() == CODE.INVALID_ARGUMENT  # not a host name: refused as such
         details = error.details()
         _shown_safely(details)
         assert details.startswith(
-            "this daemon copies only from sources its operator allows, and "
-            "\\x1b[2J\\u202e\\u2066evil\\u2069\\nINFO forged log line\\x00xxxx"
+            "Replicate needs the source as host:port (its host is not a host name or "
+            "address: got '\\x1b[2J\\u202e\\u2066evil\\u2069\\nINFO forged log line\\x00xxxx"
         )
-        assert "…[10010 chars] is not one: add it to [replication] pull_from" in details
+        assert "…[10013 chars] the address at which this daemon reaches it" in details
 
         error = _refusal(stub.Stat, pb.StatRequest(artifact_id="\u202eabcdef12"))
         assert error.code() == CODE.INVALID_ARGUMENT

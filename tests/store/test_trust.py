@@ -9,7 +9,7 @@ is stored but never grafted by Generate or recalled by Ask (their output equals
 signature counts only when it is valid and by a trusted key, signatures travel in
 bundles and replication (even when added after a copy was made), every stored signature
 is judged again when the trusted keys change, and a pull applies deletes only to what
-came from its source.
+came from its source. Keys of small order: test_small_order_keys.py.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ from kvgraft.cli import arguments
 from kvgraft.cli.options import connection_options
 from kvgraft.cli.render import emit, human_bytes, progress_bar
 from kvgraft.client.client import Client
+from kvgraft.client.connection import with_default_port
+from kvgraft.replication.addresses import address_problem
 from kvgraft.replication.replicator import Replicator
 from kvgraft.replication.session import refuse_same_daemon
 from kvgraft.replication.summary import ReplicationSummary
@@ -128,12 +130,24 @@ def summary_text(s: ReplicationSummary) -> str:
     return "\n".join(lines)
 
 
+def _address(text: str) -> str:
+    """--from and --to: host[:port] (the daemon's port when none is given), checked before
+    anything connects: gRPC would take port 99999 and reach another."""
+    address = with_default_port(text)
+    if problem := address_problem(address):
+        raise argparse.ArgumentTypeError(f"not a daemon's host:port: {problem}")
+    return address
+
+
 def add_replicate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--from", dest="source", required=True, metavar="ADDR", help="source")
+    parser.add_argument(
+        "--from", dest="source", required=True, metavar="ADDR", type=_address, help="source"
+    )
     parser.add_argument(
         "--to",
         default=None,
         metavar="ADDR",
+        type=_address,
         help="target daemon (required, except with --follow: then the --server daemon)",
     )
     parser.add_argument(

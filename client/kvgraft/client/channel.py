@@ -14,13 +14,19 @@ Each option comes from an argument, else from the environment:
 Giving any TLS option turns TLS on. The token travels as `authorization:
 Bearer <token>` metadata; it is never logged, shown in a repr or put in an
 error message (file paths are, contents never).
+
+Credentials (the token, the client certificate) go only where whoever set them up
+means them to: `Security.anonymous()` is the environment's TLS without them, for a
+daemon somebody else named (kvgraftd.replication.pulls: a source a caller chose), and
+`client_options()` hands a Security to kvgraft.Client as it is, the KVGRAFT_*
+environment adding nothing.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -82,6 +88,25 @@ class Security:
         server_name = pick(tls_server_name, "tls_server_name")
         tls = bool(tls or ca or cert or server_name)
         return cls(token, tls, ca, cert, key, server_name)
+
+    @classmethod
+    def anonymous(cls, environ: Mapping[str, str] = os.environ) -> Security:
+        """The environment's TLS (on or off, the CA, the name to check) with none of its
+        credentials: no bearer token (its file is not read), no client certificate."""
+        return replace(cls.resolve(token_file="", environ=environ), tls_cert=None, tls_key=None)
+
+    def client_options(self) -> dict[str, str | bool | None]:
+        """kvgraft.Client's keyword arguments for exactly these settings: "" for those not
+        set, so that the KVGRAFT_* environment fills none of them in."""
+        return {
+            "token": self.token,  # None: then token_file "", none
+            "token_file": "",
+            "tls": self.tls,
+            "tls_ca": self.tls_ca or "",
+            "tls_cert": self.tls_cert or "",
+            "tls_key": self.tls_key or "",
+            "tls_server_name": self.tls_server_name or "",
+        }
 
     def channel(self, address: str, options: list[tuple[str, int | str]]) -> grpc.Channel:
         """A channel to `address` with these credentials (the token on every call)."""

@@ -4,7 +4,10 @@ The model loads in the background when the daemon starts, so the store RPCs
 serve at once; until the engine is ready these calls raise Unavailable with
 the time spent so far. A daemon started with `--model none` has no engine and
 answers FailedPrecondition. Requests are validated here (prompt present,
-token ids in the vocabulary, generation bounds) before the engine runs.
+token ids in the vocabulary, generation bounds) before the engine runs; a text that
+cannot fit max_context_tokens is refused by its length before it is tokenized
+(kvgraftd.engine.token_floor), here for Generate, Graft, Deposit and Lookup, and through
+`refuse_overlong_text` for the library's Ask.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from kvgraft.errors import FailedPrecondition, InvalidArgument, KvgraftError, Un
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine.batcher import BatchFigures
 from kvgraftd.engine.decoding import DecodeOptions, ProgressEvent, ResultEvent
+from kvgraftd.engine.token_floor import TokenFloor
 
 if TYPE_CHECKING:  # the engine imports torch; a store-only daemon never does
     from kvgraftd.engine.engine import Engine
@@ -39,6 +43,7 @@ class EngineService:
     def __init__(self, load: Callable[[], Engine] | None) -> None:
         """`load` builds the engine (run on a background thread); None: no model."""
         self._engine: Engine | None = None
+        self._floor: TokenFloor | None = None  # the engine's tokenizer's, once it is loaded
         self._error: BaseException | None = None
         self._started = time.monotonic()
         self._ready = threading.Event()
@@ -50,7 +55,9 @@ class EngineService:
 
     def _load(self, load: Callable[[], Engine]) -> None:
         try:
-            self._engine = load()
+            engine = load()
+            self._floor = TokenFloor.of(engine.adapter.tokenizer)
+            self._engine = engine
         except BaseException as exc:  # reported on every engine call
             # one line for the operator; the traceback for whoever debugs (log level DEBUG)
             log.error(
@@ -151,10 +158,28 @@ class EngineService:
 
         return torch.cuda.max_memory_allocated(self._engine.tiers.pool.device)
 
-    def _tokens(self, prompt: pb.Prompt, what: str) -> list[int]:
+    def refuse_overlong_text(self, text: str, what: str, reserved_tokens: int = 0) -> None:
+        """InvalidArgument when `text` alone is more tokens than max_context_tokens allows
+        (with `reserved_tokens` more, e.g. max_new_tokens), by its length: before it is
+        tokenized. Nothing is refused where the tokenizer has no safe floor."""
+        engine = self.engine()
+        if self._floor is None:
+            return
+        least = self._floor.tokens(text)
+        if least + reserved_tokens <= engine.max_context_tokens:
+            return
+        reserved = f", {least + reserved_tokens} with max_new_tokens" if reserved_tokens else ""
+        raise InvalidArgument(
+            f"the {what} is {len(text.encode())} bytes of text: at least {least} tokens for "
+            f"this model (none is longer than {self._floor.longest_token_bytes} bytes)"
+            f"{reserved}, more than max_context_tokens={engine.max_context_tokens}; shorten it"
+        )
+
+    def _tokens(self, prompt: pb.Prompt, what: str, reserved_tokens: int = 0) -> list[int]:
         engine = self.engine()
         kind = prompt.WhichOneof("input")
         if kind == "text":
+            self.refuse_overlong_text(prompt.text, what, reserved_tokens)
             ids = engine.adapter.encode(prompt.text, chat=prompt.chat)
         elif kind == "tokens":
             ids = list(prompt.tokens.ids)
@@ -246,15 +271,16 @@ class EngineService:
     def generate(
         self, request: pb.GenerateRequest, is_active: Callable[[], bool] | None = None
     ) -> Iterator[pb.GenerateResponse]:
-        tokens = self._tokens(request.prompt, "prompt")
-        events = self.engine().generate(tokens, self._options(request.options), is_active)
+        options = self._options(request.options)
+        tokens = self._tokens(request.prompt, "prompt", options.max_new_tokens)
+        events = self.engine().generate(tokens, options, is_active)
         return self._responses(events)
 
     def graft(
         self, request: pb.GraftRequest, is_active: Callable[[], bool] | None = None
     ) -> Iterator[pb.GenerateResponse]:
-        tokens = self._tokens(request.continuation, "continuation")
         options = self._options(request.options)
+        tokens = self._tokens(request.continuation, "continuation", options.max_new_tokens)
         events = self.engine().graft(request.artifact_id, tokens, options, is_active)
         return self._responses(events)
 

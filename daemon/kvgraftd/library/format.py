@@ -16,7 +16,9 @@ map<string, string>):
     problem-tokens            how many leading tokens are the chat prompt of the problem
     problem-sha256            the recall key: SHA-256 of those tokens (problem_key)
 
-Recall is token-exact: the question's chat prompt must equal the entry's
+An artifact is an entry only when its labels and tokens are exactly these for the
+texts its labels name (`is_entry`): labels alone, which any Deposit may set, make
+nothing an entry. Recall is token-exact: the question's chat prompt must equal the entry's
 first problem-tokens tokens. To make that hold by construction, the entry is
 built by concatenating token ids (prompt ids + ids of the assistant text),
 so its first tokens are exactly what the question tokenizes to, whatever the
@@ -152,6 +154,22 @@ def entry_labels(
         labels["verified-by"] = verified_by
     labels.update({TAG_PREFIX + tag: "1" for tag in tags})
     return labels
+
+
+def is_entry(model: ChatModel, token_ids: Sequence[int], labels: Mapping[str, str]) -> bool:
+    """Whether an artifact holding `token_ids` with `labels` is exactly what LibraryAdd
+    writes for the problem, solution and answer its labels name: an entry is recognised
+    by what the library writes, not by labels any caller can set (a Deposit labelled as
+    an entry of a question, holding other tokens, would otherwise answer for it)."""
+    if labels.get("kind") != KIND_ENTRY or not {"problem", "solution", "answer"} <= set(labels):
+        return False
+    problem, solution, answer = labels["problem"], labels["solution"], labels["answer"]
+    problem_ids = problem_tokens(model, problem)
+    verified_by = labels.get("verified-by", "")
+    expected = entry_labels(problem, solution, answer, verified_by, tags_of(labels), problem_ids)
+    if dict(labels) != expected:
+        return False
+    return list(token_ids) == problem_ids + model.encode(entry_text(solution, answer))
 
 
 def tags_of(labels: Mapping[str, str]) -> list[str]:

@@ -4,14 +4,18 @@ The store's change feed (`log` sub-database: every artifact added or
 deleted, in order, never truncated) is the single source of truth. The index
 replays it from the last sequence it saw before every library request, reading
 the manifest of each added artifact once, so it follows artifacts written by
-any path: LibraryAdd, Deposit with the labels, PutArtifact, replication,
-Delete, `kvgraft rm`. No sub-database is added to the store and nothing is
-written: a restart rebuilds the index by one replay (one manifest read per
-artifact ever added).
+any path: LibraryAdd, Deposit, PutArtifact, replication, Delete, `kvgraft rm`.
+No sub-database is added to the store and nothing is written: a restart rebuilds
+the index by one replay (one manifest read per artifact ever added).
 
-Entries are kept per (model fingerprint, recall key), and per (fingerprint,
-normalized problem text) for questions asked in other words; library contexts per
-(fingerprint, tag, library key). When two entries share a recall key (two
+An artifact of the served model is an entry when it is exactly what LibraryAdd writes
+for the texts its labels name (library.format.is_entry: its labels and tokens are
+made again from those texts, once, when it is indexed), whoever wrote it: labels
+alone, which any Deposit may set, do not make an entry, so a Deposit labelled for a
+question cannot stand for it. Entries are kept per recall key, and per normalized
+problem text for questions asked in other words; library contexts per (fingerprint,
+tag, library key), recognised by their labels and used only when they hold the
+tokens the library would build (library.service). When two entries share a recall key (two
 deposits of one problem with different solutions, e.g. replicated from
 elsewhere), the earliest added wins, deterministically.
 """
@@ -23,7 +27,14 @@ from dataclasses import dataclass
 
 from kvgraft.errors import NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.library.format import KIND_CONTEXT, KIND_ENTRY, normalize_question, tags_of
+from kvgraftd.library.format import (
+    KIND_CONTEXT,
+    KIND_ENTRY,
+    ChatModel,
+    is_entry,
+    normalize_question,
+    tags_of,
+)
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.trust_index import is_trusted
 
@@ -72,8 +83,10 @@ class IndexedContext:
 
 
 class LibraryIndex:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, model: ChatModel, fingerprint: bytes) -> None:
         self._store = store
+        self._model = model  # the served model's tokenizer: is an artifact an entry?
+        self._fingerprint = fingerprint
         self._lock = threading.Lock()
         self._next_sequence = 1
         self._entries: dict[str, IndexedEntry] = {}  # by artifact id
@@ -106,7 +119,7 @@ class LibraryIndex:
         manifest = stored.manifest()
         labels = dict(manifest.labels)
         kind = labels.get("kind")
-        if kind == KIND_ENTRY and labels.get("problem-tokens", "").isdigit():
+        if kind == KIND_ENTRY and self._is_entry(manifest, labels):
             entry = self._entries[aid] = IndexedEntry(
                 artifact_id=aid,
                 fingerprint=manifest.model_fingerprint,
@@ -127,6 +140,13 @@ class LibraryIndex:
                 key=labels.get("library-key", ""),
                 sequence=record.sequence,
             )
+
+    def _is_entry(self, manifest: pb.Manifest, labels: dict[str, str]) -> bool:
+        """An entry of the served model, exactly as LibraryAdd writes it (entries of another
+        model are never served: its tokenizer is not here to check them)."""
+        return manifest.model_fingerprint == self._fingerprint and is_entry(
+            self._model, manifest.token_ids, labels
+        )
 
     # ------------------------------------------------------------------
     def entries(self, fingerprint: bytes, tag: str = "") -> list[IndexedEntry]:

@@ -11,16 +11,19 @@ exactness contract and comes with a receipt:
 * Ask, recall path: the question's chat prompt tokens hash to an entry's
   recall key, or failing that the question equals an entry's problem once both
   are normalized (library_format.normalize_question: case, whitespace, spacing
-  around operators, final punctuation), and the entry's problem tokens equal
-  its leading tokens ->
+  around operators, final punctuation); entries are only what LibraryAdd writes
+  (library.index), so the entry's leading tokens are the question's ->
   Engine.graft(entry, answer cue), greedy, ending at EOS, at a token holding
   a newline, or after RECALL_MAX_NEW_TOKENS; the answer is compared with the
   entry's verified answer (normalized: case, spacing, framing punctuation).
-* Ask, generate path: no entry matched (or no_recall) ->
+* Ask, generate path: no entry matched (or no_recall), or the one that matched
+  cannot be read (quarantined: DATA_LOSS would answer nothing; the log names it) ->
   Engine.generate(question prompt), which grafts any stored whole-page prefix.
-* Ask, library path (library_tag): the tag's library context is built once
-  (Engine.generate with deposit; rebuilt when the tag's entries change, the
-  stale one then deleted) and grafted; the question follows as a new user turn.
+* Ask, library path (library_tag; after no entry, as the generate path): the tag's
+  library context is built once (Engine.generate with deposit; rebuilt when the
+  tag's entries change, the stale one then deleted) and grafted; the question
+  follows as a new user turn. A context counts only if it holds the tokens the
+  library builds from the tag's entries.
 
 Wall time is perf_counter around the request; CPU seconds are
 `time.process_time()` deltas, i.e. the whole daemon process (every thread):
@@ -31,13 +34,14 @@ engine RPCs while it loads or when there is none.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvgraft.errors import FailedPrecondition, InvalidArgument, NotFound
+from kvgraft.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine.decoding import DecodeOptions, ResultEvent
 from kvgraftd.library import format as fmt
@@ -46,6 +50,8 @@ from kvgraftd.library.index import IndexedEntry, LibraryIndex
 if TYPE_CHECKING:  # the engine imports torch; a store-only daemon never does
     from kvgraftd.engine.engine import Engine
     from kvgraftd.engine.service import EngineService
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_NEW_TOKENS = 256
 MAX_NEW_TOKENS = 4096
@@ -72,7 +78,7 @@ class LibraryService:
         engine = self._engines.engine()
         with self._lock:
             if self._index is None:
-                self._index = LibraryIndex(engine.store)
+                self._index = LibraryIndex(engine.store, engine.adapter, engine.fingerprint)
             index = self._index
         index.refresh()
         return engine, index
@@ -145,6 +151,7 @@ class LibraryService:
         if request.library_tag:
             fmt.check_tags([request.library_tag])
         budget = request.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+        self._engines.refuse_overlong_text(request.text, "question")  # before tokenizing it
         model = engine.adapter
         question = fmt.problem_tokens(model, request.text)
         if len(question) > engine.max_context_tokens:  # refused before any work on its text
@@ -152,18 +159,12 @@ class LibraryService:
                 f"the question is {len(question)} tokens, more than max_context_tokens="
                 f"{engine.max_context_tokens}; shorten it"
             )
-        entry = None
+        run = None
         if not request.no_recall:
-            entry = index.match(engine.fingerprint, fmt.problem_key(question))
-            if entry is None:  # the same question in other words: case, spacing, "?"
-                entry = index.match_question(engine.fingerprint, request.text)
-                if entry is not None:  # recalled as its own problem
-                    question = fmt.problem_tokens(model, entry.labels.get("problem", ""))
-        if entry is not None:
-            run = self._recall(engine, entry, question, budget)
-        elif request.library_tag:
+            run = self._recall(engine, index, request.text, question, budget)
+        if run is None and request.library_tag:
             run = self._with_library(engine, index, request.library_tag, request.text, budget)
-        else:
+        elif run is None:
             options = DecodeOptions(max_new_tokens=budget)
             run = _Run(_last(engine.generate(question, options)), pb.ASK_PATH_GENERATE)
         receipt = run.result.receipt
@@ -189,20 +190,32 @@ class LibraryService:
         return response
 
     def _recall(
-        self, engine: Engine, entry: IndexedEntry, question: list[int], budget: int
-    ) -> _Run:
-        stored = engine.store.get_record(entry.artifact_id).manifest()
-        if list(stored.token_ids[: len(question)]) != question:
-            raise FailedPrecondition(  # a recall-key collision or a forged label
-                f"library entry {entry.artifact_id[:16]} matches this problem but does not hold "
-                "its tokens; remove it (kvgraft library rm) and deposit the problem again"
-            )
+        self, engine: Engine, index: LibraryIndex, text: str, question: list[int], budget: int
+    ) -> _Run | None:
+        """The recall of the entry the question matches; None when none does, or when the
+        one that does cannot be read (quarantined, or found damaged by this read): the
+        question is then answered as if none matched, and the log says why."""
+        entry = index.match(engine.fingerprint, fmt.problem_key(question))
+        if entry is None:  # the same question in other words: case, spacing, "?"
+            entry = index.match_question(engine.fingerprint, text)
+        if entry is None:
+            return None
+        # An indexed entry starts with its problem's chat prompt (format.is_entry): the
+        # question's, when their recall keys are equal; else it is recalled as its own.
         options = DecodeOptions(
             max_new_tokens=min(budget, fmt.RECALL_MAX_NEW_TOKENS),
             stop_token_ids=self._newline_ids(engine),
         )
         cue = fmt.cue_tokens(engine.adapter)
-        result = _last(engine.graft(entry.artifact_id, cue, options))
+        try:
+            result = _last(engine.graft(entry.artifact_id, cue, options))
+        except DataLoss as exc:
+            log.warning(
+                "event=library_entry_unreadable entry=%s: %s; answered without it",
+                entry.artifact_id[:16],
+                exc,
+            )
+            return None
         return _Run(result, pb.ASK_PATH_RECALL, entry=entry)
 
     def _newline_ids(self, engine: Engine) -> frozenset[int]:
@@ -240,12 +253,16 @@ class LibraryService:
     ) -> tuple[str, bool]:
         """The id of the tag's library context, built first when missing or stale."""
         key = fmt.library_key(entry.artifact_id for entry in entries)
+        tokens = fmt.library_tokens(engine.adapter, [entry.labels for entry in entries])
         with self._writes:
             index.refresh()
-            current = [c for c in index.contexts(engine.fingerprint, tag) if c.key == key]
+            current = [
+                c
+                for c in index.contexts(engine.fingerprint, tag)
+                if c.key == key and _holds(engine, c.artifact_id, tokens)
+            ]
             if current:
                 return current[-1].artifact_id, False
-            tokens = fmt.library_tokens(engine.adapter, [entry.labels for entry in entries])
             if len(tokens) > engine.max_context_tokens // 2:
                 raise InvalidArgument(
                     f"the library of tag {tag!r} holds {len(tokens)} tokens, more than half the "
@@ -275,6 +292,15 @@ class LibraryService:
             except (NotFound, FailedPrecondition):  # gone already, or pinned
                 continue
         index.refresh()
+
+
+def _holds(engine: Engine, artifact_id: str, tokens: list[int]) -> bool:
+    """Whether a library context holds `tokens`, those the library builds for its tag: its
+    labels, which any Deposit may set, do not make it one."""
+    try:
+        return list(engine.store.get_record(artifact_id).manifest().token_ids) == tokens
+    except NotFound:  # deleted since the index saw it
+        return False
 
 
 def _last(events: Iterable) -> ResultEvent:

@@ -23,27 +23,31 @@ keep it — no second set of books:
 | kvgraft_scrub_{pages,bytes}_{done,total}, kvgraft_scrub_corrupt_pages | Info().scrub |
 | kvgraft_scrub_running, kvgraft_scrub_last_finished_unix_seconds | Info().scrub |
 | kvgraft_store_{corrupt_reads,read_quarantines}_total | the store's ReadQuarantine |
+| kvgraft_store_reachable (0: the figures from Stats and Info left out) | Stats(), Info() |
 | process_* | prometheus_client's process collector |
 
 With TLS configured the endpoint is HTTPS with the daemon's certificate
-(and requires a client certificate under tls_client_ca). It must not hold a
-lock of the store across a scrape: Stats() uses one short read transaction.
+(and requires a client certificate under tls_client_ca); kvgraftd.ops.metrics_endpoint
+serves it. It must not hold a lock of the store across a scrape: Stats() uses one short
+read transaction. A store whose files cannot be reached (its directory deleted under
+the daemon) does not fail the scrape: what does not come from the store is still
+served, and the log says what is wrong once.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterator
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvgraft.errors import KvgraftError
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.config import DaemonConfig
 from kvgraftd.engine.batcher import BatchFigures
+from kvgraftd.ops.metrics_endpoint import MetricsEndpoint, tls_context
 from kvgraftd.server.limits import CallLimiter
 from kvgraftd.server.telemetry import Telemetry
 from kvgraftd.store.quarantine import ReadQuarantine
@@ -69,13 +73,27 @@ class KvgraftCollector(Collector):
         self._telemetry = telemetry
         self._limiter = limiter
         self._batching = batching
+        self._unreachable = ""  # why the store's figures were left out last, said once
 
     def collect(self) -> Iterator[Metric]:
         yield from self._rpc_metrics()
         yield from self._engine_metrics()
-        yield from self._store_metrics(self._stats())
-        if self._cache is not None:
-            yield from self._cache_metrics(self._cache())
+        try:
+            stats = self._stats()
+            info = self._cache() if self._cache is not None else None
+        except KvgraftError as exc:  # the store's files cannot be reached: not a failed scrape
+            if str(exc) != self._unreachable:
+                log.warning("metrics: the store's figures are left out: %s", exc)
+            self._unreachable = str(exc)
+            stats = info = None
+        else:
+            self._unreachable = ""
+        reachable = int(stats is not None)
+        yield GaugeMetricFamily("kvgraft_store_reachable", "1: the store's files read", reachable)
+        if stats is not None:
+            yield from self._store_metrics(stats)
+        if info is not None:
+            yield from self._cache_metrics(info)
         if self._read_quarantine is not None:
             yield from self._damage_metrics(self._read_quarantine)
 
@@ -228,40 +246,12 @@ class KvgraftCollector(Collector):
         )
 
 
-# A scraper needs one connection; each open one costs a thread. Beyond the limit a
-# connection is closed at once, and one idle past the timeout is closed too.
-METRICS_CONNECTIONS = 16
-METRICS_IDLE_S = 10.0
-
-
-def _bound_connections(httpd: WSGIServer, limit: int, idle_s: float) -> None:
-    """Serve at most `limit` connections at once, each on its own thread, closed when idle."""
-    slots = threading.BoundedSemaphore(limit)
-    serve_one = httpd.process_request_thread  # handles one connection, then closes it
-
-    def process_request(request, client_address) -> None:
-        if not slots.acquire(blocking=False):
-            httpd.shutdown_request(request)
-            return
-        request.settimeout(idle_s)
-
-        def run() -> None:
-            try:
-                serve_one(request, client_address)
-            finally:
-                slots.release()
-
-        threading.Thread(target=run, name="metrics", daemon=True).start()
-
-    httpd.process_request = process_request  # type: ignore[method-assign]
-
-
 class MetricsServer:
     """The /metrics endpoint: started by the composition root, stopped before the store closes."""
 
-    def __init__(self, httpd: WSGIServer) -> None:
-        self._httpd = httpd
-        self.port = httpd.server_port
+    def __init__(self, endpoint: MetricsEndpoint) -> None:
+        self._endpoint = endpoint
+        self.port = endpoint.server_port
 
     @classmethod
     def start(cls, config: DaemonConfig, collector: KvgraftCollector) -> MetricsServer:
@@ -269,23 +259,17 @@ class MetricsServer:
         registry.register(collector)
         ProcessCollector(registry=registry)
         host, port = config.metrics_listen.rsplit(":", 1)
-        tls = {}
-        if config.tls_cert:
-            tls = {
-                "certfile": config.tls_cert,
-                "keyfile": config.tls_key,
-                "client_cafile": config.tls_client_ca or None,
-                "client_auth_required": bool(config.tls_client_ca),
-            }
+        tls = None
         try:
-            httpd, _ = start_http_server(int(port), host.strip("[]"), registry, **tls)
-        except OSError as exc:
+            if config.tls_cert:
+                tls = tls_context(config.tls_cert, config.tls_key, config.tls_client_ca)
+            endpoint = MetricsEndpoint(host.strip("[]"), int(port), registry, tls)
+        except OSError as exc:  # ssl.SSLError and socket.gaierror are OSErrors too
             raise OSError(f"cannot serve metrics on {config.metrics_listen}: {exc}") from None
-        _bound_connections(httpd, METRICS_CONNECTIONS, METRICS_IDLE_S)
+        endpoint.start()
         scheme = "https" if tls else "http"
-        log.info("metrics on %s://%s:%d/metrics", scheme, host, httpd.server_port)
-        return cls(httpd)
+        log.info("metrics on %s://%s:%d/metrics", scheme, host, endpoint.server_port)
+        return cls(endpoint)
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._endpoint.stop()

@@ -6,11 +6,13 @@ public method of Store); it passes every call through, except these:
 
 * `commit_artifact` commits locally first, then, in write-through mode,
   uploads the artifact before returning (kvgraftd.remote.transfer); an upload
-  that fails raises Unavailable saying the artifact *is* stored locally and
-  how to push it later (`kvgraft remote sync`): the local commit stands,
-  since the local tier is complete on its own and every upload is
+  that fails, or is not tried because the remote tier is not answering (its
+  breaker is open), raises Unavailable saying the artifact *is* stored
+  locally and how to push it later (`kvgraft remote sync`): the local commit
+  stands, since the local tier is complete on its own and every upload is
   idempotent. In write-back mode it queues the id (kvgraftd.remote.push_queue)
-  and returns at once.
+  and returns at once. Either way it is held against eviction from before its
+  commit to the end of its upload (`uploads.committing`).
 * `longest_chain` (read-through views only) continues a local prefix match
   in the bucket: the chain object of the first page not found locally names
   an artifact; its manifest is fetched and verified (id = SHA-256 of its
@@ -26,7 +28,9 @@ public method of Store); it passes every call through, except these:
 Only the engine gets a read-through view; the store RPCs (Stat, Delete,
 GetArtifact, ...) see the local store, so a Delete never downloads anything.
 Remote reads never raise: a miss, a dead server or a corrupt object shorten
-the match and the engine computes the rest, so the receipt is the same.
+the match and the engine computes the rest, so the receipt is the same. A
+view's tier is RemoteTier.on_request_path's (one attempt per S3 request), and
+nothing is asked while the breaker is open.
 """
 
 from __future__ import annotations
@@ -40,11 +44,12 @@ from contextlib import AbstractContextManager, ExitStack
 
 import numpy as np
 
-from kvgraft.artifact import parse_manifest
-from kvgraft.errors import KvgraftError, NotFound, Unavailable
+from kvgraft.artifact import artifact_id, parse_manifest
+from kvgraft.errors import KvgraftError, NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.remote.push_queue import PushesUnderWay, WriteBackQueue
 from kvgraftd.remote.tier import RemoteTier
-from kvgraftd.remote.transfer import find_remote, import_artifact, push_artifact
+from kvgraftd.remote.transfer import find_remote, import_artifact, push_through
 from kvgraftd.store.artifact_store import CommitResult, Store, StoreStats
 from kvgraftd.store.catalog import ArtifactRecord
 from kvgraftd.store.chains import ChainEntry, chain_keys, manifest_entries
@@ -67,13 +72,14 @@ class RemoteBackedStore:
         trust: TrustPolicy,
         *,
         read_through: bool,
-        enqueue=None,  # write-back: enqueue(artifact_id); None: write-through
+        uploads: WriteBackQueue | PushesUnderWay | None = None,  # None: write-through
     ) -> None:
         self._store = store
         self._remote = remote
         self._trust = trust
         self._read_through = read_through
-        self._enqueue = enqueue
+        self._uploads = uploads if uploads is not None else PushesUnderWay()
+        self._write_back = isinstance(uploads, WriteBackQueue)
         # verified remote manifests of trusted artifacts: their chain entries, and who vouches
         self._entries: OrderedDict[str, tuple[dict[bytes, ChainEntry], pb.Provenance]] = (
             OrderedDict()
@@ -111,6 +117,9 @@ class RemoteBackedStore:
 
     def collect_staged(self, older_than_s: float) -> int:
         return self._store.collect_staged(older_than_s)
+
+    def uploading(self, staged: Mapping[bytes, object]) -> AbstractContextManager:
+        return self._store.uploading(staged)
 
     def provenance(self, artifact_id: str) -> pb.Provenance:
         return self._store.provenance(artifact_id)
@@ -222,20 +231,12 @@ class RemoteBackedStore:
         records: Mapping[bytes, PageRecord],
         provenance: pb.Provenance = UNRECORDED,
     ) -> CommitResult:
-        result = self._store.commit_artifact(manifest, records, provenance)
-        if self._enqueue is not None:
-            self._enqueue(result.artifact_id)
-            return result
-        try:
-            push_artifact(self._store, self._remote, result.artifact_id, records)
-        except NotFound:
-            pass  # deleted meanwhile: nothing to upload
-        except KvgraftError as exc:
-            raise Unavailable(
-                f"artifact {result.artifact_id} is stored locally, but the remote tier "
-                f'(write = "through") did not take it: {exc}. Nothing is lost: retry, or run '
-                "`kvgraft remote sync` once the remote is back"
-            ) from None
+        full_id = artifact_id(manifest)
+        stored = lambda: self._store.usage(full_id) is not None  # noqa: E731
+        with self._uploads.committing(full_id, stored):  # held from before the commit
+            result = self._store.commit_artifact(manifest, records, provenance)
+            if not self._write_back:
+                push_through(self._store, self._remote, result.artifact_id, records)
         return result
 
     # ------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """The remote tier's S3 client: its settings, its configuration and how its errors read.
 
 `make_client` builds a boto3 client with connect/read timeouts, botocore's
-standard retries (exponential backoff with jitter, 3 attempts), a connection
+standard retries (exponential backoff with jitter, 3 attempts by default; 1 for
+the client of calls a local request waits on, whose retries would multiply
+the timeout: kvgraftd.remote.tier), a connection
 pool as large as the tier's parallelism, path-style addressing for explicit
 endpoints, and no payload signing (every object's SHA-256 is its key and
 travels as x-amz-checksum-sha256 for the server to check). Credentials come
@@ -17,7 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from kvgraft.errors import Unauthenticated, Unavailable
+from kvgraft.errors import FailedPrecondition, Unauthenticated, Unavailable
 
 MISSING = ("404", "NoSuchKey", "NotFound")
 EXISTS = ("412", "PreconditionFailed")
@@ -37,8 +39,9 @@ class RemoteSettings:
     connections: int = 8
 
 
-def make_client(settings: RemoteSettings):
-    """A boto3 S3 client for the tier; Unauthenticated when there are no credentials."""
+def make_client(settings: RemoteSettings, attempts: int = 3):
+    """A boto3 S3 client for the tier, making each request up to `attempts` times;
+    Unauthenticated when there are no credentials."""
     import boto3
     from botocore.config import Config
 
@@ -52,7 +55,9 @@ def make_client(settings: RemoteSettings):
     config = Config(
         connect_timeout=settings.timeout_s,
         read_timeout=settings.timeout_s,
-        retries={"mode": "standard", "max_attempts": 3},
+        # total_max_attempts counts the first attempt; botocore's max_attempts counts the
+        # retries only (3 made four attempts: a hung server cost four timeouts).
+        retries={"mode": "standard", "total_max_attempts": attempts},
         max_pool_connections=settings.connections,
         # The SHA-256 of every page and manifest is its key: it travels as
         # x-amz-checksum-sha256 and the server checks the bytes against it, so
@@ -86,6 +91,26 @@ def describe(exc: BaseException) -> str:
     code = error_code(exc)
     text = str(exc)
     return f"{code}: {text}" if code and code not in text else text
+
+
+def check_refusal(exc, settings: RemoteSettings) -> Exception | None:
+    """What the bucket check's ClientError means when the daemon cannot go on (bad
+    credentials, no bucket), in words that say what to fix; None for any other."""
+    code = error_code(exc)
+    where = f"bucket {settings.bucket!r} at {settings.endpoint or 'AWS S3'}"
+    if code in AUTH:
+        return Unauthenticated(
+            f"the remote tier's S3 server refused the credentials for {where} ({code}). "
+            "Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a credentials file: "
+            "AWS_SHARED_CREDENTIALS_FILE, AWS_PROFILE) to a key with read, write and "
+            "list rights on that bucket"
+        )
+    if code in ("NoSuchBucket", "404"):
+        return FailedPrecondition(
+            f"the remote tier's {where} does not exist: create it (e.g. `aws s3 mb "
+            f"s3://{settings.bucket}`) or fix [remote] bucket"
+        )
+    return None
 
 
 def write_error(key: str, exc: BaseException) -> Exception:

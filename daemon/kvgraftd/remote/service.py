@@ -3,10 +3,15 @@
 `RemoteService.open(config, store)` is what the composition root calls. With
 no [remote] bucket it returns a disabled service whose views are the store
 itself, so the rest of the daemon has one code path. Otherwise it builds the
-RemoteTier (kvgraftd.remote.tier), checks the bucket and the credentials at once
-(bad credentials or a missing bucket stop the daemon with a message that
-says what to fix; an unreachable server only logs, and local serving goes
-on), and in write-back mode starts the queue's drain thread.
+RemoteTier (kvgraftd.remote.tier) and checks the bucket and the credentials
+(the breaker's first probe), waiting for the answer at most START_CHECK_S:
+bad credentials or a missing bucket, said by a server that answers, stop the
+daemon with a message that says what to fix; a server that cannot be reached
+or does not answer in time only logs, and local serving starts at once
+(reads are misses and write-through uploads fail until the probe, still
+under way, or a later one gets an answer). In write-back mode it starts the
+queue's drain thread. Either way the store's evictor keeps what the bucket
+does not hold yet (kvgraftd.remote.push_queue).
 
 RPCs (independent of gRPC, like kvgraftd.store.service):
 * RemoteStatus: configuration (never credentials), reachability, backlog,
@@ -29,12 +34,28 @@ from kvgraftd.store.signing import TrustPolicy
 
 if TYPE_CHECKING:
     from kvgraftd.config import DaemonConfig
-    from kvgraftd.remote.push_queue import WriteBackQueue
+    from kvgraftd.remote.push_queue import PushesUnderWay, WriteBackQueue
     from kvgraftd.remote.tier import RemoteTier
 
 log = logging.getLogger(__name__)
 
 LIST_BATCH = 1000
+# A server that answers at all answers a one-key listing in well under this; one that
+# does not must not delay the start (its timeout may be long).
+START_CHECK_S = 2.0
+# What a write refused for room says of the artifacts the bucket does not hold yet
+# (kvgraftd.store.eviction's `kept_because`), by write mode.
+UPLOAD_PENDING = {
+    "back": (
+        "not yet uploaded to the remote tier, which has not taken them (`kvgraft remote "
+        "status` says why; they can be evicted once uploaded)",
+        "bring the remote tier back (`kvgraft remote sync` pushes them at once)",
+    ),
+    "through": (
+        'being uploaded to the remote tier (write = "through")',
+        "retry when their uploads have ended",
+    ),
+}
 
 
 class RemoteService:
@@ -44,17 +65,19 @@ class RemoteService:
         trust: TrustPolicy,
         remote: RemoteTier | None = None,
         queue: WriteBackQueue | None = None,
+        pushes: PushesUnderWay | None = None,
     ) -> None:
         self._store = store
         self._trust = trust
         self.remote = remote
         self.queue = queue
+        self._pushes = pushes  # write-through's uploads under way
 
     @classmethod
     def open(cls, config: DaemonConfig, store: Store, trust: TrustPolicy) -> RemoteService:
         if not config.remote_bucket:
             return cls(store, trust)
-        from kvgraftd.remote.push_queue import WriteBackQueue
+        from kvgraftd.remote.push_queue import PushesUnderWay, WriteBackQueue
         from kvgraftd.remote.s3 import RemoteSettings
         from kvgraftd.remote.tier import RemoteTier
         from kvgraftd.remote.transfer import push_artifact
@@ -68,24 +91,30 @@ class RemoteService:
             connections=config.remote_connections,
         )
         remote = RemoteTier(settings)
-        reachable = remote.check()  # raises on bad credentials or a missing bucket
-        queue = None
+        answered = _check_at_start(remote)  # raises on bad credentials or a missing bucket
+        queue, pushes = None, None
         if settings.write == "back":
             queue = WriteBackQueue(
                 config.data / "remote-queue", lambda aid: push_artifact(store, remote, aid)
             )
+            store.evictor.keep = queue.holds  # uploaded first
             queue.start()
-            store.evictor.keep = lambda aid: queue.holds(aid.hex())  # uploaded first
+        else:
+            pushes = PushesUnderWay()
+            store.evictor.keep = pushes.holds
+        store.evictor.kept_because = UPLOAD_PENDING[settings.write]
         log.info(
             "remote tier: bucket %s at %s, prefix %s, write-%s%s%s",
             settings.bucket,
             settings.endpoint or "AWS S3",
             settings.prefix,
             settings.write,
-            "" if reachable else " (unreachable for now: reads are misses meanwhile)",
+            {True: "", False: " (unreachable for now: reads are misses meanwhile)"}.get(
+                answered, " (not answering yet: reads are misses until it does)"
+            ),
             f", {queue.backlog()} artifacts queued" if queue is not None else "",
         )
-        return cls(store, trust, remote, queue)
+        return cls(store, trust, remote, queue, pushes)
 
     def view(self, store: Store, *, read_through: bool):
         """The store as a component should see it (the store itself when disabled)."""
@@ -93,9 +122,12 @@ class RemoteService:
             return store
         from kvgraftd.remote.backed_store import RemoteBackedStore
 
-        enqueue = self.queue.add if self.queue is not None else None
         return RemoteBackedStore(
-            store, self.remote, self._trust, read_through=read_through, enqueue=enqueue
+            store,
+            self.remote.on_request_path(),
+            self._trust,
+            read_through=read_through,
+            uploads=self.queue if self.queue is not None else self._pushes,
         )
 
     def stop(self) -> None:
@@ -126,7 +158,7 @@ class RemoteService:
             bucket=settings.bucket,
             prefix=settings.prefix,
             write_mode=settings.write,
-            reachable=remote.breaker.available(),
+            reachable=remote.breaker.closed,
             backlog_artifacts=self.queue.backlog() if self.queue is not None else 0,
             uploaded_artifacts=c.artifacts_up,
             uploaded_pages=c.pages_up,
@@ -197,6 +229,7 @@ class RemoteService:
             if not batch:
                 return
             for artifact_id, _ in batch:
+                queued = self.queue.generation(artifact_id) if self.queue is not None else 0
                 try:
                     moved.add(push_artifact(self._store, remote, artifact_id))
                 except NotFound:
@@ -206,8 +239,8 @@ class RemoteService:
                     if not remote.breaker.available():
                         return  # the server went away: the rest would fail the same way
                     continue
-                if self.queue is not None:
-                    self.queue.discard(artifact_id)
+                if queued:
+                    self.queue.discard(artifact_id, queued)
             after = bytes.fromhex(batch[-1][0])
 
     def _pull_all(self, remote: RemoteTier, moved, response: pb.RemoteSyncResponse) -> None:
@@ -230,3 +263,16 @@ class RemoteService:
                     response.failures.append(f"pull {artifact_id}: {exc}")
                     if not remote.breaker.available():
                         return
+
+
+def _check_at_start(remote: RemoteTier) -> bool | None:
+    """The first probe, waited for at most START_CHECK_S: True if the bucket answered,
+    False if it failed, None if it has not answered yet (the probe goes on). Raises the
+    probe's Unauthenticated or FailedPrecondition (bad credentials, no bucket)."""
+    probe = remote.breaker.probe_now()
+    probe.join(START_CHECK_S)
+    if probe.is_alive():
+        return None
+    if isinstance(remote.breaker.probe_error, KvgraftError):
+        raise remote.breaker.probe_error
+    return remote.breaker.closed

@@ -20,13 +20,12 @@ hash to its key, a manifest only if it hashes to its id (kvgraftd.remote.backed_
 then checks that it really holds the chain key asked for). An object that
 fails is logged as DATA_LOSS, counted, and read as a miss; never served.
 
-Faults: every request has connect/read timeouts and botocore's standard
-retries (exponential backoff with jitter). A request that still fails opens a
-breaker (kvgraftd.remote.health): for a backoff that doubles up to 30 s, reads
-are misses at once (local serving never waits on a dead server); the failure
-is logged once per outage, not per request. Writes are always attempted (they are explicit:
-a write-through commit, the write-back drain with its own backoff, a sync)
-and fail with Unavailable, so a server that is back is used at once.
+Faults: every request has connect/read timeouts (`timeout_s`); background
+transfers (the write-back drain, a sync) keep botocore's retries, the calls a
+local request waits on make one attempt (`on_request_path`). A failure opens
+the breaker (kvgraftd.remote.health: reads are misses, a probe of its own finds
+the server back; logged once per outage). Background writes are always
+attempted and fail with Unavailable.
 Credentials come from the standard AWS chain (AWS_ACCESS_KEY_ID /
 AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_SHARED_CREDENTIALS_FILE,
 AWS_PROFILE); they are never logged, and botocore's own loggers are held at
@@ -39,6 +38,7 @@ counters and the breaker. None knows anything of LMDB or gRPC.
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import logging
 import threading
@@ -48,14 +48,13 @@ from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, ThreadP
 
 from google.protobuf.message import DecodeError
 
-from kvgraft.errors import FailedPrecondition, Unauthenticated
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.remote.health import Breaker, RemoteCounters
 from kvgraftd.remote.s3 import (
-    AUTH,
     EXISTS,
     MISSING,
     RemoteSettings,
+    check_refusal,
     error_code,
     make_client,
     write_error,
@@ -71,15 +70,25 @@ class RemoteTier:
         self.settings = settings
         self.counters = RemoteCounters()
         self._s3 = client if client is not None else make_client(settings)
+        # one attempt: probes, and the calls local requests wait on (`on_request_path`)
+        self._s3_once = client if client is not None else make_client(settings, attempts=1)
         self._bucket = settings.bucket
         self._prefix = settings.prefix.strip("/")
         self._pool = ThreadPoolExecutor(settings.connections, thread_name_prefix="remote")
         self._lock = threading.Lock()
-        self.breaker = Breaker(self.counters, f"{self._bucket} at {settings.endpoint or 'AWS S3'}")
+        where = f"{self._bucket} at {settings.endpoint or 'AWS S3'}"
+        self.breaker = Breaker(self.counters, where, self.check)
         self._known: OrderedDict[bytes, None] = OrderedDict()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def on_request_path(self) -> RemoteTier:
+        """The same tier (counters, breaker, pool, known pages) for the calls a local request
+        waits on: each S3 request is made once, so it takes at most `timeout_s`."""
+        twin = copy.copy(self)  # shallow: everything shared but the client
+        twin._s3 = self._s3_once
+        return twin
 
     # ------------------------------------------------------------------
     # keys
@@ -92,30 +101,17 @@ class RemoteTier:
     # health
 
     def check(self) -> bool:
-        """At start: True if the bucket answers; raise on bad credentials or no bucket.
-
-        A server that cannot be reached is not an error here (local serving
-        goes on; reads are misses until it is back): False, and logged.
-        """
+        """Ask the bucket once (a one-key listing, one attempt): True if it answers, False
+        (the breaker told) if it cannot be reached; raises on bad credentials or no bucket.
+        The breaker's probe, and a sync's first step."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        where = f"bucket {self._bucket!r} at {self.settings.endpoint or 'AWS S3'}"
         try:
-            self._s3.list_objects_v2(Bucket=self._bucket, Prefix=self._prefix + "/", MaxKeys=1)
+            self._s3_once.list_objects_v2(Bucket=self._bucket, Prefix=self._prefix + "/", MaxKeys=1)
         except ClientError as exc:
-            code = error_code(exc)
-            if code in AUTH:
-                raise Unauthenticated(
-                    f"the remote tier's S3 server refused the credentials for {where} ({code}). "
-                    "Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a credentials file: "
-                    "AWS_SHARED_CREDENTIALS_FILE, AWS_PROFILE) to a key with read, write and "
-                    "list rights on that bucket"
-                ) from None
-            if code in ("NoSuchBucket", "404"):
-                raise FailedPrecondition(
-                    f"the remote tier's {where} does not exist: create it (e.g. `aws s3 mb "
-                    f"s3://{self._bucket}`) or fix [remote] bucket"
-                ) from None
+            refused = check_refusal(exc, self.settings)
+            if refused is not None:
+                raise refused from None
             self.breaker.failed("check", exc)
             return False
         except BotoCoreError as exc:

@@ -7,6 +7,8 @@ cut at any point (server killed, daemon killed) is simply pushed again: every
 write is idempotent. A chain object may name an artifact whose manifest is
 not there yet (a push in progress, or one that died): readers treat that as a
 miss, and the next push of an artifact holding that page overwrites it.
+A write-through push (`push_through`) is not tried while the breaker is open,
+and its failure says the artifact is stored locally.
 
 Pull (import) is the reverse: the manifest, verified against its id and
 parsed like any received manifest; then the pages this store lacks, each
@@ -23,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvgraft.artifact import page_sizes, parse_manifest
-from kvgraft.errors import DataLoss, NotFound
+from kvgraft.errors import DataLoss, KvgraftError, NotFound, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.remote.tier import RemoteTier
 from kvgraftd.store.artifact_store import Store
@@ -94,6 +96,24 @@ def push_artifact(
         moved.bytes,
     )
     return moved
+
+
+def push_through(
+    store: Store, remote: RemoteTier, artifact_id: str, records: Mapping[bytes, PageRecord]
+) -> None:
+    """Write-through: upload an artifact just committed, or raise Unavailable saying it is
+    stored locally. A server that is not answering (its breaker open) is not waited on."""
+    try:
+        remote.breaker.require()
+        push_artifact(store, remote, artifact_id, records)
+    except NotFound:
+        pass  # deleted meanwhile: nothing to upload
+    except KvgraftError as exc:
+        raise Unavailable(
+            f"artifact {artifact_id} is stored locally, but the remote tier "
+            f'(write = "through") did not take it: {exc}. Nothing is lost: retry, or run '
+            "`kvgraft remote sync` once the remote is back"
+        ) from None
 
 
 def find_remote(remote: RemoteTier, id_or_prefix: str) -> tuple[bytes, str] | None:

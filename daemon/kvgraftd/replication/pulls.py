@@ -13,12 +13,18 @@ Contract:
   PROGRESS_INTERVAL_S while the pass runs, then one with `done` and the final
   summary. The pass is idempotent and resumable like any replication: what was
   committed stays, a retry moves only what is missing.
-* The source is reached like a follower's peer (kvgraft.Client: TLS and the
-  bearer token from KVGRAFT_TLS_* and KVGRAFT_TOKEN_FILE in this daemon's
-  environment), at the address as this daemon sees it. Those credentials are
-  the operator's, so a caller may name only a source the operator allows
-  (`[replication] pull_from`, "*" for any, and the follow peers): any other is
-  FAILED_PRECONDITION. One it cannot reach fails with UNAVAILABLE, saying so.
+* The source is host:port (kvgraft.replication.addresses; else INVALID_ARGUMENT), the
+  address as this daemon reaches it, and one the operator allows (`[replication]
+  pull_from`, "*" for any, and the follow peers): any other is FAILED_PRECONDITION.
+  One it cannot reach fails with UNAVAILABLE, saying so.
+* Credentials go only where the operator sent them. A source the configuration
+  names is reached like a follower's peer: TLS, the client certificate and the
+  bearer token of KVGRAFT_TLS_* and KVGRAFT_TOKEN_FILE in this daemon's
+  environment. A source allowed only by "*" is one the caller chose: it is reached
+  with the same TLS but neither the token nor the client certificate, so "*" never
+  sends the operator's credentials to a host a caller names. Such a source that asks
+  for credentials (UNAUTHENTICATED) is FAILED_PRECONDITION saying to name it in
+  pull_from (Client.replicate_to then relays through the caller).
 * A caller that goes away ends the pass: no retry starts and the source
   connection is closed; artifacts committed so far stay. `stop` ends every
   pass in progress and waits for them (main calls it before the store closes).
@@ -32,7 +38,9 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from kvgraft import Client
-from kvgraft.errors import FailedPrecondition, InvalidArgument, Unavailable
+from kvgraft.client.channel import Security
+from kvgraft.errors import FailedPrecondition, InvalidArgument, Unauthenticated, Unavailable
+from kvgraft.replication.addresses import address_problem
 from kvgraft.replication.replicator import Replicator
 from kvgraft.replication.summary import ReplicationSummary
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -54,18 +62,27 @@ class ByteProgress:
         self.done += n  # the replicator's ledger calls this under its lock
 
 
+def connect_to_source(source: str, named: bool) -> Client:
+    """A client of `source`, with this daemon's credentials only when its configuration
+    names the source (`named`)."""
+    if named:
+        return Client(source)  # the KVGRAFT_* environment: the operator's credentials
+    return Client(source, **Security.anonymous().client_options())
+
+
 class Pulls:
     def __init__(
         self,
         target: LocalTarget,
         allowed: Iterable[str],
         instance_id: str,
-        client_factory: Callable[[str], Client] = Client,
+        connect: Callable[[str, bool], Client] = connect_to_source,
     ) -> None:
         self._target = target
-        self._allowed = frozenset(allowed)
+        self._named = frozenset(allowed) - {"*"}
+        self._any_source = "*" in allowed
         self._instance_id = instance_id
-        self._client_factory = client_factory
+        self._connect = connect
         self._lock = threading.Lock()
         self._stopping = False
         self._running: dict[Future, Callable[[], None]] = {}  # pass -> its end
@@ -82,13 +99,14 @@ class Pulls:
         self, request: pb.ReplicateRequest, is_active: Callable[[], bool]
     ) -> Iterator[pb.ReplicateProgress]:
         source = request.source.strip()
-        host, _, port = source.rpartition(":")
-        if not host or not port.isdigit():
+        if problem := address_problem(source):
             raise InvalidArgument(
-                f"Replicate needs the source as host:port (got {request.source!r}), the "
-                "address at which this daemon reaches it, e.g. 10.0.0.5:50051"
+                f"Replicate needs the source as host:port ({problem}: got "
+                f"{request.source!r}), the address at which this daemon reaches it, e.g. "
+                "10.0.0.5:50051"
             )
-        if source not in self._allowed and "*" not in self._allowed:
+        named = source in self._named
+        if not named and not self._any_source:
             raise FailedPrecondition(
                 f"this daemon copies only from sources its operator allows, and {source} is "
                 "not one: add it to [replication] pull_from in the daemon's config (or "
@@ -97,13 +115,15 @@ class Pulls:
             )
         progress = ByteProgress()
         with (
-            self._client_factory(source) as client,
+            self._connect(source, named) as client,
             ThreadPoolExecutor(1, thread_name_prefix="pull") as pool,
         ):
             try:
                 source_instance = client.info().instance_id
             except Unavailable as exc:
-                raise _unreachable(source, exc) from None
+                raise _unreachable(source, exc, named) from None
+            except Unauthenticated:
+                raise _unauthenticated(source, named) from None
             if source_instance == self._instance_id:
                 raise FailedPrecondition(
                     f"the source {source} is this daemon itself: pull from another daemon"
@@ -140,15 +160,32 @@ class Pulls:
                 "stays, run it again once the daemon is back"
             )
         if isinstance(error, Unavailable) and f"at {source}" in str(error):
-            raise _unreachable(source, error) from None
+            raise _unreachable(source, error, named) from None
         result = copying.result()  # raises any other error of the pass
         log.info("pulled from %s: %d artifacts added", source, result.artifacts_added)
         yield _progress(progress, result, done=True)
 
 
-def _unreachable(source: str, error: Exception) -> Unavailable:
+def _unauthenticated(source: str, named: bool) -> FailedPrecondition:
+    """The source refused this daemon (not the caller: UNAUTHENTICATED would say so)."""
+    if named:
+        return FailedPrecondition(
+            f"the source {source} refused this daemon's credentials: check the token and "
+            "client certificate in its KVGRAFT_* environment against the source's"
+        )
+    return FailedPrecondition(
+        f"the source {source} asks for credentials, and this daemon sends its own only to "
+        "sources its configuration names (pull_from = * names none): add it to "
+        "[replication] pull_from and restart the daemon, or replicate through the caller "
+        "(without --pull)"
+    )
+
+
+def _unreachable(source: str, error: Exception, named: bool) -> Unavailable:
+    # a source that wants a client certificate fails the TLS handshake without one
+    sent = "" if named else " (allowed by * only, it was sent no client certificate)"
     return Unavailable(
-        f"this daemon could not reach the source {source} ({error}); give the source "
+        f"this daemon could not reach the source {source}{sent} ({error}); give the source "
         "as this daemon reaches it, or replicate through the caller (without --pull)"
     )
 

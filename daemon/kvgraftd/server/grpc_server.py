@@ -51,14 +51,20 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Kvgraft"].full_name
 MAX_WORD_CHARS = 256  # one word: an id or a hash is 64 characters, a path rarely longer
 KEPT_WORD_CHARS = 64
 MAX_MESSAGE_CHARS = 2048
+# The message travels in the grpc-message trailer, percent-encoded: every byte outside
+# printable ASCII (and "%") takes 3. A client refuses trailers past its metadata limit (8 KiB
+# by default, some at random from there to 16 KiB) and sees RESOURCE_EXHAUSTED instead of
+# the error: 2,048 characters of CJK text are 18 KiB there. Half the limit leaves room.
+MAX_MESSAGE_WIRE_BYTES = 4096
 
 
 def _readable(message: str) -> str:
     """The message as a terminal or a log may show it: every character that moves the cursor,
     reorders text or hides (controls, bidirectional overrides, invisible format
     characters) escaped as Python writes it (\\x1b, \\u202e); a word longer than
-    MAX_WORD_CHARS cut to its start and its length; a message longer than MAX_MESSAGE_CHARS
-    cut in the middle, so the end that says what to do stays."""
+    MAX_WORD_CHARS cut to its start and its length; a message longer than MAX_MESSAGE_CHARS,
+    or longer than MAX_MESSAGE_WIRE_BYTES once encoded for the trailer, cut in the middle,
+    so the end that says what to do stays."""
     escaped = printable(message)
     words = [
         word if len(word) <= MAX_WORD_CHARS else f"{word[:KEPT_WORD_CHARS]}…[{len(word)} chars]"
@@ -66,9 +72,36 @@ def _readable(message: str) -> str:
     ]
     text = " ".join(words)
     if len(text) > MAX_MESSAGE_CHARS:
-        cut = len(text) - MAX_MESSAGE_CHARS
-        text = f"{text[: MAX_MESSAGE_CHARS // 2]} …[{cut} chars]… {text[-MAX_MESSAGE_CHARS // 2 :]}"
+        text = _cut_middle(text, [1] * len(text), MAX_MESSAGE_CHARS)
+    costs = [_wire_bytes(c) for c in text]
+    if sum(costs) > MAX_MESSAGE_WIRE_BYTES:
+        text = _cut_middle(text, costs, MAX_MESSAGE_WIRE_BYTES)
     return text
+
+
+def _wire_bytes(char: str) -> int:
+    """What `char` takes in a grpc-message trailer (percent-encoded)."""
+    return 1 if " " <= char <= "~" and char != "%" else 3 * len(char.encode())
+
+
+def _cut_middle(text: str, costs: list[int], budget: int) -> str:
+    """`text` with its middle replaced by a count, its start and its end costing at most
+    `budget` together (the marker's own cost is set aside first)."""
+    half = (budget - 64) // 2  # the marker: " …[N chars]… ", at most 64 bytes encoded
+    head = _fitting(costs, half)
+    tail = _fitting(costs[::-1], half)
+    cut = len(text) - head - tail
+    return f"{text[:head]} …[{cut} chars]… {text[len(text) - tail :]}"
+
+
+def _fitting(costs: list[int], budget: int) -> int:
+    """How many leading characters cost at most `budget`."""
+    spent = 0
+    for count, cost in enumerate(costs):
+        spent += cost
+        if spent > budget:
+            return count
+    return len(costs)
 
 
 def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -221,7 +254,7 @@ def _method_table(
         "PutArtifact": grpc.stream_unary_rpc_method_handler(
             _guard(
                 "PutArtifact",
-                lambda it, c: service.put_artifact(it),
+                lambda it, c: service.put_artifact(it, c.peer()),  # staging is per connection
                 counter,
                 streaming=False,
                 limiter=limiter,

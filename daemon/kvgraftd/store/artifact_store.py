@@ -61,7 +61,7 @@ import lmdb
 import numpy as np
 
 from kvgraft.artifact import canonical_bytes, page_sizes
-from kvgraft.errors import NotFound, ResourceExhausted
+from kvgraft.errors import FailedPrecondition, NotFound, ResourceExhausted
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import catalog, page_records, staging, trust_index
 from kvgraftd.store import migration as store_migration
@@ -148,6 +148,7 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
         )
         self._db = self._lmdb.db
         self._read = self._lmdb.read
+        self._init_staging()
         self._write = self._lmdb.write
         self._pages = PageStore(self._lmdb, self.path / "segments", segment_bytes=segment_bytes)
         self._changed = threading.Condition()
@@ -172,7 +173,8 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
         self.read_quarantine.settled()
         try:
             self.flush_usage()
-        except ResourceExhausted as exc:  # a full disk at shutdown: expected, no traceback
+        # a full disk at shutdown, or a store directory gone (lmdb_env): expected, no traceback
+        except (ResourceExhausted, FailedPrecondition) as exc:
             log.warning(
                 "could not record the artifacts' last uses: the uses since the last write "
                 "(at most %.0f s of them) are forgotten; no data is lost (%s)",
@@ -272,7 +274,9 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
 
         with self._admitting:
             if self._usage.get(aid) is None:  # an artifact present takes no room
-                self.evictor.make_room(file_bytes)
+                # the staged pages it claims enter the budget too (kvgraftd.store.staging)
+                claimed = self._staged_disk_of(d for d in sizes if d not in records)
+                self.evictor.make_room(file_bytes + claimed)
             try:
                 result = self._pages.write(index_bytes + len(canonical), file_bytes, body)
             except BaseException:

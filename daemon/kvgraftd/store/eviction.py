@@ -5,8 +5,9 @@ disk the store's pages take) and, optionally, the number of artifacts. Past
 the high watermark (`high` of a budget) the keeper's thread evicts unpinned
 artifacts nobody is reading until the store is back under the low watermark;
 a commit that would take the store past the budget itself first evicts
-(`make_room`), so a write fails only when eviction cannot make room (every
-artifact pinned or being read): ResourceExhausted, saying so.
+(`make_room`), so a write fails only when eviction cannot make room:
+ResourceExhausted, saying what holds the budget (artifacts pinned, being
+read, or kept by `keep`: the remote tier's, not yet uploaded).
 
 Policies (the order artifacts go in; docs/architecture.md says why):
 * `lru`: least recently used first (last graft, prefix reuse or export; an
@@ -86,9 +87,11 @@ class Evictor:
         self.store = store
         self.budget = budget
         self.counters = EvictionCounters()
-        # what must not be evicted yet, besides pins and readers (the remote tier's
-        # write-back queue: artifacts not uploaded)
+        # What must not be evicted yet, besides pins and readers (the remote tier's
+        # artifacts not yet uploaded), and what a refused write says of them: a phrase
+        # following "N artifacts (B bytes)", then what to do.
         self.keep: Callable[[bytes], bool] = lambda aid: False
+        self.kept_because = ("", "")
 
     def over(self, fraction: float, incoming_bytes: int = 0, incoming_artifacts: int = 0) -> bool:
         artifacts, live = self.store.cache_totals()
@@ -113,26 +116,41 @@ class Evictor:
                 f"{self.budget.bytes}: raise the budget to keep contexts this long"
             )
         artifacts, live = self.store.cache_totals()
-        candidates = self._candidates()
+        evictable = self.store.evictable()
+        candidates = {aid: u for aid, u in evictable.items() if not self.keep(aid)}
         most = sum(usage.page_bytes for usage in candidates.values())  # shared pages: less
         if (self.budget.bytes and live - most + incoming_bytes > self.budget.bytes) or (
             self.budget.artifacts and artifacts - len(candidates) + 1 > self.budget.artifacts
-        ):
-            raise ResourceExhausted(  # evicting everything evictable would not make room
-                f"the store's budget (store_budget_bytes={self.budget.bytes}, "
-                f"store_budget_artifacts={self.budget.artifacts}) is held by pinned artifacts "
-                "and ones being read: unpin some (kvgraft pin --off ID) or raise a budget"
-            )
+        ):  # evicting everything evictable would not make room
+            raise ResourceExhausted(self._held_by(evictable, candidates))
         self.evict(self.budget.low, incoming_bytes, 1, candidates)
         if self.over(1.0, incoming_bytes, 1):
+            evictable = self.store.evictable()
             raise ResourceExhausted(
-                f"the store's budget (store_budget_bytes={self.budget.bytes}, "
-                f"store_budget_artifacts={self.budget.artifacts}) is full and every artifact "
-                "left is pinned or being read: unpin some (kvgraft pin --off ID) or raise a budget"
+                self._held_by(evictable, {a: u for a, u in evictable.items() if not self.keep(a)})
             )
 
     def _candidates(self) -> dict[bytes, Usage]:
         return {aid: u for aid, u in self.store.evictable().items() if not self.keep(aid)}
+
+    def _held_by(self, evictable: dict[bytes, Usage], candidates: dict[bytes, Usage]) -> str:
+        """Why a write finds no room: what holds the budget, and what to do."""
+        kept = [u for aid, u in evictable.items() if aid not in candidates]
+        fixed = self.store.cache_totals()[0] - len(evictable)  # pinned, read or going
+        holders, remedies = [], []
+        if kept:
+            phrase, remedy = self.kept_because
+            kept_bytes = sum(u.page_bytes for u in kept)
+            holders.append(f"{len(kept)} artifacts ({kept_bytes} bytes) {phrase}")
+            remedies.append(remedy)
+        if fixed or not kept:
+            holders.append(f"pinned artifacts and ones being read ({fixed})")
+            remedies.append("unpin some (kvgraft pin --off ID)")
+        return (
+            f"the store's budget (store_budget_bytes={self.budget.bytes}, "
+            f"store_budget_artifacts={self.budget.artifacts}) is held by "
+            f"{' and by '.join(holders)}: {'; '.join(remedies)}; or raise a budget"
+        )
 
     def evict(
         self,

@@ -6,11 +6,18 @@ pages a message completes are hashed side by side, on two threads
 (kvgraft.page_checks) and 16 to a call (kvgraftd.store.sha256_lanes). An
 accepted page is held as a store record (its xxh3-128 and a view of the
 received bytes, kvgraftd.store.page_records) ready to commit.
-When the held bytes pass `spill_bytes`, they are staged in the store so that
-memory stays bounded and a cut transfer can resume without resending them.
-Pages still arriving in pieces cannot be staged: their bytes are bounded by
-max(spill_bytes, MAX_PAGE_BYTES), beyond which the upload is refused
-(ResourceExhausted), so no stream can grow the daemon without bound.
+
+Memory is bounded per stream and across streams (kvgraftd.store.upload_limits):
+when the held bytes pass `spill_bytes`, or the uploads in progress together
+hold more than the daemon's upload memory, they are staged in the store, so
+that memory stays bounded and a cut transfer can resume without resending
+them. Pages still arriving in pieces cannot be staged: their bytes are bounded
+by max(spill_bytes, MAX_PAGE_BYTES) per stream and by the upload memory
+together, beyond which the upload is refused (ResourceExhausted). Staging is
+charged to the stream's connection (at most so much staged disk each) before
+the store bounds it in total; the pages a stream staged are never collected
+while it runs (Store.uploading). An intake is a context manager: what it holds
+is given back when it ends.
 
 Errors: malformed chunks are InvalidArgument; a page whose bytes do not hash
 to its name is DataLoss (the sender should resend it).
@@ -19,9 +26,10 @@ to its name is DataLoss (the sender should resend it).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from kvgraft.artifact import DIGEST_BYTES, MAX_PAGE_BYTES, page_sizes
+from kvgraft import wire
+from kvgraft.artifact import DIGEST_BYTES, MAX_PAGE_BYTES, page_sizes, parse_manifest
 from kvgraft.errors import DataLoss, InvalidArgument, ResourceExhausted
 from kvgraft.page_buffers import block_aligned, page_slots
 from kvgraft.page_checks import split_pages
@@ -30,6 +38,7 @@ from kvgraft.wire import Chunk
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.page_records import PageRecord, page_record
 from kvgraftd.store.sha256_lanes import LANES, sha256_digests
+from kvgraftd.store.upload_limits import UploadBounds
 
 RECORD_OVERHEAD_BYTES = 512  # a held page's record, views and dictionary entries, about
 # SHA-256 runs at 1.2-2.5 GB/s a core here: a message's pages are worth two threads from 1 MiB.
@@ -37,19 +46,46 @@ SHA256_PARALLEL_MIN_BYTES = 1 << 20
 
 
 class PageIntake:
-    """Accumulates verified pages of one PutArtifact stream."""
+    """Accumulates verified pages of one PutArtifact stream from `connection` (the peer's
+    address; empty: the daemon's own pulls, charged to no connection)."""
 
-    def __init__(self, store: Store, spill_bytes: int, staged_max_bytes: int = 0) -> None:
+    def __init__(self, store: Store, bounds: UploadBounds, connection: str = "") -> None:
         self._store = store
-        self._spill_bytes = spill_bytes
-        self._staged_max_bytes = staged_max_bytes
+        self._bounds = bounds
+        self._connection = connection
         self._partial: dict[bytes, bytearray] = {}  # bytes received of pages still arriving
         self._page_bytes: dict[bytes, int] = {}  # the size each partial page announced
         self.records: dict[bytes, PageRecord] = {}  # verified, not yet staged
-        self.staged: set[bytes] = set()  # verified and staged in the store
-        self._held_bytes = 0
+        self.staged: dict[bytes, int] = {}  # verified and staged: the disk charged for each
+        self._held_bytes = 0  # what self.records cost in memory (counted in bounds.memory)
         self._partial_bytes = 0  # in self._partial: bounded, as it cannot be staged
-        self._partial_limit = max(spill_bytes, MAX_PAGE_BYTES)
+        self._partial_limit = max(bounds.spill_bytes, MAX_PAGE_BYTES)
+        self._uploading = store.uploading(self.staged)
+
+    def __enter__(self) -> PageIntake:
+        self._uploading.__enter__()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._partial.clear()
+        self.records.clear()
+        self._bounds.memory.release(self._held_bytes + self._partial_bytes)
+        self._held_bytes = self._partial_bytes = 0
+        self._uploading.__exit__(*exc_info)
+
+    def receive(self, parts: Iterable[wire.PutPart]) -> tuple[pb.Manifest | None, wire.PutPart]:
+        """Every part's pages; the manifest (the last part), if sent, and that last part
+        (its expected id, signatures and relay source)."""
+        manifest: pb.Manifest | None = None
+        last = wire.PutPart([])
+        for part in parts:
+            if manifest is not None:
+                raise InvalidArgument("the manifest must be the last message of PutArtifact")
+            if part.manifest is not None:
+                manifest = parse_manifest(part.manifest)
+                last = part
+            self.add(part.chunks)
+        return manifest, last
 
     def add(self, chunks: Sequence[Chunk]) -> None:
         """The chunks of one message; the pages they complete are verified side by side."""
@@ -86,12 +122,16 @@ class PageIntake:
                 f"page {digest.hex()[:16]} arrived corrupt (its bytes hash to "
                 f"{hashlib.sha256(data).hexdigest()[:16]}); nothing was stored: resend it"
             )
+        cost = 0
         for (digest, _), record in zip(pages, records, strict=True):
             self.records[digest] = record
             # what it costs to hold: its block-aligned slot and its record, not its length
             # (80,000 four-byte pages held 383 MiB when counted as 320 KB)
-            self._held_bytes += block_aligned(len(record.data)) + RECORD_OVERHEAD_BYTES
-        if self._held_bytes >= self._spill_bytes:
+            cost += block_aligned(len(record.data)) + RECORD_OVERHEAD_BYTES
+        self._held_bytes += cost
+        # past this upload's spill_bytes, or the uploads' memory together: to disk
+        fits = self._bounds.memory.hold(cost)
+        if not fits or self._held_bytes >= self._bounds.spill_bytes:
             self.stage()
 
     def _assemble(
@@ -124,27 +164,85 @@ class PageIntake:
                 f"page {digest.hex()[:16]}: chunks must arrive in order, with one page_bytes, "
                 "and cover the page exactly"
             )
-        self._partial_bytes += len(data)
-        if self._partial_bytes > self._partial_limit:
+        if self._partial_bytes + len(data) > self._partial_limit:
             raise ResourceExhausted(
-                f"this upload holds {self._partial_bytes} bytes of pages it has not finished, "
-                f"more than the daemon allows ({self._partial_limit}, from spill_bytes); send "
-                "each page's chunks one after the other"
+                f"this upload holds {self._partial_bytes + len(data)} bytes of pages it has not "
+                f"finished, more than the daemon allows ({self._partial_limit}, from "
+                "spill_bytes); send each page's chunks one after the other"
             )
+        self._hold_partial(digest, len(data))
         buffer += data
         if len(buffer) < size:
             return None
         del self._partial[digest], self._page_bytes[digest]
         self._partial_bytes -= size
+        self._bounds.memory.release(size)  # held as a record from here (add)
         return buffer
 
+    def _hold_partial(self, digest: bytes, nbytes: int) -> None:
+        """Count `nbytes` more of an unfinished page in the uploads' memory: after staging
+        this upload's verified pages if need be; refused if even that leaves no room."""
+        memory = self._bounds.memory
+        if not memory.try_hold(nbytes):
+            self.stage()
+            if not memory.try_hold(nbytes):
+                raise ResourceExhausted(
+                    f"the uploads in progress hold {memory.held} bytes of pages in memory, the "
+                    f"daemon's limit (upload_memory_bytes = {memory.limit_bytes}); page "
+                    f"{digest.hex()[:16]}'s next {nbytes} bytes do not fit: retry when other "
+                    "uploads finish, and send each page's chunks one after the other"
+                )
+        self._partial_bytes += nbytes
+
     def stage(self) -> None:
-        """Persist the verified pages held in memory (as unreferenced pages)."""
-        if self.records:
-            self._store.stage_pages(self.records, self._staged_max_bytes)
-            self.staged.update(self.records)
-            self.records.clear()
-            self._held_bytes = 0
+        """Persist the verified pages held in memory (as unreferenced pages), charged to the
+        connection first; refused (ResourceExhausted) past its limit or the store's."""
+        if not self.records:
+            return
+        missing = set(self._store.missing_pages(list(self.records)))
+        disk = {
+            d: block_aligned(len(r.data)) if d in missing else 0 for d, r in self.records.items()
+        }
+        charged = sum(disk.values())
+        self._bounds.staged.charge(self._connection, charged)
+        self.staged.update(disk)  # before they are staged: no collection may take them
+        try:
+            self._stage_records()
+        except BaseException:
+            self._bounds.staged.credit(self._connection, charged)
+            for digest in disk:
+                del self.staged[digest]
+            raise
+        self.records.clear()
+        self._bounds.memory.release(self._held_bytes)
+        self._held_bytes = 0
+
+    def _stage_records(self) -> None:
+        bounds = self._bounds
+        try:
+            self._store.stage_pages(self.records, bounds.staged_max_bytes)
+        except ResourceExhausted:
+            # unclaimed pages past their TTL may hold the room: collected now, not at the
+            # next housekeeping round
+            if not self._store.collect_staged(bounds.staged_ttl_s):
+                raise
+            self._store.stage_pages(self.records, bounds.staged_max_bytes)
+
+    def keep(self) -> str:
+        """Stage what is held, so that a retry need not resend it (the stream ended before
+        its manifest); why it could not be kept, or ''."""
+        try:
+            self.stage()
+        except ResourceExhausted as exc:
+            return str(exc)
+        return ""
+
+    def committed(self, manifest: pb.Manifest) -> None:
+        """The manifest was committed: the staged pages it names are the artifact's now,
+        off the connection's count."""
+        sizes = page_sizes(manifest)
+        claimed = sum(disk for digest, disk in self.staged.items() if digest in sizes)
+        self._bounds.staged.credit(self._connection, claimed)
 
     def check_against(self, manifest: pb.Manifest) -> None:
         """Every page received must be whole, named by the manifest and of its size."""

@@ -53,7 +53,7 @@ _PINNED = "artifact {} is pinned; unpin it first (kvgraft pin --off ID)"
 
 class Lifecycle:
     """Mixin of Store: needs `_db`, `_read`, `_write`, `_pages`, `_drop_pages`, `_notify_change`,
-    `read_quarantine`."""
+    `read_quarantine`, `evictor`, `_budgeted_bytes`."""
 
     _usage: UsageBook
     _clock: Callable[[], int]
@@ -114,8 +114,9 @@ class Lifecycle:
         self._pages.give_back()
 
     def cache_totals(self) -> tuple[int, int]:
-        """(artifacts, bytes of the segment files' live pages): what budgets count."""
-        return self._usage.count(), self._pages.live_bytes()
+        """(artifacts, bytes of the segment files' live pages less the staged ones): what
+        budgets count (kvgraftd.store.staging)."""
+        return self._usage.count(), self._budgeted_bytes()
 
     def raise_inflation(self, priority: float) -> None:
         self._usage.inflate(priority)
@@ -160,7 +161,9 @@ class Lifecycle:
         gone, freed, credits = self._write_removal(taken, body)
         for heir, tokens in credits.items():  # the reuse a prefix earned stays with the prefix
             self._usage.used(heir, 0, tokens)
-        self._pages.free(freed, defer=True)  # punched in batches: see SegmentFiles.give_back
+        # Under a byte budget the space goes back at once, so that the disk holds the
+        # budget; without one, holes are punched in batches (SegmentFiles.give_back).
+        self._pages.free(freed, defer=not self.evictor.budget.bytes)
         if gone:
             self._notify_change()
         freed_bytes = sum(location.length for location in freed)

@@ -23,6 +23,10 @@ Contract:
   its blocks allocated at open: LMDB creates it sparse, and a reader taking
   a slot on a page never written before, on a full disk, would be SIGBUS.
 * `close()` waits for every open transaction.
+* A store directory that cannot be reached any more (deleted, unmounted or made
+  unreadable under the running daemon) is the operator's to fix, not a bug:
+  the free-space check fails FailedPrecondition in words (`unreachable_store`), which
+  kvgraftd.store.service's Info and Stats answer too.
 
 kvgraftd.store.artifact_store holds what the data means; this module only how it is kept.
 """
@@ -41,7 +45,7 @@ from typing import TypeVar
 
 import lmdb
 
-from kvgraft.errors import ResourceExhausted
+from kvgraft.errors import FailedPrecondition, ResourceExhausted
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +161,7 @@ class LmdbEnv:
     def _check_free_space(self, needed_bytes: int, file_bytes: int) -> None:
         if not needed_bytes and not file_bytes:
             return
-        free = shutil.disk_usage(self.path).free
+        free = self._free_bytes()
         needed = _with_overhead(needed_bytes)
         # Pages freed by deletes are reused before the file grows.
         growth = max(0, needed - self._reusable_bytes()) + file_bytes
@@ -172,7 +176,13 @@ class LmdbEnv:
     def _full(self, needed_bytes: int) -> bool:
         """Whether the disk lacks room for a transaction of `needed_bytes` (a failed commit:
         LMDB says EIO where a write came back short, which a full disk does)."""
-        return shutil.disk_usage(self.path).free < _with_overhead(needed_bytes)
+        return self._free_bytes() < _with_overhead(needed_bytes)
+
+    def _free_bytes(self) -> int:
+        try:
+            return shutil.disk_usage(self.path).free
+        except OSError as exc:
+            raise unreachable_store(exc) from None
 
     def _allocate_reader_table(self) -> None:
         fd = os.open(self.path / "lock.mdb", os.O_RDWR)
@@ -204,6 +214,15 @@ class LmdbEnv:
         with self._gate.resize():
             self._env.set_mapsize(target)
         log.info("store map grown from %d MiB to %d MiB", current >> 20, target >> 20)
+
+
+def unreachable_store(exc: OSError) -> FailedPrecondition:
+    """What to say when the store's files cannot be reached: `exc` names the path."""
+    return FailedPrecondition(
+        f"the store's files cannot be reached ({exc.strerror or exc}: {exc.filename}): was "
+        "the data directory deleted, unmounted or made unreadable while kvgraftd ran? "
+        "Restore it, then restart kvgraftd (on an empty data directory it starts an empty store)"
+    )
 
 
 def _with_overhead(needed_bytes: int) -> int:

@@ -15,16 +15,18 @@ from contextlib import closing
 from dataclasses import dataclass
 
 from kvgraft import __version__, wire
-from kvgraft.artifact import DIGEST_BYTES, artifact_id, page_sizes, parse_manifest
+from kvgraft.artifact import DIGEST_BYTES, artifact_id, page_sizes
 from kvgraft.errors import DataLoss, InvalidArgument, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store.artifact_store import Store, StoreStats
 from kvgraftd.store.catalog import artifact_info
 from kvgraftd.store.intake import PageIntake
+from kvgraftd.store.lmdb_env import unreachable_store
 from kvgraftd.store.migration import STORE_FORMAT_VERSION
 from kvgraftd.store.read_ahead import read_ahead
 from kvgraftd.store.scrub import Scrubber
 from kvgraftd.store.signing import Signer, TrustPolicy
+from kvgraftd.store.upload_limits import UploadBounds
 
 MAX_MISSING_QUERY = 100_000
 MAX_LIST_PAGE = 1000
@@ -40,6 +42,9 @@ MAX_PIN_TTL_S = 10 * 365 * 86400
 class ServiceLimits:
     spill_bytes: int = 256 << 20  # held page bytes per PutArtifact before staging them
     staged_max_bytes: int = 16 << 30  # disk of all staged pages together (0: no limit)
+    staged_max_bytes_per_connection: int = 4 << 30  # and of one connection's uploads
+    staged_ttl_s: float = 900.0  # how long unclaimed staged pages are kept
+    upload_memory_bytes: int = 1 << 30  # page bytes all uploads in progress hold in memory
     block_payload_bytes: int = wire.BLOCK_PAYLOAD_BYTES
 
 
@@ -56,6 +61,14 @@ class StoreService:
     ) -> None:
         self._store = store
         self._limits = limits
+        self._uploads = UploadBounds.of(  # shared by every PutArtifact (store.upload_limits)
+            spill_bytes=limits.spill_bytes,
+            staged_max_bytes=limits.staged_max_bytes,
+            staged_ttl_s=limits.staged_ttl_s,
+            memory_bytes=limits.upload_memory_bytes,
+            staged_per_connection=limits.staged_max_bytes_per_connection,
+            budget_bytes=store.evictor.budget.bytes,
+        )
         self._scrubber = scrubber or Scrubber(store, 64 << 20)
         self._cache_mode = cache_mode
         # Decides what arriving artifacts are worth (kvgraftd.store.signing); tests that build a
@@ -77,7 +90,7 @@ class StoreService:
             store_format_version=STORE_FORMAT_VERSION,
             instance_id=self.instance_id,
             signing_key=self.trust.signer.public_key,
-            tiers=[self._lmdb_tier(self._store.stats())],
+            tiers=[self._lmdb_tier(self._store_stats())],
             cache=self.cache_info(),
             scrub=self._scrubber.progress(),
         )
@@ -132,8 +145,17 @@ class StoreService:
             peak_bytes=stats.segment_disk_bytes + stats.map_used_bytes,
         )
 
+    def _store_stats(self) -> StoreStats:
+        """The store's figures; FailedPrecondition in words where its files cannot be
+        reached (the data directory deleted or unmounted under the daemon): that is no
+        bug of the daemon's, and INTERNAL would say it is."""
+        try:
+            return self._store.stats()
+        except OSError as exc:
+            raise unreachable_store(exc) from None
+
     def stats(self, request: pb.StatsRequest) -> pb.StatsResponse:
-        s = self._store.stats()
+        s = self._store_stats()
         return pb.StatsResponse(
             artifacts=s.artifacts,
             pages=s.pages,
@@ -148,55 +170,67 @@ class StoreService:
         )
 
     # ------------------------------------------------------------------
-    def put_artifact(self, messages: Iterable[bytes]) -> pb.PutArtifactResponse:
-        """PutArtifact from its raw PutArtifactRequest messages (see put_parts)."""
-        return self.put_parts(map(wire.decode_put, messages))
+    def put_artifact(
+        self, messages: Iterable[bytes], connection: str = ""
+    ) -> pb.PutArtifactResponse:
+        """PutArtifact from its raw PutArtifactRequest messages, sent over `connection` (the
+        peer's address: what its uploads may stage is bounded; see put_parts)."""
+        return self.put_parts(map(wire.decode_put, messages), connection=connection)
 
     def put_parts(
-        self, parts: Iterable[wire.PutPart], origin: str = "upload", source: str = ""
+        self,
+        parts: Iterable[wire.PutPart],
+        origin: str = "upload",
+        source: str = "",
+        connection: str = "",
     ) -> pb.PutArtifactResponse:
         """Receive pages then a manifest; commit them together. The artifact is trusted
         if it carries a valid signature by a trusted key, else stored untrusted (`origin`
         says how it arrived).
 
         Verified pages of a stream that is cut (the iterator raises something
-        other than a kvgraft error) are staged so a retry need not resend them;
-        so are those of a manifest that does not hash to the sender's
-        expected_artifact_id (altered on the way: DATA_LOSS).
+        other than a kvgraft error) or ends without a manifest are staged so a
+        retry need not resend them, within the bounds of staged pages
+        (kvgraftd.store.upload_limits); so are those of a manifest that does not
+        hash to the sender's expected_artifact_id (altered on the way: DATA_LOSS).
         """
-        intake = PageIntake(self._store, self._limits.spill_bytes, self._limits.staged_max_bytes)
-        try:
-            # Taken off the connection while the previous message is hashed and
-            # stored; what was taken survives a cut call (kvgraftd.store.read_ahead).
-            with closing(read_ahead(parts, READ_AHEAD_MESSAGES)) as received:
-                manifest, last = _receive(received, intake)
-        except KvgraftError:
-            raise
-        except Exception:
-            intake.stage()
-            raise
-        if manifest is None:
-            intake.stage()
-            raise InvalidArgument(
-                "PutArtifact ended without a manifest; no artifact was stored (the pages sent "
-                "are kept for a retry): send the manifest as the last message"
-            )
-        expected_id = last.expected_artifact_id
-        if expected_id and artifact_id(manifest) != expected_id:
-            intake.stage()  # the pages were verified; only the manifest is in doubt
-            raise DataLoss(
-                f"the manifest arrived altered: it hashes to {artifact_id(manifest)[:16]}, not "
-                f"to the expected {expected_id[:16]}; no artifact was stored: resend it"
-            )
-        intake.check_against(manifest)
-        if last.relayed_from and not source:
-            # A client relaying a replication names its source: information for the
-            # origin only (no trust, and no say in which deletes apply: replicated_from).
-            origin = f"replicated from {last.relayed_from} via a client"
-        provenance = self.trust.received(artifact_id(manifest), last.signatures, origin)
-        if source:  # a pull or a follower: a delete from there will apply to it
-            provenance.replicated_from.append(source)
-        result = self._store.commit_artifact(manifest, intake.records, provenance)
+        with PageIntake(self._store, self._uploads, connection) as intake:
+            try:
+                # Taken off the connection while the previous message is hashed and
+                # stored; what was taken survives a cut call (kvgraftd.store.read_ahead).
+                with closing(read_ahead(parts, READ_AHEAD_MESSAGES)) as received:
+                    manifest, last = intake.receive(received)
+            except KvgraftError:
+                raise
+            except Exception:
+                intake.keep()  # the caller is gone: a refusal to keep them has no one to tell
+                raise
+            if manifest is None:
+                refused = intake.keep()
+                kept = "the pages sent are kept for a retry"
+                if refused:
+                    kept = f"the pages sent were not kept: {refused}"
+                raise InvalidArgument(
+                    f"PutArtifact ended without a manifest; no artifact was stored ({kept}); "
+                    "send the manifest as the last message"
+                )
+            expected_id = last.expected_artifact_id
+            if expected_id and artifact_id(manifest) != expected_id:
+                intake.keep()  # the pages were verified; only the manifest is in doubt
+                raise DataLoss(
+                    f"the manifest arrived altered: it hashes to {artifact_id(manifest)[:16]}, "
+                    f"not to the expected {expected_id[:16]}; no artifact was stored: resend it"
+                )
+            intake.check_against(manifest)
+            if last.relayed_from and not source:
+                # A client relaying a replication names its source: information for the
+                # origin only (no trust, and no say in which deletes apply: replicated_from).
+                origin = f"replicated from {last.relayed_from} via a client"
+            provenance = self.trust.received(artifact_id(manifest), last.signatures, origin)
+            if source:  # a pull or a follower: a delete from there will apply to it
+                provenance.replicated_from.append(source)
+            result = self._store.commit_artifact(manifest, intake.records, provenance)
+            intake.committed(manifest)
         return pb.PutArtifactResponse(
             artifact_id=result.artifact_id,
             already_present=result.already_present,
@@ -347,23 +381,6 @@ class StoreService:
                     "once it is back"
                 )
             self._store.wait_for_change(WATCH_POLL_S)
-
-
-def _receive(
-    parts: Iterable[wire.PutPart], intake: PageIntake
-) -> tuple[pb.Manifest | None, wire.PutPart]:
-    """Pages into `intake`; the manifest (the last part), if sent, and that last part (its
-    expected id, signatures and relay source)."""
-    manifest: pb.Manifest | None = None
-    last = wire.PutPart([])
-    for part in parts:
-        if manifest is not None:
-            raise InvalidArgument("the manifest must be the last message of PutArtifact")
-        if part.manifest is not None:
-            manifest = parse_manifest(part.manifest)
-            last = part
-        intake.add(part.chunks)
-    return manifest, last
 
 
 def _decode_page_token(token: str) -> bytes:

@@ -12,10 +12,15 @@ Signed bytes: b"kvgraft-artifact/1\\0" followed by the 32 bytes of the artifact
 id (the SHA-256 of its canonical manifest), so a signature vouches for one
 manifest and, through its page hashes, for every byte of the artifact.
 
+A signature is valid when Ed25519 verifies it and its key is not a point of small
+order (kvgraft.public_keys: such a key "signs" every artifact, and the cryptography
+package accepts it): a signature by one is dropped wherever it arrives (uploads,
+replication, bundles, the bucket), like any invalid one.
+
 `TrustPolicy.received` turns what came with an artifact into its kvgraft.v1
 Provenance; the store keeps it and obeys its `trust`. `TrustPolicy.voucher` judges
-stored signatures again when the trusted keys change (at start:
-kvgraftd.store.trusted_prefixes.reevaluate_trust).
+stored signatures again when the trusted keys or the rule that judges them change (at
+start: kvgraftd.store.trusted_prefixes.reevaluate_trust).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from kvgraft.public_keys import is_degenerate
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store.catalog import now_ms
 from kvgraftd.store.trust_index import unique_signatures
@@ -40,6 +46,9 @@ DOMAIN = b"kvgraft-artifact/1\0"
 KEY_FILE = "signing.key"
 KEY_BYTES = 32
 SIGNATURE_BYTES = 64
+# The rule that judges stored signatures, hashed with the trusted keys: a new rule makes
+# every store judge its records once again (2: keys of small order vouch for nothing).
+JUDGING_RULE = b"kvgraft-trust-rule/2\0"
 
 
 def _signed_bytes(artifact_id: str) -> bytes:
@@ -49,6 +58,8 @@ def _signed_bytes(artifact_id: str) -> bytes:
 def signature_is_valid(signature: pb.ArtifactSignature, artifact_id: str) -> bool:
     if len(signature.public_key) != KEY_BYTES or len(signature.signature) != SIGNATURE_BYTES:
         return False
+    if is_degenerate(signature.public_key):
+        return False  # verifies for any artifact: it proves nothing
     try:
         Ed25519PublicKey.from_public_bytes(signature.public_key).verify(
             signature.signature, _signed_bytes(artifact_id)
@@ -108,8 +119,8 @@ class TrustPolicy:
     def __init__(self, signer: Signer, trusted_keys: Iterable[bytes] = ()) -> None:
         self.signer = signer
         self.keys = frozenset([signer.public_key, *trusted_keys])
-        # the store remembers which keys its artifacts were judged against by this digest
-        self.keys_digest = hashlib.sha256(b"".join(sorted(self.keys))).digest()
+        # the store remembers which keys (and rule) its artifacts were judged by: this digest
+        self.keys_digest = hashlib.sha256(JUDGING_RULE + b"".join(sorted(self.keys))).digest()
 
     def voucher(
         self, artifact_id: str, signatures: Iterable[pb.ArtifactSignature], current: bytes = b""

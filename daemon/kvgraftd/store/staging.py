@@ -7,15 +7,26 @@ The meta counter `staged_bytes` is the disk all staged pages take; `stage`
 refuses, writing nothing, pages that would take it past the daemon's limit, so
 an upload of many tiny pages cannot fill the disk (a 4-byte page takes 4 KiB).
 
+Staged pages are outside the store's budget: what the budget counts is the
+segments' live bytes less the staged ones (`_budgeted_bytes`), so uploads that
+never send their manifest cannot make the store evict an artifact; they are
+bounded apart (`staged_max_bytes` here, per connection and in memory:
+kvgraftd.store.upload_limits). A commit that claims staged pages brings them
+into the budget, so it counts them as incoming (`_staged_disk_of`).
+
 A staged page is staged no more when an artifact claims it (kvgraftd.store.artifact_store's
-reference count) or when it is collected after `staged_ttl_s`.
+reference count) or when it is collected, `staged_ttl_s` after it was staged,
+unless an upload still in progress staged it (`uploading`): a slow upload of a
+large artifact keeps its pages however long it runs.
 """
 
 from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 
 import lmdb
 
@@ -29,6 +40,7 @@ from kvgraftd.store.segments import Location
 log = logging.getLogger(__name__)
 
 _STAGED = struct.Struct("<QQ")  # when a page was staged (unix ms), the disk it takes
+_U64 = struct.Struct("<Q")
 STAGED_BYTES = b"staged_bytes"
 
 
@@ -71,12 +83,17 @@ def staged_before(txn: lmdb.Transaction, dbs, unix_ms: int) -> list[bytes]:
     return [bytes(key) for key, value in cursor if _U64.unpack(value[:8])[0] <= unix_ms]
 
 
-_U64 = struct.Struct("<Q")
-
-
 class Staging:
     """Mixin of kvgraftd.store.artifact_store.Store: staged pages persisted and collected.
-    Needs `_db`, `_pages`, `_write`, `_drop_pages`, `_add_page_bytes`."""
+    Needs `_db`, `_read`, `_pages`, `_write`, `_drop_pages`, `_add_page_bytes`; the Store
+    calls `_init_staging` first."""
+
+    def _init_staging(self) -> None:
+        # Held by a collection from its commit until its pages' space is freed, and by
+        # every read of the budgeted bytes: in between, the staged count no longer holds
+        # those pages while the live bytes still do (the budget would see an artifact's).
+        self._staging_lock = threading.Lock()
+        self._uploading: dict[int, Mapping[bytes, object]] = {}  # uploads in progress
 
     def stage_pages(self, records: Mapping[bytes, PageRecord], limit_bytes: int = 0) -> int:
         """Persist received pages ahead of their manifest; returns pages written. All staged
@@ -89,25 +106,68 @@ class Staging:
 
         return self._pages.write(*write_needs(records.values()), body)
 
+    @contextmanager
+    def uploading(self, staged: Mapping[bytes, object]) -> Iterator[None]:
+        """While it runs, no collection takes a page in `staged` (an upload's pages, which it
+        keeps adding to), however long ago it was staged."""
+        with self._staging_lock:
+            self._uploading[id(staged)] = staged
+        try:
+            yield
+        finally:
+            with self._staging_lock:
+                del self._uploading[id(staged)]
+
     def collect_staged(self, older_than_s: float) -> int:
-        """Delete staged pages older than `older_than_s` that nothing references. On a full
-        disk (the index cannot be written) it logs so and leaves them to the next call."""
+        """Delete staged pages older than `older_than_s` that nothing references and no
+        upload in progress staged. On a full disk (the index cannot be written) it logs so
+        and leaves them to the next call."""
         limit = now_ms() - int(older_than_s * 1000)
+        with self._read() as txn:
+            due = staged_before(txn, self._db, limit)
+        if not due:
+            return 0
 
         def body(txn: lmdb.Transaction) -> tuple[int, list[Location]]:
-            doomed = staged_before(txn, self._db, limit)
-            for digest in doomed:
-                unstage(txn, self._db, digest)
+            doomed = []
+            for digest in due:
+                found = txn.get(digest, db=self._db["staged"])  # claimed or staged again?
+                if found is not None and _U64.unpack(found[:8])[0] <= limit:
+                    unstage(txn, self._db, digest)
+                    doomed.append(digest)
             # one claimed by an artifact since is kept
             unclaimed = [d for d in doomed if txn.get(d, db=self._db["refs"]) is None]
             return len(doomed), self._drop_pages(txn, unclaimed)
 
-        try:
-            collected, freed = self._write(0, body)
-        except ResourceExhausted as exc:  # the daemon's housekeeping goes on
-            log.warning("staged pages not collected this time: %s", exc)
-            return 0
-        self._pages.free(freed)
+        with self._staging_lock:
+            running = self._uploading.values()
+            due = [digest for digest in due if not any(digest in up for up in running)]
+            try:
+                collected, freed = self._write(0, body) if due else (0, [])
+            except ResourceExhausted as exc:  # the daemon's housekeeping goes on
+                log.warning("staged pages not collected this time: %s", exc)
+                return 0
+            self._pages.free(freed)
         if collected:
             log.info("collected %d staged pages older than %.0f s", collected, older_than_s)
         return collected
+
+    def _budgeted_bytes(self) -> int:
+        """What the store's budget counts: the bytes of the segments' live pages less the
+        staged ones (kvgraftd.store.eviction)."""
+        with self._staging_lock:
+            live = self._pages.live_bytes()  # first: a page staged meanwhile is then left out
+            with self._read() as txn:
+                staged = counter(txn, self._db["meta"], STAGED_BYTES)
+        return max(0, live - staged)
+
+    def _staged_disk_of(self, digests: Iterable[bytes]) -> int:
+        """The disk those of `digests` that are staged take: a commit claiming them brings
+        them into the budget."""
+        with self._read() as txn:
+            if not counter(txn, self._db["meta"], STAGED_BYTES):
+                return 0
+            found = (txn.get(digest, db=self._db["staged"]) for digest in digests)
+            return sum(
+                _STAGED.unpack(v)[1] for v in found if v is not None and len(v) == _STAGED.size
+            )

@@ -15,8 +15,10 @@ artifact without a record (stored before trust existed: format 2) is untrusted
 until it is verified.
 
 This module decides nothing about keys (kvgraftd.store.signing does); it keeps what
-it is told. An arrival or a Verify only ever upgrades an artifact's trust; `reevaluate`
-(when the trusted keys change) judges every signed or untrusted artifact again, both ways.
+it is told, except signatures by keys of small order (kvgraft.public_keys), which it
+never keeps: they would vouch for anything. An arrival or a Verify only ever upgrades an
+artifact's trust; `reevaluate` (when the trusted keys or the rule change) judges every
+signed or untrusted artifact again, both ways, and drops such signatures kept before.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvgraft.public_keys import is_degenerate
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import chains
 from kvgraftd.store.catalog import decode_record
@@ -65,10 +68,12 @@ def merged(stored: pb.Provenance, arrived: pb.Provenance) -> pb.Provenance:
 
 def unique_signatures(signatures, first: bytes = b"") -> list[pb.ArtifactSignature]:
     """One signature per key, the voucher's (`first`) first, at most MAX_KEPT_SIGNATURES:
-    anyone may add valid signatures by throwaway keys; they must not grow without bound."""
+    anyone may add valid signatures by throwaway keys; they must not grow without bound.
+    None by a key of small order: those prove nothing, and must not travel on."""
     by_key: dict[bytes, pb.ArtifactSignature] = {}
     for signature in sorted(signatures, key=lambda s: s.public_key != first):
-        by_key.setdefault(signature.public_key, signature)
+        if not is_degenerate(signature.public_key):
+            by_key.setdefault(signature.public_key, signature)
     return list(by_key.values())[:MAX_KEPT_SIGNATURES]
 
 
@@ -133,34 +138,44 @@ def reevaluate(txn, dbs, voucher_of, manifest_of) -> tuple[int, int]:
     `voucher_of(aid, provenance)` names the trusted key among its signatures (b"": none).
     One that gained a voucher is signed and its pages enter the chain index; one whose
     signers are all untrusted now is untrusted and leaves it; computed and verified
-    artifacts stay. `manifest_of(aid)` reads a manifest. Returns (upgraded, downgraded)."""
+    artifacts stay. Any artifact's signatures by keys of small order (kept by a daemon
+    older than that rule) are dropped. `manifest_of(aid)` reads a manifest. Returns
+    (upgraded, downgraded)."""
     changed: list[tuple[bytes, pb.Provenance, bytes]] = []
     for raw_aid, raw in txn.cursor(db=dbs["provenance"]):  # read all before any write
         provenance = pb.Provenance.FromString(bytes(raw))
-        if provenance.trust not in (pb.Provenance.TRUST_SIGNED, pb.Provenance.TRUST_UNTRUSTED):
-            continue
-        voucher = voucher_of(bytes(raw_aid), provenance)
-        if voucher != provenance.vouched_by:
+        judged = provenance.trust in (pb.Provenance.TRUST_SIGNED, pb.Provenance.TRUST_UNTRUSTED)
+        voucher = voucher_of(bytes(raw_aid), provenance) if judged else provenance.vouched_by
+        degenerate = any(is_degenerate(s.public_key) for s in provenance.signatures)
+        if voucher != provenance.vouched_by or degenerate:
             changed.append((bytes(raw_aid), provenance, voucher))
     upgraded = downgraded = 0
     for aid, provenance, voucher in changed:
-        was_trusted = is_trusted(provenance)
-        held = txn.get(aid, db=dbs["quarantine"]) is None  # a quarantined one vouches for nothing
-        if held and was_trusted and not voucher:
-            withdraw_vouchers(txn, dbs, aid, manifest_of(aid))
-        if held and voucher and not was_trusted:
-            vouch(txn, dbs, aid, manifest_of(aid))
-        if bool(voucher) != was_trusted:
-            list_untrusted(txn, dbs, aid, manifest_of(aid), not voucher)
-        upgraded += bool(voucher) and not was_trusted
-        downgraded += was_trusted and not voucher
-        provenance.trust = pb.Provenance.TRUST_SIGNED if voucher else pb.Provenance.TRUST_UNTRUSTED
-        provenance.vouched_by = voucher
+        if voucher != provenance.vouched_by:  # (a judged one whose trust changes)
+            was_trusted = _rejudge(txn, dbs, aid, provenance, voucher, manifest_of)
+            upgraded += bool(voucher) and not was_trusted
+            downgraded += was_trusted and not voucher
         signatures = unique_signatures(provenance.signatures, first=voucher)
         del provenance.signatures[:]
         provenance.signatures.extend(signatures)
         txn.put(aid, provenance.SerializeToString(deterministic=True), db=dbs["provenance"])
     return upgraded, downgraded
+
+
+def _rejudge(txn, dbs, aid: bytes, provenance: pb.Provenance, voucher: bytes, manifest_of) -> bool:
+    """`provenance` becomes signed by `voucher` (untrusted if b""); its pages enter or leave
+    the chain index to match. Returns whether it was trusted before."""
+    was_trusted = is_trusted(provenance)
+    held = txn.get(aid, db=dbs["quarantine"]) is None  # a quarantined one vouches for nothing
+    if held and was_trusted and not voucher:
+        withdraw_vouchers(txn, dbs, aid, manifest_of(aid))
+    if held and voucher and not was_trusted:
+        vouch(txn, dbs, aid, manifest_of(aid))
+    if bool(voucher) != was_trusted:
+        list_untrusted(txn, dbs, aid, manifest_of(aid), not voucher)
+    provenance.trust = pb.Provenance.TRUST_SIGNED if voucher else pb.Provenance.TRUST_UNTRUSTED
+    provenance.vouched_by = voucher
+    return was_trusted
 
 
 def voucher(txn, dbs, chain_key: bytes) -> bytes | None:
