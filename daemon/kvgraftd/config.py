@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvgraft.artifact import MAX_PAGE_BYTES
 from kvgraft.public_keys import is_degenerate
-from kvgraft.replication.addresses import address_problem
+from kvgraft.replication.addresses import TARGETS, address_problem
 
 DEFAULT_LISTEN = "127.0.0.1:50551"
 _UNITS = {
@@ -69,7 +70,7 @@ class DaemonConfig:
     )
     staged_max_bytes_per_connection: int = _opt(
         4 << 30,
-        "staged disk one client connection's unfinished uploads may take within staged_ttl_s "
+        "staged disk one client host's unfinished uploads may take within staged_ttl_s "
         "(0: no limit; at most store_budget_bytes, where set: a larger artifact could not be "
         "stored)",
     )
@@ -172,16 +173,20 @@ class DaemonConfig:
     max_call_s: float = _opt(
         3600.0, "longest a call may run, checked between stream messages (Watch exempt)"
     )
+    put_idle_s: float = _opt(60.0, "longest a PutArtifact may wait for its next message")
     keepalive_s: float = _opt(60.0, "seconds between pings that notice a vanished client")
     keepalive_timeout_s: float = _opt(20.0, "seconds a ping may go unanswered before hanging up")
     metrics_listen: str = _opt("", "host:port serving Prometheus metrics at /metrics; empty: off")
     # Replication (kvgraftd.replication.follower). TOML: [replication] follow = ["host:port", ...].
     replication_follow: tuple[str, ...] = _opt(
-        (), "peers (host:port) whose artifacts and deletes this daemon copies"
+        (),
+        "peers (host:port, or a gRPC target: unix:PATH, dns:///host:port) whose artifacts "
+        "and deletes this daemon copies",
     )
     replication_pull_from: tuple[str, ...] = _opt(
         (),
-        "sources (host:port; * for any) a Replicate call may make this daemon "
+        "sources (host:port or a gRPC target, as in follow; * for any) a Replicate call may "
+        "make this daemon "
         "copy from, besides its follow peers; it sends its KVGRAFT_* credentials (token, "
         "client certificate) only to sources named here or in follow, never to one * allows",
     )
@@ -225,11 +230,13 @@ class DaemonConfig:
         for source in self.replication_pull_from:
             if source != "*" and (problem := address_problem(source)):
                 raise ConfigError(
-                    f"replication_pull_from {source!r}: {problem}; use host:port or *"
+                    f"replication_pull_from {source!r}: {problem}; use host:port, {TARGETS} or *"
                 )
         for peer in self.replication_follow:
             if problem := address_problem(peer):
-                raise ConfigError(f"replication_follow {peer!r}: {problem}; use host:port")
+                raise ConfigError(
+                    f"replication_follow {peer!r}: {problem}; use host:port or {TARGETS}"
+                )
         for key in self.trust_keys:
             if len(key) != 64 or key.strip("0123456789abcdef"):
                 raise ConfigError(
@@ -314,7 +321,7 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "map_initial_bytes": (1 << 20, 1 << 40),
     "min_free_bytes": (0, None),
     "spill_bytes": (1 << 20, 1 << 40),
-    "upload_memory_bytes": (1 << 20, None),
+    "upload_memory_bytes": (MAX_PAGE_BYTES, None),  # a page arriving in pieces fits
     "staged_ttl_s": (0, 365 * _DAY_S),
     "staged_max_bytes": (0, None),
     "staged_max_bytes_per_connection": (0, None),
@@ -338,6 +345,7 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "max_streams_per_connection": (1, 1 << 16),
     "max_request_bytes": (4 << 20, 1 << 30),  # at least PutArtifact's 4 MiB messages
     "max_call_s": (0.001, 365 * _DAY_S),
+    "put_idle_s": (0.001, _DAY_S),
     "keepalive_s": (0.001, 7 * _DAY_S),
     "keepalive_timeout_s": (0.001, _DAY_S),
     "remote_timeout_s": (0.001, _DAY_S),

@@ -289,13 +289,7 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> bool:
     scrubber = Scrubber(store, config.scrub_bytes_per_s)
     service = StoreService(
         remote.view(store, read_through=False),
-        ServiceLimits(
-            spill_bytes=config.spill_bytes,
-            staged_max_bytes=config.staged_max_bytes,
-            staged_max_bytes_per_connection=config.staged_max_bytes_per_connection,
-            staged_ttl_s=config.staged_ttl_s,
-            upload_memory_bytes=config.upload_memory_bytes,
-        ),
+        ServiceLimits.of(config),
         trust,
         scrubber,
         config.cache,

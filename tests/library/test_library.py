@@ -321,3 +321,27 @@ def test_jsonl_import_is_checked_line_by_line(tmp_path: Path) -> None:
         path.write_text(line + "\n")
         with pytest.raises(InvalidArgument, match=match):
             read_jsonl(path, [], "")
+
+
+def test_a_repeated_library_ask_neither_tokenizes_nor_reads_again(
+    library: LibraryService, engine: Engine
+) -> None:
+    """Was: every Ask with a tag re-tokenized all of the tag's entries and read each candidate
+    context's manifest. They are kept by library key: a new entry makes a new one."""
+    for n in range(2):
+        add_entry(library, f"Fact {n}?", answer=f"A{n}", tags=["facts"])
+    first = library.ask(pb.AskRequest(text="New question?", library_tag="facts", max_new_tokens=2))
+    assert first.library_built
+    assert (library.libraries_tokenized, library.contexts_read) == (1, 0)  # built, not read
+    for question in ("Another?", "And another?"):
+        again = library.ask(pb.AskRequest(text=question, library_tag="facts", max_new_tokens=2))
+        assert again.library_artifact_id == first.library_artifact_id
+        assert not again.library_built
+    assert (library.libraries_tokenized, library.contexts_read) == (1, 0)
+    fresh = library_service(engine)  # a restart: the store's context, read
+    fresh.ask(pb.AskRequest(text="Another?", library_tag="facts", max_new_tokens=2))
+    fresh.ask(pb.AskRequest(text="And another?", library_tag="facts", max_new_tokens=2))
+    assert (fresh.libraries_tokenized, fresh.contexts_read) == (1, 1)
+    add_entry(library, "Fact 2?", answer="A2", tags=["facts"])
+    third = library.ask(pb.AskRequest(text="Another?", library_tag="facts", max_new_tokens=2))
+    assert third.library_built and library.libraries_tokenized == 2

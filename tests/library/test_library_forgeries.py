@@ -71,6 +71,34 @@ def test_a_deposit_labelled_as_an_entry_does_not_answer_for_it(
     assert recalled.path == pb.ASK_PATH_RECALL and recalled.entry_id == entry.artifact_id
 
 
+REFUSED_BY_LIBRARY_ADD = {  # (solution, answer, tags): each InvalidArgument in LibraryAdd
+    "a second answer line": ("Worked out: 42.", "42\nor 41", []),
+    "an empty solution": (" ", "42", []),
+    "an invalid tag": ("Worked out: 42.", "42", ["not a tag!"]),
+    "too many tags": ("Worked out: 42.", "42", [f"t{n}" for n in range(fmt.MAX_TAGS + 1)]),
+}
+
+
+@pytest.mark.parametrize("refused", sorted(REFUSED_BY_LIBRARY_ADD))
+def test_a_deposit_of_what_library_add_refuses_is_no_entry(
+    library: LibraryService, engine: Engine, refused: str
+) -> None:
+    """Was: a Deposit holding exactly an entry's labels and tokens for texts LibraryAdd
+    refuses (check_entry) was indexed as an entry: listed, and recalled for its question.
+    An entry is only what LibraryAdd could have written."""
+    question = "What is 17 + 25?"
+    solution, answer, tags = REFUSED_BY_LIBRARY_ADD[refused]
+    with pytest.raises(InvalidArgument):
+        fmt.check_entry(question, solution, answer, tags)
+    problem_ids = fmt.problem_tokens(engine.adapter, question)
+    labels = fmt.entry_labels(question, solution, answer, "", tags, problem_ids)
+    tokens = fmt.entry_tokens(engine.adapter, question, solution, answer)
+    list(engine.generate(tokens, DecodeOptions(deposit=True, labels=labels)))
+    assert library.list(pb.LibraryListRequest()).entries == []
+    asked = library.ask(pb.AskRequest(text=question, max_new_tokens=2))
+    assert asked.path == pb.ASK_PATH_GENERATE and asked.entry_id == ""
+
+
 def test_a_deposit_labelled_as_a_library_context_is_not_grafted(
     library: LibraryService, engine: Engine
 ) -> None:

@@ -38,6 +38,7 @@ from kvgraft.artifact import page_sizes
 from kvgraft.errors import DataLoss, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.remote.backed_store import RemoteBackedStore
+from kvgraftd.remote.push_queue import PushesUnderWay
 from kvgraftd.remote.s3 import RemoteSettings
 from kvgraftd.remote.tier import RemoteTier
 from kvgraftd.store.artifact_store import Store
@@ -294,13 +295,19 @@ def test_prefix_lookup_believes_only_what_it_verified(s3, tmp_path, rng, monkeyp
     writer_trust = TrustPolicy(Signer.generate())
     reader_trust = TrustPolicy(Signer.generate(), [writer_trust.signer.public_key])
     try:
-        writer = RemoteBackedStore(stores[0], tiers[0], writer_trust, read_through=False)
+        pushes = PushesUnderWay()  # wired as RemoteService.open wires write-through
+        stores[0].evictor.keep = pushes.holds
+        writer = RemoteBackedStore(
+            stores[0], tiers[0], writer_trust, read_through=False, uploads=pushes
+        )
         for a in (x, y):
             records = {d: page_record(b) for d, b in a.pages.items()}
             writer.commit_artifact(a.manifest, records, writer_trust.computed(a.id))
 
         def lookup(index: int, trust: TrustPolicy = reader_trust) -> list:
-            view = RemoteBackedStore(stores[index], tiers[index], trust, read_through=True)
+            view = RemoteBackedStore(
+                stores[index], tiers[index], trust, read_through=True, uploads=PushesUnderWay()
+            )  # a reader: it commits nothing
             match = view.longest_chain(FINGERPRINT, profile, layout, x.manifest.token_ids)
             return match.entries
 

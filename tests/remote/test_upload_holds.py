@@ -17,23 +17,29 @@ S3 server (SeaweedFS) behind a link the test takes down (tests/remote/s3_link.py
 * write-through: the artifact is held until its upload ends, so the call
   returns with the artifact in the bucket (it was: evicted first, the upload
   found nothing, and the call still said OK).
-* a queue entry that cannot be written (no inode left on the data disk) stores
-  nothing and says why.
+* a write-through upload that fails says the local copy is not held: a retry
+  is what uploads it (it said "Nothing is lost", and a budget could evict it).
+* a queue entry that cannot be written (no inode left on the data disk, the data
+  directory deleted) stores nothing and says why.
+* a view cannot be built without the holds the evictor sees.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
+import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from kvgraft.errors import ResourceExhausted
+from kvgraft.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.config import DaemonConfig
+from kvgraftd.remote.backed_store import RemoteBackedStore
+from kvgraftd.remote.push_queue import WriteBackQueue
 from kvgraftd.remote.service import RemoteService
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.eviction import CacheBudget
@@ -107,10 +113,8 @@ def test_write_back_never_evicts_what_waits_for_its_upload(s3, tmp_path, monkeyp
         assert sorted(remote.queue.pending()) == sorted([first.id, second.id])  # not `third`
         assert remote.queue.backlog() == 2
 
-        link.set_mode("up")  # the bucket is back: the queue drains
-        deadline = time.monotonic() + 60
-        while remote.queue.backlog() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        link.set_mode("up")  # the bucket is back: the queue drains (now, not at its backoff)
+        assert remote.queue.drain()[1] == []
         assert remote.queue.backlog() == 0
         assert in_bucket(s3, "holds-back", first) and in_bucket(s3, "holds-back", second)
         put(view, trust, third)  # uploaded artifacts make room now
@@ -127,6 +131,7 @@ def test_write_through_holds_the_artifact_until_it_is_uploaded(s3, tmp_path, mon
     link = S3Link(s3.ports["s3"])
     store, remote, view, trust = open_remote(tmp_path, s3, link, "through", monkeypatch)
     try:
+        assert remote.remote.check()  # answered, however long the start-up probe took
         pinned, fresh = small_artifact(rng), small_artifact(rng)
         put(view, trust, pinned)
         store.set_pinned(pinned.id, True)  # so the pass can only take `fresh`
@@ -177,3 +182,42 @@ def test_a_queue_entry_that_cannot_be_written_stores_nothing(s3, tmp_path, monke
             store.close()
         link.close()
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_a_failed_write_through_upload_says_to_retry(s3, tmp_path, monkeypatch) -> None:
+    """Regression (issue 32's review): it said "Nothing is lost: retry, or run `kvgraft
+    remote sync`", but its hold ends with the call, so a budget may evict the local copy
+    before any sync: a retry of the call is the safe way, and the message says so."""
+    link = S3Link(s3.ports["s3"], mode="down")
+    store, remote, view, trust = open_remote(tmp_path, s3, link, "through", monkeypatch)
+    try:
+        artifact = small_artifact(random.Random(36))
+        with pytest.raises(Unavailable) as failed:
+            put(view, trust, artifact)
+        message = str(failed.value)
+        assert "stored locally" in message and "Retry this call" in message
+        assert "may be evicted" in message and "Nothing is lost" not in message
+        assert store.usage(artifact.id) is not None
+        assert not store.evictor.keep(bytes.fromhex(artifact.id))  # as said: not held
+    finally:
+        remote.stop()
+        store.close()
+        link.close()
+
+
+def test_a_queue_entry_in_a_deleted_data_directory_says_so(tmp_path) -> None:
+    """Regression (issue 32's review): any error but a full disk escaped raw (INTERNAL)."""
+    queue = WriteBackQueue(tmp_path / "data" / "remote-queue", push=lambda artifact_id: None)
+    shutil.rmtree(tmp_path / "data")
+    artifact_id = "ab" * 32
+    entry = queue.committing(artifact_id, stored=lambda: False)
+    with pytest.raises(FailedPrecondition, match="was the data directory deleted"), entry:
+        pass  # the commit: never reached
+    assert not queue.holds(bytes.fromhex(artifact_id)) and queue.backlog() == 0
+
+
+def test_a_view_needs_the_holds_the_evictor_sees() -> None:
+    """Regression (issue 32's review): without `uploads` a view fell back to holds of its
+    own, which no evictor asked: its write-through uploads could be evicted under way."""
+    uploads = inspect.signature(RemoteBackedStore).parameters["uploads"]
+    assert uploads.default is inspect.Parameter.empty

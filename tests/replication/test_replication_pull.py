@@ -20,6 +20,7 @@ straight from the source, two real daemons in their own processes.
 
 from __future__ import annotations
 
+import argparse
 import json
 import threading
 import time
@@ -30,6 +31,7 @@ import pytest
 
 from kvgraft import Artifact, Client
 from kvgraft.cli.main import main as cli_main
+from kvgraft.cli.replication import add_replicate_arguments
 from kvgraft.client.channel import Security
 from kvgraft.errors import FailedPrecondition, InvalidArgument, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -189,19 +191,64 @@ def test_a_source_is_host_and_port_wherever_it_enters(capsys) -> None:
             assert exited.value.code == 2
             assert f"argument {flag}: not a daemon's host:port" in capsys.readouterr().err
     assert DaemonConfig(replication_pull_from=("*", "[::1]:50551", "replica-2.lan:50551"))
+    for bad in ("dns:///h:99999", "dns:///", "unix:", "ipv4:10.0.0.5:0", "vsock:3"):
+        with pytest.raises(ConfigError, match=r"replication_follow .*unix:PATH"):
+            DaemonConfig(replication_follow=(bad,))
+
+
+TARGETS = (  # gRPC targets kvgraft.Client connects to as they are (with_default_port)
+    "unix:/run/kvgraft/daemon.sock",
+    "unix:///run/kvgraft/daemon.sock",
+    "unix-abstract:kvgraft",
+    "dns:///replica-2.lan:50551",
+    "dns://10.0.0.1/replica-2.lan:50551",
+    "dns:replica-2.lan",
+    "ipv4:10.0.0.5:50551,10.0.0.6:50551",
+    "ipv6:[::1]:50551",
+    "vsock:3:50551",
+)
+
+
+def test_a_source_may_be_any_target_the_client_takes() -> None:
+    """Was: unix:PATH and dns:/// targets, which kvgraft.Client (and so the daemon) connects
+    to, were refused by the configuration (a follow config that started the daemon then
+    stopped it) and by --from/--to."""
+    assert DaemonConfig(replication_follow=TARGETS, replication_pull_from=TARGETS)
+    parser = argparse.ArgumentParser()
+    add_replicate_arguments(parser)
+    for target in TARGETS:
+        parsed = parser.parse_args(["--from", target, "--to", target])
+        assert (parsed.source, parsed.to) == (target, target)
+
+
+def test_a_pull_reaches_a_unix_socket_source(start_daemon, tmp_path) -> None:
+    """Was: Replicate refused a unix:PATH source (INVALID_ARGUMENT), though the daemon
+    connects to one: it reaches it now (a recorder there asks for credentials)."""
+    recorder = CredentialsRecorder(f"unix:{tmp_path / 'source.sock'}")
+    try:
+        anywhere = start_daemon(extra_args=["--replication-pull-from", "*"])
+        with (
+            Client(anywhere.address) as b,
+            pytest.raises(FailedPrecondition, match="asks for credentials"),
+        ):
+            b.pull_from(recorder.address)
+        assert len(recorder.metadata) == 1  # the daemon's Info call reached the socket
+    finally:
+        recorder.server.stop(0)
 
 
 class CredentialsRecorder:
     """A host a caller names: it records the metadata of each call, and wants a token."""
 
-    def __init__(self) -> None:
+    def __init__(self, bind: str = "127.0.0.1:0") -> None:
         self.metadata: list[dict[str, str]] = []
         handler = grpc.method_handlers_generic_handler(
             "kvgraft.v1.Kvgraft",
             {"Info": grpc.unary_unary_rpc_method_handler(self.info)},
         )
         self.server = grpc.server(futures.ThreadPoolExecutor(2), handlers=[handler])
-        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        port = self.server.add_insecure_port(bind)
+        self.address = bind if bind.startswith("unix:") else f"127.0.0.1:{port}"
         self.server.start()
 
     def info(self, request, context):

@@ -52,7 +52,8 @@ def test_an_error_repeats_hostile_input_escaped_and_cut(daemon) -> None:
         details = error.details()
         _shown_safely(details)
         assert details.startswith(
-            "Replicate needs the source as host:port (its host is not a host name or "
+            "Replicate needs the source as host:port or a gRPC target such as unix:PATH or "
+            "dns:///host:port (its host is not a host name or "
             "address: got '\\x1b[2J\\u202e\\u2066evil\\u2069\\nINFO forged log line\\x00xxxx"
         )
         assert "…[10013 chars] the address at which this daemon reaches it" in details

@@ -10,9 +10,12 @@
 * A 4 MB text prompt was tokenized (2-4 CPU-seconds) before the context limit refused
   it. Now a text that cannot fit max_context_tokens is refused by its length first
   (kvgraftd.engine.token_floor: SmolLM2's tokens are at most 81 bytes of text, so B
-  bytes are at least ceil(B / 82) tokens), by Generate, Graft, Deposit, Lookup and Ask;
-  a text at the bound is still tokenized; and the bound never exceeds a text's real
-  count, for the texts that come nearest to it.
+  bytes are at least ceil(B / 82) tokens), by Generate, Graft, Deposit and Ask; a text
+  at the bound is still tokenized; and the bound never exceeds a text's real count, for
+  the texts that come nearest to it. Lookup, which has no context limit, answers about a
+  text past the bound (it refused one). A chat text is measured as its template renders
+  it: one that trims (Llama 3's) made a text that fits look too long. A tokenizer the
+  floor cannot read gets none, where it failed the model's load.
 
 One daemon serves the module: the real model (its tokenizer; LibraryList and Ask need a
 model), max_context_tokens 1024 so that the bound is 83,968 bytes.
@@ -20,6 +23,7 @@ model), max_context_tokens 1024 so that the bound is 83,968 bytes.
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Iterator
 
@@ -28,11 +32,16 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from kvgraft.errors import InvalidArgument
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraft.v1 import kvgraft_pb2_grpc as pb_grpc
+from kvgraftd.engine.engine import Engine
+from kvgraftd.engine.service import EngineService
 from kvgraftd.engine.token_floor import TokenFloor
 from kvgraftd.server.grpc_server import MAX_MESSAGE_WIRE_BYTES
+from kvgraftd.store.artifact_store import Store
 from kvgraftd.testing.daemon_process import DaemonProcess, wait_model_ready
+from tests.support.toy_library import ToyTokenizer, toy_adapter, toy_engine
 
 CODE = grpc.StatusCode
 CONTEXT_TOKENS = 1024
@@ -112,17 +121,18 @@ def test_a_long_invalid_id_tag_or_source_is_invalid_argument(stub, method) -> No
 # a prompt too long to tokenize
 
 
-def _floor_message(what: str, size: int, max_new_tokens: int = 0) -> str:
+def _floor_message(what: str, size: int, max_new_tokens: int = 0, chat: bool = False) -> str:
     least = -(-size // LONGEST_TOKEN_BYTES)
     reserved = f", {least + max_new_tokens} with max_new_tokens" if max_new_tokens else ""
+    rendered = " in its chat template" if chat else ""
     return (
-        f"the {what} is {size} bytes of text: at least {least} tokens for this model (none is "
-        f"longer than {LONGEST_TOKEN_BYTES} bytes){reserved}, more than max_context_tokens="
-        f"{CONTEXT_TOKENS}; shorten it"
+        f"the {what} is {size} bytes of text{rendered}: at least {least} tokens for this "
+        f"model (none is longer than {LONGEST_TOKEN_BYTES} bytes){reserved}, more than "
+        f"max_context_tokens={CONTEXT_TOKENS}; shorten it"
     )
 
 
-def test_a_text_that_cannot_fit_is_refused_before_tokenizing(stub) -> None:
+def test_a_text_that_cannot_fit_is_refused_before_tokenizing(stub, real_model) -> None:
     text = "a" * 4_000_000  # 1,000,000 tokens: was tokenized first (3.9 CPU-s here)
     prompt = pb.Prompt(text=text)
     calls = {
@@ -134,15 +144,14 @@ def test_a_text_that_cannot_fit_is_refused_before_tokenizing(stub) -> None:
             pb.GraftRequest(artifact_id="0" * 64, continuation=prompt), timeout=60
         ),
         "Deposit": lambda: stub.Deposit(pb.DepositRequest(prompt=prompt), timeout=60),
-        "Lookup": lambda: stub.Lookup(pb.LookupRequest(prompt=prompt), timeout=60),
         "Ask": lambda: stub.Ask(pb.AskRequest(text=text), timeout=60),
     }
+    asked = real_model.render_chat([{"role": "user", "content": text}], True).encode()
     expected = {
         "Generate": _floor_message("prompt", len(text), max_new_tokens=16),
         "Graft": _floor_message("continuation", len(text)),
         "Deposit": _floor_message("prompt", len(text)),
-        "Lookup": _floor_message("prompt", len(text)),
-        "Ask": _floor_message("question", len(text)),
+        "Ask": _floor_message("question", len(asked), chat=True),  # as its template renders
     }
     for method, call in calls.items():
         error = _refusal(call)
@@ -156,8 +165,14 @@ def test_a_text_at_the_bound_is_tokenized(stub) -> None:
     error = _refusal(lambda: stub.Deposit(pb.DepositRequest(prompt=at_bound), timeout=60))
     assert error.details().startswith("context of 20992 tokens exceeds max_context_tokens=1024")
     past = pb.Prompt(text="a" * (BOUND_BYTES + 1))
-    error = _refusal(lambda: stub.Lookup(pb.LookupRequest(prompt=past), timeout=60))
+    error = _refusal(lambda: stub.Deposit(pb.DepositRequest(prompt=past), timeout=60))
     assert error.details() == _floor_message("prompt", BOUND_BYTES + 1)
+
+
+def test_lookup_answers_about_a_text_past_the_bound(stub) -> None:
+    """Was: refused by the floor, though Lookup has no max_context_tokens limit."""
+    past = pb.Prompt(text="a" * (BOUND_BYTES + 1))
+    assert stub.Lookup(pb.LookupRequest(prompt=past), timeout=60).matched_tokens == 0
 
 
 def _nearest_texts(tokenizer) -> dict[str, str]:
@@ -221,3 +236,63 @@ def test_tokenizers_that_can_shorten_text_get_no_floor() -> None:
         [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]  # Llama 2's
     )
     assert TokenFloor.of(_fast(lengthening)) is not None
+
+
+# Llama 3's template trims each message's content before it is tokenized
+TRIMMING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_chat_text_is_measured_as_its_template_renders_it(real_model, tmp_path) -> None:
+    """Was: the floor measured a chat prompt's raw text, so spaces a trimming template
+    drops made a prompt that fits (a few tokens) InvalidArgument."""
+    adapter = copy.copy(real_model)  # the session's adapter, with its own tokenizer
+    adapter.tokenizer = copy.deepcopy(real_model.tokenizer)
+    adapter.tokenizer.chat_template = TRIMMING_TEMPLATE
+    store = Store(tmp_path / "store")
+    try:
+        engine = Engine(adapter, store, max_context_tokens=CONTEXT_TOKENS)
+        service = EngineService(lambda: engine)
+        assert service.wait_ready(60)
+        padded = " " * BOUND_BYTES + "What is 2 + 2?"  # past the bound, as typed
+        deposited = service.deposit(pb.DepositRequest(prompt=pb.Prompt(text=padded, chat=True)))
+        held = store.get_record(deposited.artifact_id).manifest().token_ids
+        assert list(held) == adapter.encode("What is 2 + 2?", chat=True)
+        past = " " * BOUND_BYTES + "x" * BOUND_BYTES  # what is left does not fit
+        rendered = adapter.render_chat([{"role": "user", "content": past}], True).encode()
+        with pytest.raises(InvalidArgument) as refused:
+            service.deposit(pb.DepositRequest(prompt=pb.Prompt(text=past, chat=True)))
+        assert str(refused.value) == _floor_message("prompt", len(rendered), chat=True)
+    finally:
+        store.close()
+
+
+class UnreadableTokenizer(ToyTokenizer):
+    """A tokenizer TokenFloor.of cannot read: its backend fails when asked for."""
+
+    @property
+    def backend_tokenizer(self):
+        raise RuntimeError("no backend here")
+
+
+def test_a_tokenizer_the_floor_cannot_read_still_loads(tmp_path, caplog) -> None:
+    """Was: TokenFloor.of ran inside the model's load, so its error failed the engine (every
+    engine call FAILED_PRECONDITION). Such a tokenizer gets no floor, said in one line."""
+    adapter = toy_adapter()
+    adapter.tokenizer = UnreadableTokenizer()
+    store = Store(tmp_path / "store")
+    try:
+        engine = toy_engine(adapter, store)
+        service = EngineService(lambda: engine)
+        assert service.wait_ready(10)
+        assert service.engine() is engine
+        service.refuse_overlong_text("a" * 10_000_000, "prompt")  # no floor: nothing refused
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert warnings == [
+            "event=no_token_floor tokenizer=UnreadableTokenizer (RuntimeError: no backend "
+            "here); overlong texts are refused once tokenized"
+        ]
+    finally:
+        store.close()

@@ -14,6 +14,7 @@ from kvgraft.artifact import page_sizes
 from kvgraft.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from kvgraft.page_buffers import block_aligned
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.remote.push_queue import PushesUnderWay
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.eviction import CacheBudget, CacheKeeper, eviction_order
 from kvgraftd.store.page_records import page_records_of
@@ -303,4 +304,29 @@ def test_a_ghost_never_stalls_eviction(tmp_path, rng) -> None:
     assert not errors
     assert store.cache_totals()[0] == len(store.list_records(bytes(32), 100)) <= 2
     assert store.usage(more[-1]) is not None
+    store.close()
+
+
+def test_a_hold_begun_after_the_victims_were_picked_is_kept(tmp_path, rng, monkeypatch) -> None:
+    """Regression (issue 32's review): the evictor's `keep` was asked only when it picked
+    its candidates, so a write-through re-put of one, held from then on, was evicted under
+    its upload and its client told OK. The hook starts the hold between the pick and the
+    removal's transaction: the held one stays, the next candidate goes instead."""
+    clock = Clock()
+    store = _open(tmp_path / "s", clock, artifacts=2)
+    pushes = PushesUnderWay()  # write-through's holds, wired as RemoteService.open does
+    store.evictor.keep = pushes.holds
+    oldest = _commit(store, _artifact(rng))
+    clock.now += 1000
+    newer = _commit(store, _artifact(rng))
+    remove = store.remove
+
+    def remove_once_a_re_put_holds_the_oldest(aids, reason):
+        with pushes.committing(oldest, lambda: True):
+            return remove(aids, reason)
+
+    monkeypatch.setattr(store, "remove", remove_once_a_re_put_holds_the_oldest)
+    assert store.evictor.evict_past_high() == 1  # 2 past the high watermark: down to 1
+    assert store.usage(oldest) is not None  # was: evicted while held
+    assert store.usage(newer) is None
     store.close()

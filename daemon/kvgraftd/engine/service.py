@@ -6,8 +6,11 @@ the time spent so far. A daemon started with `--model none` has no engine and
 answers FailedPrecondition. Requests are validated here (prompt present,
 token ids in the vocabulary, generation bounds) before the engine runs; a text that
 cannot fit max_context_tokens is refused by its length before it is tokenized
-(kvgraftd.engine.token_floor), here for Generate, Graft, Deposit and Lookup, and through
-`refuse_overlong_text` for the library's Ask.
+(kvgraftd.engine.token_floor), here for Generate, Graft and Deposit, and through
+`refuse_overlong_text` for the library's Ask. A chat text is measured as its template
+renders it (a template may trim it). Lookup has no context limit (it answers about any
+prompt), so its text is always tokenized. The floor is best-effort: a tokenizer it cannot
+read gets none, and the engine loads all the same.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ class EngineService:
     def _load(self, load: Callable[[], Engine]) -> None:
         try:
             engine = load()
-            self._floor = TokenFloor.of(engine.adapter.tokenizer)
+            self._floor = _floor_of(engine.adapter.tokenizer)
             self._engine = engine
         except BaseException as exc:  # reported on every engine call
             # one line for the operator; the traceback for whoever debugs (log level DEBUG)
@@ -158,28 +161,40 @@ class EngineService:
 
         return torch.cuda.max_memory_allocated(self._engine.tiers.pool.device)
 
-    def refuse_overlong_text(self, text: str, what: str, reserved_tokens: int = 0) -> None:
+    def refuse_overlong_text(
+        self, text: str, what: str, reserved_tokens: int = 0, chat: bool = False
+    ) -> None:
         """InvalidArgument when `text` alone is more tokens than max_context_tokens allows
         (with `reserved_tokens` more, e.g. max_new_tokens), by its length: before it is
-        tokenized. Nothing is refused where the tokenizer has no safe floor."""
+        tokenized. With `chat`, what is measured is the chat template's rendering of it
+        (cheap), since a template may trim it (Llama 3's `| trim`). Nothing is refused
+        where the tokenizer has no safe floor."""
         engine = self.engine()
         if self._floor is None:
             return
+        if chat:
+            text = engine.adapter.render_chat([{"role": "user", "content": text}], True)
         least = self._floor.tokens(text)
         if least + reserved_tokens <= engine.max_context_tokens:
             return
         reserved = f", {least + reserved_tokens} with max_new_tokens" if reserved_tokens else ""
+        rendered = " in its chat template" if chat else ""
         raise InvalidArgument(
-            f"the {what} is {len(text.encode())} bytes of text: at least {least} tokens for "
-            f"this model (none is longer than {self._floor.longest_token_bytes} bytes)"
-            f"{reserved}, more than max_context_tokens={engine.max_context_tokens}; shorten it"
+            f"the {what} is {len(text.encode())} bytes of text{rendered}: at least {least} "
+            f"tokens for this model (none is longer than {self._floor.longest_token_bytes} "
+            f"bytes){reserved}, more than max_context_tokens={engine.max_context_tokens}; "
+            "shorten it"
         )
 
-    def _tokens(self, prompt: pb.Prompt, what: str, reserved_tokens: int = 0) -> list[int]:
+    def _tokens(
+        self, prompt: pb.Prompt, what: str, reserved_tokens: int = 0, floor: bool = True
+    ) -> list[int]:
+        """The prompt's token ids; a text past the floor is refused first (with `floor`)."""
         engine = self.engine()
         kind = prompt.WhichOneof("input")
         if kind == "text":
-            self.refuse_overlong_text(prompt.text, what, reserved_tokens)
+            if floor:
+                self.refuse_overlong_text(prompt.text, what, reserved_tokens, prompt.chat)
             ids = engine.adapter.encode(prompt.text, chat=prompt.chat)
         elif kind == "tokens":
             ids = list(prompt.tokens.ids)
@@ -253,7 +268,8 @@ class EngineService:
         if request.HasField("prompt"):
             if tokens:
                 raise InvalidArgument("give token_ids or prompt, not both")
-            tokens = self._tokens(request.prompt, "prompt")
+            # no floor: Lookup has no context limit, it answers about any prompt
+            tokens = self._tokens(request.prompt, "prompt", floor=False)
         return engine.lookup(tokens)
 
     def deposit(
@@ -288,3 +304,18 @@ class EngineService:
         self, request: pb.VerifyRequest, is_active: Callable[[], bool] | None = None
     ) -> pb.VerifyResponse:
         return self.engine().verify(request.artifact_id, is_active)
+
+
+def _floor_of(tokenizer) -> TokenFloor | None:
+    """The tokenizer's floor, best-effort: one TokenFloor.of cannot read (an unusual
+    tokenizer) gets none, and its texts are tokenized, then counted, as without a floor."""
+    try:
+        return TokenFloor.of(tokenizer)
+    except Exception as exc:  # a third-party tokenizer's own error: never the engine's load
+        log.warning(
+            "event=no_token_floor tokenizer=%s (%s: %s); overlong texts are refused once tokenized",
+            type(tokenizer).__name__,
+            type(exc).__name__,
+            exc,
+        )
+        return None

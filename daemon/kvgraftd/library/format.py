@@ -17,12 +17,12 @@ map<string, string>):
     problem-sha256            the recall key: SHA-256 of those tokens (problem_key)
 
 An artifact is an entry only when its labels and tokens are exactly these for the
-texts its labels name (`is_entry`): labels alone, which any Deposit may set, make
-nothing an entry. Recall is token-exact: the question's chat prompt must equal the entry's
-first problem-tokens tokens. To make that hold by construction, the entry is
-built by concatenating token ids (prompt ids + ids of the assistant text),
-so its first tokens are exactly what the question tokenizes to, whatever the
-tokenizer does at the boundary.
+texts its labels name, and those texts pass LibraryAdd's checks (`is_entry`): labels
+alone, which any Deposit may set, make nothing an entry. Recall is token-exact: the
+question's chat prompt must equal the entry's first problem-tokens tokens. To make that
+hold by construction, the entry is built by concatenating token ids (prompt ids + ids of
+the assistant text), so its first tokens are exactly what the question tokenizes to,
+whatever the tokenizer does at the boundary.
 
 The answer cue is ANSWER_CUE ("Final answer:"), grafted right after the
 entry: the model continues the periodic answer lines, so it copies the
@@ -164,8 +164,12 @@ def is_entry(model: ChatModel, token_ids: Sequence[int], labels: Mapping[str, st
     if labels.get("kind") != KIND_ENTRY or not {"problem", "solution", "answer"} <= set(labels):
         return False
     problem, solution, answer = labels["problem"], labels["solution"], labels["answer"]
-    problem_ids = problem_tokens(model, problem)
     verified_by = labels.get("verified-by", "")
+    try:  # what LibraryAdd would refuse (a second answer line, bad tags) it never wrote
+        check_entry(problem, solution, answer, tags_of(labels), verified_by)
+    except InvalidArgument:
+        return False
+    problem_ids = problem_tokens(model, problem)
     expected = entry_labels(problem, solution, answer, verified_by, tags_of(labels), problem_ids)
     if dict(labels) != expected:
         return False

@@ -23,7 +23,10 @@ exactness contract and comes with a receipt:
   library context is built once (Engine.generate with deposit; rebuilt when the
   tag's entries change, the stale one then deleted) and grafted; the question
   follows as a new user turn. A context counts only if it holds the tokens the
-  library builds from the tag's entries.
+  library builds from the tag's entries. Those tokens, and which contexts were found
+  to hold them, are kept by library key for the last LIBRARY_KEYS_KEPT keys (entry and
+  artifact ids name immutable content), so a repeated Ask neither re-tokenizes the
+  tag's entries nor reads a context's manifest again.
 
 Wall time is perf_counter around the request; CPU seconds are
 `time.process_time()` deltas, i.e. the whole daemon process (every thread):
@@ -37,8 +40,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvgraft.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
@@ -55,6 +59,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_NEW_TOKENS = 256
 MAX_NEW_TOKENS = 4096
+LIBRARY_KEYS_KEPT = 8  # libraries (tag x entries) whose tokens are kept, least recent out
 
 
 @dataclass
@@ -66,6 +71,15 @@ class _Run:
     built: bool = False
 
 
+@dataclass
+class _Library:
+    """A library context's tokens for one set of entries (one library key, one model), and
+    the artifacts found to hold them."""
+
+    tokens: list[int]
+    holders: set[str] = field(default_factory=set)  # changed under LibraryService._writes
+
+
 class LibraryService:
     def __init__(self, engines: EngineService) -> None:
         self._engines = engines
@@ -73,6 +87,9 @@ class LibraryService:
         self._index: LibraryIndex | None = None
         self._writes = threading.Lock()  # one LibraryAdd / library build at a time
         self._stop_ids: dict[bytes, frozenset[int]] = {}
+        self._libraries: OrderedDict[tuple[bytes, str], _Library] = OrderedDict()  # _lock
+        self.libraries_tokenized = 0  # library contexts' tokens built (the cache's misses)
+        self.contexts_read = 0  # library contexts' manifests read to check their tokens
 
     def _ready(self) -> tuple[Engine, LibraryIndex]:
         engine = self._engines.engine()
@@ -151,7 +168,7 @@ class LibraryService:
         if request.library_tag:
             fmt.check_tags([request.library_tag])
         budget = request.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
-        self._engines.refuse_overlong_text(request.text, "question")  # before tokenizing it
+        self._engines.refuse_overlong_text(request.text, "question", chat=True)  # untokenized
         model = engine.adapter
         question = fmt.problem_tokens(model, request.text)
         if len(question) > engine.max_context_tokens:  # refused before any work on its text
@@ -253,13 +270,14 @@ class LibraryService:
     ) -> tuple[str, bool]:
         """The id of the tag's library context, built first when missing or stale."""
         key = fmt.library_key(entry.artifact_id for entry in entries)
-        tokens = fmt.library_tokens(engine.adapter, [entry.labels for entry in entries])
+        library = self._library(engine, key, entries)
+        tokens = library.tokens
         with self._writes:
             index.refresh()
             current = [
                 c
                 for c in index.contexts(engine.fingerprint, tag)
-                if c.key == key and _holds(engine, c.artifact_id, tokens)
+                if c.key == key and self._holds(engine, library, c.artifact_id)
             ]
             if current:
                 return current[-1].artifact_id, False
@@ -277,9 +295,42 @@ class LibraryService:
                 "entries": str(len(entries)),
             }
             result = _last(engine.generate(tokens, DecodeOptions(deposit=True, labels=labels)))
+            library.holders.add(result.artifact_id)
             index.refresh()
             self._drop_stale(engine, index, tag, result.artifact_id)
         return result.artifact_id, True
+
+    def _library(self, engine: Engine, key: str, entries: list[IndexedEntry]) -> _Library:
+        """The library of `entries` (`key`: their ids), its tokens built on first use."""
+        cached = (engine.fingerprint, key)
+        with self._lock:
+            library = self._libraries.get(cached)
+            if library is not None:
+                self._libraries.move_to_end(cached)
+                return library
+        # tokenized outside the lock: the entries' texts may be long
+        library = _Library(fmt.library_tokens(engine.adapter, [e.labels for e in entries]))
+        with self._lock:
+            self.libraries_tokenized += 1
+            library = self._libraries.setdefault(cached, library)  # a racing Ask's, if first
+            while len(self._libraries) > LIBRARY_KEYS_KEPT:
+                self._libraries.popitem(last=False)
+        return library
+
+    def _holds(self, engine: Engine, library: _Library, artifact_id: str) -> bool:
+        """Whether a library context holds the tokens the library builds for its tag: its
+        labels, which any Deposit may set, do not make it one. Called under _writes."""
+        if artifact_id in library.holders:
+            return True
+        self.contexts_read += 1
+        try:
+            manifest = engine.store.get_record(artifact_id).manifest()
+        except NotFound:  # deleted since the index saw it
+            return False
+        if list(manifest.token_ids) != library.tokens:
+            return False
+        library.holders.add(artifact_id)
+        return True
 
     @staticmethod
     def _drop_stale(engine: Engine, index: LibraryIndex, tag: str, keep: str) -> None:
@@ -292,15 +343,6 @@ class LibraryService:
             except (NotFound, FailedPrecondition):  # gone already, or pinned
                 continue
         index.refresh()
-
-
-def _holds(engine: Engine, artifact_id: str, tokens: list[int]) -> bool:
-    """Whether a library context holds `tokens`, those the library builds for its tag: its
-    labels, which any Deposit may set, do not make it one."""
-    try:
-        return list(engine.store.get_record(artifact_id).manifest().token_ids) == tokens
-    except NotFound:  # deleted since the index saw it
-        return False
 
 
 def _last(events: Iterable) -> ResultEvent:

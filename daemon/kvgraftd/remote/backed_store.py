@@ -8,11 +8,13 @@ public method of Store); it passes every call through, except these:
   uploads the artifact before returning (kvgraftd.remote.transfer); an upload
   that fails, or is not tried because the remote tier is not answering (its
   breaker is open), raises Unavailable saying the artifact *is* stored
-  locally and how to push it later (`kvgraft remote sync`): the local commit
-  stands, since the local tier is complete on its own and every upload is
-  idempotent. In write-back mode it queues the id (kvgraftd.remote.push_queue)
-  and returns at once. Either way it is held against eviction from before its
-  commit to the end of its upload (`uploads.committing`).
+  locally, no longer held against eviction, and to retry the call: the local
+  commit stands, since the local tier is complete on its own and every upload
+  is idempotent. In write-back mode it queues the id
+  (kvgraftd.remote.push_queue) and returns at once. Either way it is held
+  against eviction from before its commit to the end of its upload
+  (`uploads.committing`: the caller passes the queue or uploads whose `holds`
+  the store's evictor keeps).
 * `longest_chain` (read-through views only) continues a local prefix match
   in the bucket: the chain object of the first page not found locally names
   an artifact; its manifest is fetched and verified (id = SHA-256 of its
@@ -72,13 +74,13 @@ class RemoteBackedStore:
         trust: TrustPolicy,
         *,
         read_through: bool,
-        uploads: WriteBackQueue | PushesUnderWay | None = None,  # None: write-through
+        uploads: WriteBackQueue | PushesUnderWay,  # the holds the store's evictor keeps
     ) -> None:
         self._store = store
         self._remote = remote
         self._trust = trust
         self._read_through = read_through
-        self._uploads = uploads if uploads is not None else PushesUnderWay()
+        self._uploads = uploads
         self._write_back = isinstance(uploads, WriteBackQueue)
         # verified remote manifests of trusted artifacts: their chain entries, and who vouches
         self._entries: OrderedDict[str, tuple[dict[bytes, ChainEntry], pb.Provenance]] = (
@@ -118,8 +120,8 @@ class RemoteBackedStore:
     def collect_staged(self, older_than_s: float) -> int:
         return self._store.collect_staged(older_than_s)
 
-    def uploading(self, staged: Mapping[bytes, object]) -> AbstractContextManager:
-        return self._store.uploading(staged)
+    def uploading(self, staged: Mapping[bytes, object], for_s: float) -> AbstractContextManager:
+        return self._store.uploading(staged, for_s)
 
     def provenance(self, artifact_id: str) -> pb.Provenance:
         return self._store.provenance(artifact_id)

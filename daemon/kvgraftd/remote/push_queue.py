@@ -10,9 +10,12 @@ eviction pass, however it races the commit, sees the artifact unheld.
 `WriteBackQueue` (write = "back"). Durable and dull on purpose: one empty
 file per artifact id in DATA/remote-queue/, created (and the directory
 fsynced) before the commit, removed once the artifact's manifest is in the
-bucket; an in-memory mirror of the directory answers `holds`. A commit that
-fails takes its entry out again, unless the store holds the artifact anyway
-(committed earlier) or another commit of it is under way. A daemon killed at
+bucket; an in-memory mirror of the directory answers `holds`. An entry that
+cannot be written stores nothing: ResourceExhausted on a full disk,
+FailedPrecondition in words otherwise (the data directory deleted, read-only,
+failing). A commit that fails takes its entry out again, unless the store
+holds the artifact anyway (committed earlier) or another commit of it is
+under way. A daemon killed at
 any point finds its backlog on restart (an entry whose commit never happened
 is dropped by the drain: the artifact is not in the store); an artifact
 pushed twice is harmless (every remote write is idempotent). The store
@@ -44,6 +47,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kvgraft.errors import KvgraftError, NotFound, ResourceExhausted
+from kvgraftd.store.lmdb_env import unreachable_store
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +137,8 @@ class WriteBackQueue:
                 os.fsync(f.fileno())
             _fsync_dir(self.directory)
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):  # deleted, read-only, failing
+                raise unreachable_store(exc) from None
             raise ResourceExhausted(
                 f"the disk holding {self.directory} is full: the artifact cannot be queued for "
                 "its upload, so it was not stored. Free disk space or delete artifacts "

@@ -103,15 +103,19 @@ class RemoteService:
             pushes = PushesUnderWay()
             store.evictor.keep = pushes.holds
         store.evictor.kept_because = UPLOAD_PENDING[settings.write]
+        if answered:
+            reachability = ""
+        elif answered is None:
+            reachability = " (not answering yet: reads are misses until it does)"
+        else:
+            reachability = " (unreachable for now: reads are misses meanwhile)"
         log.info(
             "remote tier: bucket %s at %s, prefix %s, write-%s%s%s",
             settings.bucket,
             settings.endpoint or "AWS S3",
             settings.prefix,
             settings.write,
-            {True: "", False: " (unreachable for now: reads are misses meanwhile)"}.get(
-                answered, " (not answering yet: reads are misses until it does)"
-            ),
+            reachability,
             f", {queue.backlog()} artifacts queued" if queue is not None else "",
         )
         return cls(store, trust, remote, queue, pushes)

@@ -8,7 +8,8 @@ write is idempotent. A chain object may name an artifact whose manifest is
 not there yet (a push in progress, or one that died): readers treat that as a
 miss, and the next push of an artifact holding that page overwrites it.
 A write-through push (`push_through`) is not tried while the breaker is open,
-and its failure says the artifact is stored locally.
+and its failure says the artifact is stored locally but not held there (a
+budget may evict it): a retry of the call is what uploads it.
 
 Pull (import) is the reverse: the manifest, verified against its id and
 parsed like any received manifest; then the pages this store lacks, each
@@ -102,7 +103,7 @@ def push_through(
     store: Store, remote: RemoteTier, artifact_id: str, records: Mapping[bytes, PageRecord]
 ) -> None:
     """Write-through: upload an artifact just committed, or raise Unavailable saying it is
-    stored locally. A server that is not answering (its breaker open) is not waited on."""
+    stored locally, unheld, and to retry. A server not answering (breaker open) is not waited on."""
     try:
         remote.breaker.require()
         push_artifact(store, remote, artifact_id, records)
@@ -111,8 +112,9 @@ def push_through(
     except KvgraftError as exc:
         raise Unavailable(
             f"artifact {artifact_id} is stored locally, but the remote tier "
-            f'(write = "through") did not take it: {exc}. Nothing is lost: retry, or run '
-            "`kvgraft remote sync` once the remote is back"
+            f'(write = "through") did not take it: {exc}. Retry this call once the remote '
+            "answers (`kvgraft remote status`): until uploaded, the local copy may be evicted "
+            "like any other"
         ) from None
 
 

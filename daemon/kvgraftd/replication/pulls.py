@@ -13,9 +13,10 @@ Contract:
   PROGRESS_INTERVAL_S while the pass runs, then one with `done` and the final
   summary. The pass is idempotent and resumable like any replication: what was
   committed stays, a retry moves only what is missing.
-* The source is host:port (kvgraft.replication.addresses; else INVALID_ARGUMENT), the
-  address as this daemon reaches it, and one the operator allows (`[replication]
-  pull_from`, "*" for any, and the follow peers): any other is FAILED_PRECONDITION.
+* The source is host:port or a gRPC target such as unix:PATH
+  (kvgraft.replication.addresses; else INVALID_ARGUMENT), the address as this daemon
+  reaches it, and one the operator allows (`[replication] pull_from`, "*" for any, and
+  the follow peers): any other is FAILED_PRECONDITION.
   One it cannot reach fails with UNAVAILABLE, saying so.
 * Credentials go only where the operator sent them. A source the configuration
   names is reached like a follower's peer: TLS, the client certificate and the
@@ -40,7 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from kvgraft import Client
 from kvgraft.client.channel import Security
 from kvgraft.errors import FailedPrecondition, InvalidArgument, Unauthenticated, Unavailable
-from kvgraft.replication.addresses import address_problem
+from kvgraft.replication.addresses import TARGETS, address_problem
 from kvgraft.replication.replicator import Replicator
 from kvgraft.replication.summary import ReplicationSummary
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -101,7 +102,7 @@ class Pulls:
         source = request.source.strip()
         if problem := address_problem(source):
             raise InvalidArgument(
-                f"Replicate needs the source as host:port ({problem}: got "
+                f"Replicate needs the source as host:port or {TARGETS} ({problem}: got "
                 f"{request.source!r}), the address at which this daemon reaches it, e.g. "
                 "10.0.0.5:50051"
             )

@@ -35,7 +35,7 @@ from kvgraftd.library.service import LibraryService
 from kvgraftd.remote.service import RemoteService
 from kvgraftd.replication.pulls import Pulls
 from kvgraftd.server.bind_errors import why_not_bound
-from kvgraftd.server.limits import CallLimiter, Lanes
+from kvgraftd.server.limits import CallLimiter, Lanes, peer_host
 from kvgraftd.server.security import AccessInterceptor, TokenCheck
 from kvgraftd.server.status import info_response, stats_response
 from kvgraftd.server.telemetry import CallCounter, Telemetry
@@ -130,8 +130,8 @@ def _guard(
     def admitted(context: grpc.ServicerContext):
         return limiter.admitted(method, context.is_active) if limiter else nullcontext()
 
-    def bounded(messages):
-        return limiter.bounded(method, messages) if limiter else messages
+    def bounded(messages, from_client: bool = False):
+        return limiter.bounded(method, messages, from_client) if limiter else messages
 
     if streaming:
 
@@ -151,7 +151,7 @@ def _guard(
     def unary_handler(request, context: grpc.ServicerContext):
         try:
             with admitted(context):
-                response = fn(bounded(request) if request_streaming else request, context)
+                response = fn(bounded(request, True) if request_streaming else request, context)
         except grpc.RpcError:
             counter.add(method, grpc.StatusCode.CANCELLED)
             raise
@@ -254,7 +254,7 @@ def _method_table(
         "PutArtifact": grpc.stream_unary_rpc_method_handler(
             _guard(
                 "PutArtifact",
-                lambda it, c: service.put_artifact(it, c.peer()),  # staging is per connection
+                lambda it, c: service.put_artifact(it, peer_host(c.peer())),  # staged per host
                 counter,
                 streaming=False,
                 limiter=limiter,

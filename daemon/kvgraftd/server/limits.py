@@ -12,7 +12,11 @@
 * **Deadlines**: a stream that has run `max_call_s` ends with
   DEADLINE_EXCEEDED at its next message (follow Watch streams are exempt:
   a replica follows for days; keepalive notices when it vanishes; so are
-  Replicate pulls, which take as long as the copy does).
+  Replicate pulls, which take as long as the copy does). A client stream
+  (PutArtifact) that sends nothing for `put_idle_s` ends with
+  DEADLINE_EXCEEDED then, not at a next message that may never come: its
+  pages and memory are given back (a live client that stops sending is not
+  what keepalive notices). So no upload runs past max_call_s + put_idle_s.
 * **Threads** (`Lanes`): the server's pool has a thread for every admitted
   kvgraft call plus `RESERVE_THREADS` for refusals; health Check runs on a
   small pool of its own, and the other non-kvgraft streams (reflection,
@@ -32,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 
 import grpc
 from grpc_health.v1 import health
@@ -40,6 +44,7 @@ from grpc_health.v1 import health
 from kvgraft import wire
 from kvgraft.errors import Cancelled, DeadlineExceeded, ResourceExhausted
 from kvgraftd.config import DaemonConfig
+from kvgraftd.store.read_ahead import SourceIdle, read_ahead
 
 RESERVE_THREADS = 4
 HEALTH_THREADS = 2
@@ -59,11 +64,13 @@ class CallLimiter:
         workers: int,
         max_call_s: float,
         max_follow_streams: int = 64,
+        put_idle_s: float = 60.0,
     ) -> None:
         self.max_concurrent_rpcs = max_concurrent_rpcs
         self.workers = workers
         self.max_call_s = max_call_s
         self.max_follow_streams = max_follow_streams
+        self.put_idle_s = put_idle_s
         self._lock = threading.Lock()
         self._in_progress = 0
         self._following = 0
@@ -76,6 +83,7 @@ class CallLimiter:
             config.workers,
             config.max_call_s,
             config.max_follow_streams,
+            config.put_idle_s,
         )
 
     @property
@@ -132,19 +140,41 @@ class CallLimiter:
             with self._lock:
                 self._in_progress -= 1
 
-    def bounded(self, method: str, messages: Iterable[bytes]) -> Iterator:
-        """`messages`, ended with DeadlineExceeded once the call has run max_call_s."""
+    def bounded(
+        self, method: str, messages: Iterable[bytes], from_client: bool = False
+    ) -> Iterator:
+        """`messages`, ended with DeadlineExceeded once the call has run max_call_s, and,
+        `from_client` (a request stream), once the client has sent nothing for put_idle_s."""
         if method in UNBOUNDED_METHODS:
             yield from messages
             return
         deadline = time.monotonic() + self.max_call_s
-        for message in messages:
-            if time.monotonic() > deadline:
+        # one message taken ahead, on a thread: waiting for it can time out
+        source = read_ahead(messages, 1, self.put_idle_s) if from_client else iter(messages)
+        with closing(source):
+            try:
+                for message in source:
+                    if time.monotonic() > deadline:
+                        raise DeadlineExceeded(
+                            f"{method} ran longer than the daemon allows (max_call_s = "
+                            f"{self.max_call_s:g} s); split the work into smaller calls"
+                        )
+                    yield message
+            except SourceIdle:
                 raise DeadlineExceeded(
-                    f"{method} ran longer than the daemon allows (max_call_s = "
-                    f"{self.max_call_s:g} s); split the work into smaller calls"
-                )
-            yield message
+                    f"{method} sent no message for {self.put_idle_s:g} s, the daemon's limit "
+                    "(put_idle_s): send without pauses; to resume, ask MissingPages and send "
+                    "what is missing in a new call"
+                ) from None
+
+
+def peer_host(peer: str) -> str:
+    """The client host of a gRPC peer address, its port left out ("ipv4:10.0.0.1:5000" ->
+    "ipv4:10.0.0.1", "ipv6:[::1]:5000" -> "ipv6:[::1]"): what one client is charged as,
+    however many connections it opens. Every Unix-socket client is one ("unix")."""
+    if peer.startswith("unix"):
+        return "unix"
+    return peer.rpartition(":")[0] or peer
 
 
 class Lanes(grpc.ServerInterceptor):

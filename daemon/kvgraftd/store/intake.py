@@ -15,9 +15,9 @@ them. Pages still arriving in pieces cannot be staged: their bytes are bounded
 by max(spill_bytes, MAX_PAGE_BYTES) per stream and by the upload memory
 together, beyond which the upload is refused (ResourceExhausted). Staging is
 charged to the stream's connection (at most so much staged disk each) before
-the store bounds it in total; the pages a stream staged are never collected
-while it runs (Store.uploading). An intake is a context manager: what it holds
-is given back when it ends.
+the store bounds it in total; the pages a stream staged are not collected
+while it runs, for at most as long as a call may run (Store.uploading). An
+intake is a context manager: what it holds is given back when it ends.
 
 Errors: malformed chunks are InvalidArgument; a page whose bytes do not hash
 to its name is DataLoss (the sender should resend it).
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
 
 from kvgraft import wire
 from kvgraft.artifact import DIGEST_BYTES, MAX_PAGE_BYTES, page_sizes, parse_manifest
@@ -47,7 +48,7 @@ SHA256_PARALLEL_MIN_BYTES = 1 << 20
 
 class PageIntake:
     """Accumulates verified pages of one PutArtifact stream from `connection` (the peer's
-    address; empty: the daemon's own pulls, charged to no connection)."""
+    host; empty: the daemon's own pulls, charged to no one)."""
 
     def __init__(self, store: Store, bounds: UploadBounds, connection: str = "") -> None:
         self._store = store
@@ -60,18 +61,24 @@ class PageIntake:
         self._held_bytes = 0  # what self.records cost in memory (counted in bounds.memory)
         self._partial_bytes = 0  # in self._partial: bounded, as it cannot be staged
         self._partial_limit = max(bounds.spill_bytes, MAX_PAGE_BYTES)
-        self._uploading = store.uploading(self.staged)
+        self._exit = ExitStack()
 
     def __enter__(self) -> PageIntake:
-        self._uploading.__enter__()
+        with ExitStack() as entering:
+            entering.enter_context(self._store.uploading(self.staged, self._bounds.running_s))
+            entering.callback(self._give_back)  # runs first on the way out
+            self._exit = entering.pop_all()
         return self
 
     def __exit__(self, *exc_info) -> None:
+        self._exit.close()
+
+    def _give_back(self) -> None:
+        """What the upload holds in memory goes back to the uploads' count."""
         self._partial.clear()
         self.records.clear()
         self._bounds.memory.release(self._held_bytes + self._partial_bytes)
         self._held_bytes = self._partial_bytes = 0
-        self._uploading.__exit__(*exc_info)
 
     def receive(self, parts: Iterable[wire.PutPart]) -> tuple[pb.Manifest | None, wire.PutPart]:
         """Every part's pages; the manifest (the last part), if sent, and that last part
@@ -203,14 +210,16 @@ class PageIntake:
         disk = {
             d: block_aligned(len(r.data)) if d in missing else 0 for d, r in self.records.items()
         }
-        charged = sum(disk.values())
+        added = [d for d in disk if d not in self.staged]  # a page staged before keeps its charge
+        charged = sum(disk[d] for d in added)
         self._bounds.staged.charge(self._connection, charged)
-        self.staged.update(disk)  # before they are staged: no collection may take them
+        for digest in added:  # before they are staged: no collection may take them
+            self.staged[digest] = disk[digest]
         try:
             self._stage_records()
         except BaseException:
             self._bounds.staged.credit(self._connection, charged)
-            for digest in disk:
+            for digest in added:  # those staged earlier stay protected
                 del self.staged[digest]
             raise
         self.records.clear()
@@ -223,8 +232,8 @@ class PageIntake:
             self._store.stage_pages(self.records, bounds.staged_max_bytes)
         except ResourceExhausted:
             # unclaimed pages past their TTL may hold the room: collected now, not at the
-            # next housekeeping round
-            if not self._store.collect_staged(bounds.staged_ttl_s):
+            # next housekeeping round (not for every refusal of a storm: paced)
+            if not bounds.collections.due() or not self._store.collect_staged(bounds.staged_ttl_s):
                 raise
             self._store.stage_pages(self.records, bounds.staged_max_bytes)
 

@@ -11,10 +11,13 @@ Contract:
   use. It first waits for the quarantines of pages reads found corrupt
   (kvgraftd.store.quarantine), so no lease starts on pages known to be bad.
 * `remove(aids, reason)` deletes, in one transaction, those of `aids` that
-  nobody reads, pinned ones included only for `REASON_EXPIRED`; each gets a
-  change record with its reason (followers keep evicted artifacts, delete
-  expired ones). Pages another artifact holds stay. `delete_artifact` (a Delete
-  call) removes one, waiting for its readers, refusing a pinned one.
+  nobody reads, pinned ones included only for `REASON_EXPIRED`, and for
+  `REASON_EVICTED` none the evictor's `keep` holds (asked inside the
+  transaction: a hold begun after the candidates were picked, a re-put not yet
+  uploaded, counts too). Each gets a change record with its reason (followers
+  keep evicted artifacts, delete expired ones). Pages another artifact holds
+  stay. `delete_artifact` (a Delete call) removes one, waiting for its readers,
+  refusing a pinned one; a `keep` hold does not stop it (the caller asked).
 * The usage book changes inside each removal's (and commit's) transaction:
   transactions are serialized, so the book follows the catalogue, and no lease
   starts on an artifact whose records are going.
@@ -131,6 +134,8 @@ class Lifecycle:
         if not taken:
             return 0, 0
         expiring = reason == pb.ChangeRecord.REASON_EXPIRED
+        evicting = reason == pb.ChangeRecord.REASON_EVICTED
+        keep = self.evictor.keep
         now = self._clock()
 
         def body(txn: lmdb.Transaction, take_out) -> tuple[list[bytes], list[Location], dict]:
@@ -145,8 +150,8 @@ class Lifecycle:
                     expiry = txn.get(aid, db=self._db["pin_expiry"])
                     if expiry is None or _EXPIRY.unpack(expiry)[0] > now:
                         continue
-                elif record.pinned:
-                    continue
+                elif record.pinned or (evicting and keep(aid)):
+                    continue  # pinned, or held since it was picked (not yet uploaded)
                 manifest = record.manifest()
                 entries = list(chains.manifest_entries(manifest))
                 freed += self._remove_in(txn, aid, manifest, reason, entries)

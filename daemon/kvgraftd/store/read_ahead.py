@@ -13,6 +13,10 @@ not taken yet. Two things follow:
   yielded first, and only then is the source's exception raised, so the
   consumer keeps (stages) every whole message that got this far.
 
+With `idle_s`, a source that gives nothing for that long ends the consumer's
+iteration with SourceIdle (the reader may still wait on it: for gRPC, until the
+call ends, which it then does).
+
 If the consumer stops early (an error, or closing the generator), the reader
 takes nothing more than the message it may be waiting for and ends; the
 source is not closed here (for gRPC, ending the call ends it).
@@ -29,6 +33,10 @@ T = TypeVar("T")
 _POLL_S = 0.1  # how often a reader with no room looks whether the consumer left
 
 
+class SourceIdle(TimeoutError):
+    """The source gave nothing for `idle_s` (read_ahead)."""
+
+
 class _End:
     """The source ended: normally (error None) or by raising `error`."""
 
@@ -36,8 +44,9 @@ class _End:
         self.error = error
 
 
-def read_ahead(messages: Iterable[T], depth: int = 2) -> Iterator[T]:
-    """The items of `messages`, in order, with up to `depth` of them taken ahead."""
+def read_ahead(messages: Iterable[T], depth: int = 2, idle_s: float | None = None) -> Iterator[T]:
+    """The items of `messages`, in order, with up to `depth` of them taken ahead; SourceIdle
+    after `idle_s` without one (None: wait for ever)."""
     if depth < 1:
         raise ValueError("read_ahead needs depth >= 1")
     held: queue.SimpleQueue[T | _End] = queue.SimpleQueue()
@@ -66,7 +75,10 @@ def read_ahead(messages: Iterable[T], depth: int = 2) -> Iterator[T]:
     threading.Thread(target=read, name="read-ahead", daemon=True).start()
     try:
         while True:
-            item = held.get()
+            try:
+                item = held.get(timeout=idle_s)
+            except queue.Empty:
+                raise SourceIdle(f"nothing arrived for {idle_s:g} s") from None
             if isinstance(item, _End):
                 if item.error is not None:
                     raise item.error

@@ -198,8 +198,8 @@ class SegmentFiles:
             self._path(self._fd_segment).unlink(missing_ok=True)
         try:
             os.truncate(self._path(self._committed.segment), self._committed.end)
-        except OSError:
-            log.exception("could not cut segment %d back", self._committed.segment)
+        except OSError as exc:  # e.g. the data directory deleted: said in one line
+            log.warning("could not cut segment %d back: %s", self._committed.segment, exc)
 
     def _write(
         self, start: Tail, pages: Sequence[memoryview], prepare: Callable[[int], object] | None
@@ -349,8 +349,8 @@ class SegmentFiles:
                 self._unpunched = [loc for loc in self._unpunched if loc.segment not in removed]
                 if at_once or sum(loc.length for loc in self._unpunched) >= PUNCH_BATCH_BYTES:
                     self._punch_unpunched()
-            except OSError:
-                log.exception("could not give freed page space back; the next start will")
+            except OSError as exc:  # e.g. the data directory deleted: one line, no traceback
+                log.warning("could not give freed page space back (%s); the next start will", exc)
 
     def give_back(self) -> None:
         """Punch out every freed page's blocks now (they go in batches of PUNCH_BATCH_BYTES:
@@ -359,8 +359,8 @@ class SegmentFiles:
         with self._reclaiming:
             try:
                 self._punch_unpunched()
-            except OSError:
-                log.exception("could not give freed page space back; the next start will")
+            except OSError as exc:  # e.g. the data directory deleted: one line, no traceback
+                log.warning("could not give freed page space back (%s); the next start will", exc)
 
     def _punch_unpunched(self) -> None:
         pending, self._unpunched = self._unpunched, []

@@ -12,12 +12,13 @@ import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from kvgraft import __version__, wire
 from kvgraft.artifact import DIGEST_BYTES, artifact_id, page_sizes
 from kvgraft.errors import DataLoss, InvalidArgument, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.config import FIELDS, DaemonConfig
 from kvgraftd.store.artifact_store import Store, StoreStats
 from kvgraftd.store.catalog import artifact_info
 from kvgraftd.store.intake import PageIntake
@@ -38,14 +39,29 @@ MIN_SCRUB_BYTES_PER_S = 1 << 20
 MAX_PIN_TTL_S = 10 * 365 * 86400
 
 
+def _default(name: str):
+    """The daemon's default of setting `name` (kvgraftd.config: the one place it is set)."""
+    return FIELDS[name].default
+
+
 @dataclass(frozen=True)
 class ServiceLimits:
-    spill_bytes: int = 256 << 20  # held page bytes per PutArtifact before staging them
-    staged_max_bytes: int = 16 << 30  # disk of all staged pages together (0: no limit)
-    staged_max_bytes_per_connection: int = 4 << 30  # and of one connection's uploads
-    staged_ttl_s: float = 900.0  # how long unclaimed staged pages are kept
-    upload_memory_bytes: int = 1 << 30  # page bytes all uploads in progress hold in memory
+    """The settings of kvgraftd.config the store RPCs enforce (see their help there)."""
+
+    spill_bytes: int = _default("spill_bytes")
+    staged_max_bytes: int = _default("staged_max_bytes")
+    staged_max_bytes_per_connection: int = _default("staged_max_bytes_per_connection")
+    staged_ttl_s: float = _default("staged_ttl_s")
+    upload_memory_bytes: int = _default("upload_memory_bytes")
+    max_call_s: float = _default("max_call_s")  # an upload's pages are kept that long at most
     block_payload_bytes: int = wire.BLOCK_PAYLOAD_BYTES
+
+    @classmethod
+    def of(cls, config: DaemonConfig) -> ServiceLimits:
+        return cls(**{name: getattr(config, name) for name in _CONFIGURED})
+
+
+_CONFIGURED = [f.name for f in fields(ServiceLimits) if f.name in FIELDS]
 
 
 class StoreService:
@@ -68,6 +84,7 @@ class StoreService:
             memory_bytes=limits.upload_memory_bytes,
             staged_per_connection=limits.staged_max_bytes_per_connection,
             budget_bytes=store.evictor.budget.bytes,
+            running_s=limits.max_call_s,
         )
         self._scrubber = scrubber or Scrubber(store, 64 << 20)
         self._cache_mode = cache_mode
@@ -173,8 +190,8 @@ class StoreService:
     def put_artifact(
         self, messages: Iterable[bytes], connection: str = ""
     ) -> pb.PutArtifactResponse:
-        """PutArtifact from its raw PutArtifactRequest messages, sent over `connection` (the
-        peer's address: what its uploads may stage is bounded; see put_parts)."""
+        """PutArtifact from its raw PutArtifactRequest messages, sent from `connection` (the
+        peer's host: what its uploads may stage is bounded; see put_parts)."""
         return self.put_parts(map(wire.decode_put, messages), connection=connection)
 
     def put_parts(

@@ -17,12 +17,19 @@ into the budget, so it counts them as incoming (`_staged_disk_of`).
 A staged page is staged no more when an artifact claims it (kvgraftd.store.artifact_store's
 reference count) or when it is collected, `staged_ttl_s` after it was staged,
 unless an upload still in progress staged it (`uploading`): a slow upload of a
-large artifact keeps its pages however long it runs.
+large artifact keeps its pages for as long as it may run (the daemon's max_call_s
+from its start), not longer.
+
+Collecting must stay cheap: it takes `_staging_lock`, which every read of the budgeted
+bytes takes too. It skips the scan of `staged` while no page can be due (a lower bound of
+the oldest staged time, kept in memory), and removes what is due in transactions of
+COLLECT_BATCH pages, letting the lock go between them.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import struct
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -42,6 +49,7 @@ log = logging.getLogger(__name__)
 _STAGED = struct.Struct("<QQ")  # when a page was staged (unix ms), the disk it takes
 _U64 = struct.Struct("<Q")
 STAGED_BYTES = b"staged_bytes"
+COLLECT_BATCH = 4096  # staged pages one collecting transaction removes (the lock held)
 
 
 def stage(
@@ -77,10 +85,17 @@ def unstage(txn: lmdb.Transaction, dbs, digest: bytes) -> None:
         add_counter(txn, dbs["meta"], STAGED_BYTES, -_STAGED.unpack(found)[1])
 
 
-def staged_before(txn: lmdb.Transaction, dbs, unix_ms: int) -> list[bytes]:
-    """The pages staged at or before `unix_ms`."""
-    cursor = txn.cursor(db=dbs["staged"])
-    return [bytes(key) for key, value in cursor if _U64.unpack(value[:8])[0] <= unix_ms]
+def staged_before(txn: lmdb.Transaction, dbs, unix_ms: int) -> tuple[list[bytes], float]:
+    """The pages staged at or before `unix_ms`, and when the oldest of the others was
+    staged (inf: none)."""
+    due, rest_ms = [], math.inf
+    for key, value in txn.cursor(db=dbs["staged"]):
+        at = _U64.unpack(value[:8])[0]
+        if at <= unix_ms:
+            due.append(bytes(key))
+        else:
+            rest_ms = min(rest_ms, at)
+    return due, rest_ms
 
 
 class Staging:
@@ -93,25 +108,42 @@ class Staging:
         # every read of the budgeted bytes: in between, the staged count no longer holds
         # those pages while the live bytes still do (the budget would see an artifact's).
         self._staging_lock = threading.Lock()
-        self._uploading: dict[int, Mapping[bytes, object]] = {}  # uploads in progress
+        # uploads in progress: their pages, and until when (unix ms) they keep them
+        self._uploading: dict[int, tuple[Mapping[bytes, object], float]] = {}
+        self._collecting = threading.Lock()  # one collection at a time
+        self._oldest_lock = threading.Lock()
+        # No staged page is older (unix ms; None: unknown, a scan finds out). A collection
+        # sets it from its scan and the pages staged while it ran (`_staged_meanwhile_ms`).
+        self._oldest_staged_ms: float | None = None
+        self._staged_meanwhile_ms = math.inf
+        self.staged_scans = 0  # scans of `staged` by collections (tests read it)
 
     def stage_pages(self, records: Mapping[bytes, PageRecord], limit_bytes: int = 0) -> int:
         """Persist received pages ahead of their manifest; returns pages written. All staged
         pages together stay within `limit_bytes` of disk (0: no limit; kvgraftd.store.staging)."""
+
+        staged_at = now_ms()  # no later than the time stage() records
 
         def body(txn: lmdb.Transaction) -> int:
             new = stage(txn, self._db, self._pages, records, limit_bytes)
             self._add_page_bytes(txn, sum(len(record.data) for record in new.values()))
             return len(new)
 
-        return self._pages.write(*write_needs(records.values()), body)
+        written = self._pages.write(*write_needs(records.values()), body)
+        # After the commit: a collection whose scan began before it learns of it here.
+        with self._oldest_lock:
+            if self._oldest_staged_ms is not None:
+                self._oldest_staged_ms = min(self._oldest_staged_ms, staged_at)
+            self._staged_meanwhile_ms = min(self._staged_meanwhile_ms, staged_at)
+        return written
 
     @contextmanager
-    def uploading(self, staged: Mapping[bytes, object]) -> Iterator[None]:
-        """While it runs, no collection takes a page in `staged` (an upload's pages, which it
-        keeps adding to), however long ago it was staged."""
+    def uploading(self, staged: Mapping[bytes, object], for_s: float = math.inf) -> Iterator[None]:
+        """While it runs, and for at most `for_s` from now, no collection takes a page in
+        `staged` (an upload's pages, which it keeps adding to), however long ago it was
+        staged."""
         with self._staging_lock:
-            self._uploading[id(staged)] = staged
+            self._uploading[id(staged)] = (staged, now_ms() + for_s * 1000)
         try:
             yield
         finally:
@@ -122,11 +154,40 @@ class Staging:
         """Delete staged pages older than `older_than_s` that nothing references and no
         upload in progress staged. On a full disk (the index cannot be written) it logs so
         and leaves them to the next call."""
-        limit = now_ms() - int(older_than_s * 1000)
-        with self._read() as txn:
-            due = staged_before(txn, self._db, limit)
-        if not due:
-            return 0
+        with self._collecting:
+            limit = now_ms() - int(older_than_s * 1000)
+            with self._oldest_lock:
+                if self._oldest_staged_ms is not None and self._oldest_staged_ms > limit:
+                    return 0  # nothing can be due: no scan
+                self._staged_meanwhile_ms = math.inf
+            self.staged_scans += 1
+            with self._read() as txn:
+                due, rest_ms = staged_before(txn, self._db, limit)
+            now = now_ms()
+            with self._staging_lock:  # the union of the running uploads' pages, once
+                running = [pages for pages, until in self._uploading.values() if until > now]
+                kept = set().union(*running)
+            collectable = [digest for digest in due if digest not in kept]
+            if len(collectable) < len(due):  # a running upload's: due again next time
+                rest_ms = min(rest_ms, limit)
+            due = collectable
+            collected = 0
+            for start in range(0, len(due), COLLECT_BATCH):
+                done = self._collect_batch(due[start : start + COLLECT_BATCH], limit)
+                if done is None:  # the index could not be written: a next call tries again
+                    rest_ms = -math.inf
+                    break
+                collected += done
+            with self._oldest_lock:
+                oldest = min(rest_ms, self._staged_meanwhile_ms)
+                self._oldest_staged_ms = None if oldest == -math.inf else oldest
+        if collected:
+            log.info("collected %d staged pages older than %.0f s", collected, older_than_s)
+        return collected
+
+    def _collect_batch(self, due: list[bytes], limit: int) -> int | None:
+        """Remove the staged pages `due` (staged at or before `limit`) in one transaction,
+        under the lock the budget's readers take; how many, or None on a full disk."""
 
         def body(txn: lmdb.Transaction) -> tuple[int, list[Location]]:
             doomed = []
@@ -140,16 +201,12 @@ class Staging:
             return len(doomed), self._drop_pages(txn, unclaimed)
 
         with self._staging_lock:
-            running = self._uploading.values()
-            due = [digest for digest in due if not any(digest in up for up in running)]
             try:
-                collected, freed = self._write(0, body) if due else (0, [])
+                collected, freed = self._write(0, body)
             except ResourceExhausted as exc:  # the daemon's housekeeping goes on
                 log.warning("staged pages not collected this time: %s", exc)
-                return 0
+                return None
             self._pages.free(freed)
-        if collected:
-            log.info("collected %d staged pages older than %.0f s", collected, older_than_s)
         return collected
 
     def _budgeted_bytes(self) -> int:

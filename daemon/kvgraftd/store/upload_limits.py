@@ -16,15 +16,18 @@ bounds what no single stream can see:
   their memory back after holding more than TRIM_AFTER_BYTES, the C allocator is asked
   to hand its free memory back to the system (glibc's malloc_trim): the messages and
   partial pages of a burst of uploads otherwise stay resident in its heaps.
-* `StagedByConnection`: the disk a connection's uploads have staged and no manifest has
+* `StagedByConnection`: the disk a client host's uploads have staged and no manifest has
   claimed yet, counted for `ttl_s` from staging (when the daemon collects what is left),
-  at most `limit_bytes` per connection, so that one client cannot take the whole of
+  at most `limit_bytes` per host, so that one client cannot take the whole of
   staged_max_bytes. `charge` refuses (ResourceExhausted) pages that would pass it;
-  `credit` takes off what a manifest claimed. A connection is the peer address gRPC
-  names: the channels of one client process share one, and over a Unix socket every
-  client is the same one.
+  `credit` takes off what a manifest claimed. The key is the peer's host without its
+  port (kvgraftd.server.limits.peer_host): a client opening one connection after another
+  draws on one quota; over a Unix socket every client is the same one.
+* `CollectionPace`: staged pages past their TTL are collected when they stand in an
+  upload's way, at most once every COLLECT_EVERY_S: a storm of refused uploads must not
+  scan the staged pages each time.
 
-Both are thread-safe and in memory only: uploads and connections end with the process.
+All are thread-safe and in memory only: uploads and connections end with the process.
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvgraft.errors import ResourceExhausted
 
@@ -44,6 +48,7 @@ log = logging.getLogger(__name__)
 
 TRIM_AFTER_BYTES = 64 << 20  # a burst this large is worth a malloc_trim once it is over
 COALESCE_S = 1.0  # charges this close together are one entry (bounds the entries per peer)
+COLLECT_EVERY_S = 5.0  # collections on behalf of a refused upload, at most this often
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -63,6 +68,7 @@ class UploadMemory:
         self._held = 0
         self._peak = 0  # the most held since the last trim
         self._trim = _malloc_trim()
+        self.trims = 0  # malloc_trim calls (tests read it)
 
     @property
     def held(self) -> int:
@@ -93,6 +99,7 @@ class UploadMemory:
                 self._peak = 0
         if trim and self._trim is not None:
             self._trim(0)
+            self.trims += 1
 
 
 @dataclass
@@ -136,10 +143,11 @@ class StagedByConnection:
             held = sum(charge.nbytes for charge in charges)
             if held + nbytes > self.limit_bytes:
                 raise ResourceExhausted(
-                    f"this connection's uploads hold {held} bytes of pages staged without "
-                    f"their manifest; these {nbytes} would pass its limit of {self.limit_bytes} "
-                    f"({self._limit_name}): send each upload's manifest, or resend after "
-                    f"staged_ttl_s ({self._ttl_s:g} s), when unclaimed pages are collected"
+                    f"the uploads from this client's host hold {held} bytes of pages staged "
+                    f"without their manifest; these {nbytes} would pass its limit of "
+                    f"{self.limit_bytes} ({self._limit_name}): send each upload's manifest, or "
+                    f"resend after staged_ttl_s ({self._ttl_s:g} s), when unclaimed pages "
+                    "are collected"
                 )
             if charges and now - charges[-1].at < COALESCE_S:
                 charges[-1].nbytes += nbytes
@@ -172,6 +180,23 @@ class StagedByConnection:
                 del self._charges[connection]
 
 
+class CollectionPace:
+    """Whether a refused upload may have the staged pages collected now (see the module)."""
+
+    def __init__(self, every_s: float = COLLECT_EVERY_S) -> None:
+        self._every_s = every_s
+        self._lock = threading.Lock()
+        self._last = -math.inf
+
+    def due(self) -> bool:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last < self._every_s:
+                return False
+            self._last = now
+            return True
+
+
 @dataclass(frozen=True)
 class UploadBounds:
     """Everything an upload is held to, shared by the uploads of one daemon."""
@@ -181,6 +206,8 @@ class UploadBounds:
     staged_ttl_s: float  # how long unclaimed staged pages are kept
     memory: UploadMemory
     staged: StagedByConnection
+    running_s: float = math.inf  # how long an upload may run (max_call_s): its pages are kept
+    collections: CollectionPace = field(default_factory=CollectionPace)
 
     @classmethod
     def of(
@@ -192,6 +219,7 @@ class UploadBounds:
         memory_bytes: int,
         staged_per_connection: int,
         budget_bytes: int = 0,
+        running_s: float = math.inf,
     ) -> UploadBounds:
         """The bounds of a daemon's settings. With a store budget, no connection stages
         more than the budget: an artifact larger could never be stored."""
@@ -204,4 +232,5 @@ class UploadBounds:
             staged_ttl_s,
             UploadMemory(memory_bytes),
             StagedByConnection(per_connection, staged_ttl_s, name),
+            running_s,
         )
