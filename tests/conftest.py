@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +10,7 @@ import pytest
 
 from kvgraft import Client
 from kvgraftd.testing.daemon_process import DaemonProcess
+from tests.support.small_disks import tmpfs
 
 
 @pytest.fixture
@@ -69,19 +68,5 @@ def real_model_args(real_model) -> list[str]:
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 32 MiB tmpfs: a filesystem that really fills up."""
-    mount_point = tmp_path / "small-disk"
-    mount_point.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "small-disk") as mount_point:
         yield mount_point
-    finally:
-        if subprocess.run(["umount", str(mount_point)], capture_output=True).returncode:
-            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)

@@ -27,10 +27,8 @@ S3 server (SeaweedFS) behind a link the test takes down (tests/remote/s3_link.py
 from __future__ import annotations
 
 import inspect
-import os
 import random
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -48,6 +46,7 @@ from kvgraftd.store.signing import Signer, TrustPolicy
 from kvgraftd.testing.s3_server import SeaweedS3, s3_env
 from tests.remote.s3_link import S3Link
 from tests.support.factory import random_artifact
+from tests.support.small_disks import tmpfs
 
 BUCKET = "kvgraft"
 
@@ -146,42 +145,31 @@ def test_write_through_holds_the_artifact_until_it_is_uploaded(s3, tmp_path, mon
 
 
 def test_a_queue_entry_that_cannot_be_written_stores_nothing(s3, tmp_path, monkeypatch):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    disk = tmp_path / "few-inodes"
-    disk.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=32m,nr_inodes=64", "tmpfs", str(disk)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
-    link = S3Link(s3.ports["s3"], mode="down")
-    store = remote = None
-    try:
-        store, remote, view, trust = open_remote(disk, s3, link, "back", monkeypatch)
-        kept = small_artifact(random.Random(34))
-        put(view, trust, kept)
-        filler = 0
-        while True:  # every inode taken: the next queue entry has none
-            try:
-                (disk / f"filler-{filler}").touch()
-            except OSError:
-                break
-            filler += 1
-        refused = small_artifact(random.Random(35))
-        with pytest.raises(ResourceExhausted, match="cannot be queued for its upload"):
-            put(view, trust, refused)
-        assert store.usage(refused.id) is None
-        assert remote.queue.pending() == [kept.id] and remote.queue.backlog() == 1
-    finally:
-        if remote is not None:
-            remote.stop()
-        if store is not None:
-            store.close()
-        link.close()
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+    with tmpfs(tmp_path / "few-inodes", "size=32m,nr_inodes=64") as disk:
+        link = S3Link(s3.ports["s3"], mode="down")
+        store = remote = None
+        try:
+            store, remote, view, trust = open_remote(disk, s3, link, "back", monkeypatch)
+            kept = small_artifact(random.Random(34))
+            put(view, trust, kept)
+            filler = 0
+            while True:  # every inode taken: the next queue entry has none
+                try:
+                    (disk / f"filler-{filler}").touch()
+                except OSError:
+                    break
+                filler += 1
+            refused = small_artifact(random.Random(35))
+            with pytest.raises(ResourceExhausted, match="cannot be queued for its upload"):
+                put(view, trust, refused)
+            assert store.usage(refused.id) is None
+            assert remote.queue.pending() == [kept.id] and remote.queue.backlog() == 1
+        finally:
+            if remote is not None:
+                remote.stop()
+            if store is not None:
+                store.close()
+            link.close()
 
 
 def test_a_failed_write_through_upload_says_to_retry(s3, tmp_path, monkeypatch) -> None:

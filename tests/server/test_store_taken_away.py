@@ -20,7 +20,6 @@ Store-only daemons (no model): nothing here needs one.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import re
 import shutil
@@ -37,6 +36,7 @@ from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.page_records import page_records_of
 from kvgraftd.testing.daemon_process import DaemonProcess
 from tests.support.factory import random_artifact
+from tests.support.small_disks import fill
 
 METRICS = ["--metrics-listen", "127.0.0.1:0"]
 LAST_USES_LOST = "could not record the artifacts' last uses"
@@ -112,17 +112,6 @@ def test_a_data_directory_deleted_under_the_daemon(start_daemon, tmp_path: Path,
     assert len([record for record in shutdown if LAST_USES_LOST in record]) == 1
 
 
-def _fill(directory: Path) -> None:
-    """Fill the filesystem holding `directory` to its last byte."""
-    with open(directory / "filler", "ab") as filler:
-        try:
-            while True:
-                filler.write(b"\xff" * (64 << 10))
-                filler.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-
-
 def test_a_shutdown_on_a_full_disk_says_one_line(small_disk: Path, rng) -> None:
     daemon = DaemonProcess.start(small_disk / "data", ["--min-free-bytes", "0", *METRICS])
     try:
@@ -130,7 +119,7 @@ def test_a_shutdown_on_a_full_disk_says_one_line(small_disk: Path, rng) -> None:
         with Client(daemon.address, timeout_s=30) as client:
             client.put_artifact(stored)
             client.get_artifact(stored.id)  # a use, to be written at shutdown
-            _fill(small_disk)
+            fill(small_disk)
             assert client.stats().disk_free_bytes == 0
         samples = _scrape(daemon)
         assert samples[("kvgraft_store_reachable", ())] == 1

@@ -13,8 +13,6 @@ On a real filesystem that fills (a small tmpfs: the `small_disk` fixture of test
 
 from __future__ import annotations
 
-import errno
-import os
 import subprocess
 import sys
 import time
@@ -32,21 +30,7 @@ from kvgraftd.store.lmdb_env import LmdbEnv
 from kvgraftd.store.page_records import page_records_of
 from kvgraftd.testing.daemon_process import DaemonProcess, wait_model_ready
 from tests.support.factory import random_artifact
-
-
-def _fill(directory: Path, leave: int = 0) -> Path:
-    """Fill the filesystem holding `directory` with a file, leaving about `leave` bytes."""
-    path = directory / "filler"
-    with open(path, "ab") as f:
-        try:
-            while True:
-                f.write(b"\xff" * (64 << 10))
-                f.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-    if leave:
-        os.truncate(path, max(0, path.stat().st_size - leave))
-    return path
+from tests.support.small_disks import fill
 
 
 def _copy(artifact: Artifact, label: str) -> Artifact:
@@ -73,7 +57,7 @@ def test_a_disk_filled_under_a_write_fails_it_cleanly(small_disk, rng, monkeypat
 
         def another_process_fills_the_disk(self, needed_bytes: int, file_bytes: int) -> None:
             real_check(self, needed_bytes, file_bytes)  # passed: now the disk fills
-            filler.append(_fill(small_disk, leave=8 << 10))
+            filler.append(fill(small_disk, leave=8 << 10))
 
         monkeypatch.setattr(LmdbEnv, "_check_free_space", another_process_fills_the_disk)
         new_pages = random_artifact(rng, num_layers=2, tokens=64, page_tokens=16)
@@ -128,7 +112,7 @@ def test_readers_never_fault_on_a_full_disk(small_disk) -> None:
         while not opened.exists():
             assert process.poll() is None, process.stderr.read()
             time.sleep(0.05)
-        _fill(small_disk)
+        fill(small_disk)
         out, err = process.communicate("\n", timeout=60)
     finally:
         process.kill()
@@ -148,7 +132,7 @@ def test_a_full_disk_never_fails_a_generate_under_cache_auto(small_disk) -> None
         with Client(daemon.address) as client:
             kept = client.generate(token_ids=prompts[0], max_new_tokens=2)
             assert kept.deposited_artifact_id  # room yet: kept
-            _fill(small_disk)
+            fill(small_disk)
             for prompt in [*prompts, [*prompts[0], 1, 2]]:  # the last one grafts the first
                 got = client.generate(token_ids=prompt, max_new_tokens=2)
                 fresh = client.generate(token_ids=prompt, max_new_tokens=2, no_cache=True)

@@ -21,10 +21,10 @@ import math
 from pathlib import Path
 from typing import NoReturn
 
+from kvgraft.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE
+
 UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
-# The temperatures the daemon samples at (kvgraftd.engine.service's bounds).
-MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
 
 
 class UsageError(Exception):

@@ -10,8 +10,6 @@ compute deadline (`compute_timeout_s`, kvgraft.client.connection).
 
 from __future__ import annotations
 
-import math
-import struct
 from collections.abc import Callable, Iterable, Mapping
 
 from kvgraft.client.connection import COMPUTE, Connection
@@ -23,6 +21,7 @@ from kvgraft.results import (
     Progress,
     VerifyResult,
 )
+from kvgraft.sampling import as_float32
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 DEFAULT_MAX_NEW_TOKENS = 32  # the CLI's default too
@@ -236,7 +235,7 @@ def _decoding(greedy: bool | None, temperature: float | None) -> dict:
                 f"greedy=True with temperature={temperature!r}: a temperature samples; "
                 "leave out greedy=True to sample, or the temperature to decode greedily"
             )
-        if temperature > 0 and _float32(temperature) == 0:  # the daemon would read 1.0
+        if temperature > 0 and as_float32(temperature) == 0:  # the daemon would read 1.0
             raise ValueError(
                 f"temperature={temperature!r} is 0 on the wire (a float32): give 0 to decode "
                 "greedily, or a temperature of 0.0001 or more to sample"
@@ -245,14 +244,6 @@ def _decoding(greedy: bool | None, temperature: float | None) -> dict:
     if greedy is None:
         return {}  # absent: greedy
     return {"greedy": True} if greedy else {"greedy": False, "temperature": 1.0}
-
-
-def _float32(value: float) -> float:
-    """`value` as GenerateOptions.temperature carries it (a float32; inf beyond its range)."""
-    try:
-        return struct.unpack("<f", struct.pack("<f", value))[0]
-    except OverflowError:
-        return math.inf
 
 
 def _prompt(text: str | None, token_ids: Iterable[int] | None, chat: bool) -> pb.Prompt:

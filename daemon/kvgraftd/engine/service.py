@@ -16,13 +16,13 @@ read gets none, and the engine loads all the same.
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from kvgraft.errors import FailedPrecondition, InvalidArgument, KvgraftError, Unavailable
+from kvgraft.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE, as_float32
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine.batcher import BatchFigures
 from kvgraftd.engine.decoding import DecodeOptions, ProgressEvent, ResultEvent
@@ -35,11 +35,6 @@ log = logging.getLogger(__name__)
 
 MAX_NEW_TOKENS = 4096
 MAX_LOGITS_STEPS = 16
-MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
-
-
-def _float32(value: float) -> float:
-    return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
 class EngineService:
@@ -218,7 +213,7 @@ class EngineService:
         greedy = options.greedy if options.HasField("greedy") else True
         temperature = options.temperature or 1.0
         # the field is a float32: 0.0001 arrives as 9.99999975e-05, which is in bounds
-        if not greedy and not _float32(MIN_TEMPERATURE) <= temperature <= MAX_TEMPERATURE:
+        if not greedy and not as_float32(MIN_TEMPERATURE) <= temperature <= MAX_TEMPERATURE:
             # logits / 1e-38 overflow to inf and sampling fails: refuse, saying the bounds
             raise InvalidArgument(
                 f"temperature {temperature:g} is outside {MIN_TEMPERATURE:g}..{MAX_TEMPERATURE:g} "
