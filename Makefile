@@ -60,7 +60,7 @@ proto-check: $(STAMP) ## fail when the committed stubs differ from the proto
 
 check: lint layers proto-check test ## what CI runs (.ci/run): lint, import contracts, stale stubs, tests
 
-bench: $(STAMP) ## run the benchmarks (each ends with one JSON line; ~26 min)
+bench: $(STAMP) ## run the benchmarks (each ends with one JSON line; ~30 min)
 	$(BIN)/python bench/store_bench.py
 	$(BIN)/python bench/graft_bench.py
 	$(BIN)/python bench/engine_bench.py
@@ -69,6 +69,7 @@ bench: $(STAMP) ## run the benchmarks (each ends with one JSON line; ~26 min)
 	$(BIN)/python bench/remote_bench.py
 	$(BIN)/python bench/cache_bench.py
 	$(BIN)/python bench/scrub_bench.py
+	$(BIN)/python bench/http_bench.py
 
 bench-long: $(STAMP) ## the long benchmarks: 10M-token context (~16 GB of disk), knowledge library
 	$(BIN)/python bench/long_context.py

@@ -12,9 +12,10 @@ The blocks run as a newcomer would run them: in a fresh directory that holds
 the repository's `examples/` and `.venv` (this interpreter's environment), with
 the daemon of `make serve` (the real default model, on a temporary store) at the
 README's address: `127.0.0.1:50551` in a block is rewritten to that daemon's
-port-0 address, and `127.0.0.1:50552` to a second, store-only daemon that
-allows pulls from the first (the README's replication section starts one like
-it). Blocks share the daemons, in README order, as a reader's shell would.
+port-0 address, `127.0.0.1:8551` to its OpenAI-compatible HTTP API, and
+`127.0.0.1:50552` to a second, store-only daemon that allows pulls from the first (the
+README's replication section starts one like it). Blocks share the daemons, in README
+order, as a reader's shell would.
 
 The quick start is held to its promise too, on an empty store: its receipts are
 the ones the README prints (tokens reused and computed, the three hashes: a tool
@@ -42,6 +43,7 @@ RUNNABLE = ("sh", "python", "toml")
 _SKIP = re.compile(r"<!-- readme-test: skip \((.+)\) -->")
 _FENCE = re.compile(r"^```(\S*)\s*$")
 ADDRESS_A, ADDRESS_B = "127.0.0.1:50551", "127.0.0.1:50552"
+ADDRESS_HTTP = "127.0.0.1:8551"  # the first daemon's OpenAI-compatible API
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,12 @@ def session(tmp_path_factory, real_model_args):
             "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
             "KVGRAFT_SERVER": served.address,
         }
-        yield Session(workdir, env, {ADDRESS_A: served.address, ADDRESS_B: replica.address})
+        addresses = {
+            ADDRESS_A: served.address,
+            ADDRESS_B: replica.address,
+            ADDRESS_HTTP: served.http_url.removeprefix("http://"),
+        }
+        yield Session(workdir, env, addresses)
     finally:
         served.stop()
         replica.stop()

@@ -20,7 +20,9 @@ from kvgraft.results import (
     GenerationStream,
     Progress,
     Receipt,
+    Sampling,
     Token,
+    TokenLogprob,
     VerifyResult,
 )
 
@@ -37,7 +39,9 @@ __all__ = [
     "KvgraftError",
     "Progress",
     "Receipt",
+    "Sampling",
     "Token",
+    "TokenLogprob",
     "VerifyResult",
     "__version__",
 ]

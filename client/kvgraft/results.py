@@ -7,7 +7,8 @@ protobuf responses in one place. Each keeps that response as `raw`, for anyone
 who wants every field of the wire message. Digests are `bytes`; `Receipt.hashes`
 gives the three receipt hashes in hex, the thing to compare between two runs. Their
 reprs are for reading: hashes in hex, counts, ids, logits by shape (never raw bytes or
-protobuf text). Logits asked for (`return_logits`) are float32 numpy arrays.
+protobuf text). Logits asked for (`return_logits`) are float32 numpy arrays; log-probabilities
+asked for (`logprobs`) ride on each `Token`, and the result gathers them (`logprobs`).
 `GenerationStream` is a Generate or Graft call in progress: iterate it for the
 tokens as they arrive, then ask it for the result.
 """
@@ -42,10 +43,13 @@ class Receipt:
     model_fingerprint: bytes
     profile: pb.ComputeProfile = field(hash=False)  # compared, but a message does not hash
     grafted_artifact_id: str
+    # How the tokens were chosen, when not by argmax alone (None: greedy, no stop strings).
+    sampling: Sampling | None
     raw: pb.Receipt = field(repr=False, compare=False)
 
     @classmethod
     def from_proto(cls, receipt: pb.Receipt) -> Receipt:
+        sampled = receipt.HasField("sampling")
         return cls(
             input_sha256=receipt.input_sha256,
             prompt_logits_sha256=receipt.prompt_logits_sha256,
@@ -56,6 +60,7 @@ class Receipt:
             model_fingerprint=receipt.model_fingerprint,
             profile=receipt.profile,
             grafted_artifact_id=receipt.grafted_artifact_id,
+            sampling=Sampling.from_proto(receipt.sampling) if sampled else None,
             raw=receipt,
         )
 
@@ -79,6 +84,31 @@ class Receipt:
             generated_logits_sha256=self.generated_logits_sha256.hex(),
             model_fingerprint=self.model_fingerprint.hex()[:16],  # as `kvgraft info` shows it
             grafted_artifact_id=self.grafted_artifact_id,
+            **({"sampling": self.sampling} if self.sampling is not None else {}),
+        )
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a run chose its tokens when not by argmax alone, as its receipt covers it: with
+    the same receipt inputs and these, anyone chooses the same tokens again."""
+
+    greedy: bool  # True: argmax with stop strings; False: sampled as below
+    temperature: float
+    top_p: float  # nucleus: the fewest likeliest tokens whose mass reaches it (1.0: all)
+    top_k: int  # only the k likeliest tokens (0: all)
+    seed: int
+    stop: tuple[str, ...]  # generation ended at the first of these in the text
+
+    @classmethod
+    def from_proto(cls, sampling: pb.Sampling) -> Sampling:
+        return cls(
+            greedy=sampling.greedy,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            seed=sampling.seed,
+            stop=tuple(sampling.stop),
         )
 
 
@@ -110,11 +140,38 @@ def _logits(prompt: bytes, generated: list[bytes]) -> tuple[np.ndarray | None, n
 
 
 @dataclass(frozen=True)
-class Token:
-    """A token as it is generated (`text`: the token decoded on its own)."""
+class TokenLogprob:
+    """A likely token at one step, with its log-probability (natural log, the model's own:
+    before temperature, top-p and top-k)."""
 
     token_id: int
     text: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class Token:
+    """A token as it is generated (`text`: the token decoded on its own). Asked for with
+    `logprobs=True`: its `logprob`, and with `top_logprobs=N` the N likeliest tokens of
+    its step, likeliest first."""
+
+    token_id: int
+    text: str
+    logprob: float | None = None  # None unless logprobs were asked for
+    top_logprobs: tuple[TokenLogprob, ...] = ()
+
+    @classmethod
+    def from_proto(cls, token: pb.GeneratedToken, logprobs: bool) -> Token:
+        if not logprobs:  # the wire's 0.0 would read as a probability of 1
+            return cls(token.token_id, token.text)
+        top = tuple(TokenLogprob(t.token_id, t.text, t.logprob) for t in token.top_logprobs)
+        return cls(token.token_id, token.text, token.logprob, top)
+
+    def __repr__(self) -> str:
+        shown = {"token_id": self.token_id, "text": self.text}
+        if self.logprob is not None:
+            shown.update(logprob=self.logprob, top_logprobs=self.top_logprobs)
+        return _repr(self, **shown)
 
 
 @dataclass(frozen=True)
@@ -131,20 +188,29 @@ class Progress:
 class GenerateResult:
     """The end of a generate or graft call."""
 
-    text: str  # every generated token decoded together (special tokens left out)
+    text: str  # every generated token decoded together (special tokens left out; cut
+    # before the stop string that ended it)
     token_ids: tuple[int, ...]  # the generated token ids
     reused_tokens: int  # tokens whose KV was grafted from the store
     computed_tokens: int  # tokens whose KV was computed
     receipt: Receipt
     deposited_artifact_id: str  # with deposit=True: the stored context's id
+    # Why generation ended: "stop" (end of turn, a stop token or string) or "length"
+    # (max_new_tokens reached); "" from a daemon that does not say.
+    finish_reason: str
     # With return_logits=True (else None), float32: [vocab] at the last prompt position
     # and [steps, vocab] for the generated ones; their bytes are what the receipt hashes.
     prompt_logits: np.ndarray | None = field(compare=False)
     generated_logits: np.ndarray | None = field(compare=False)
+    # With logprobs=True (else None): every generated Token with its logprob (and its
+    # top_logprobs), as the stream gave them.
+    logprobs: tuple[Token, ...] | None = field(repr=False, compare=False)
     raw: pb.GenerateResult = field(repr=False, compare=False)
 
     @classmethod
-    def from_proto(cls, result: pb.GenerateResult) -> GenerateResult:
+    def from_proto(
+        cls, result: pb.GenerateResult, logprobs: tuple[Token, ...] | None = None
+    ) -> GenerateResult:
         receipt = Receipt.from_proto(result.receipt)
         prompt_logits, generated_logits = _logits(result.prompt_logits, result.generated_logits)
         return cls(
@@ -154,8 +220,10 @@ class GenerateResult:
             computed_tokens=receipt.computed_tokens,
             receipt=receipt,
             deposited_artifact_id=result.deposited_artifact_id,
+            finish_reason=result.finish_reason,
             prompt_logits=prompt_logits,
             generated_logits=generated_logits,
+            logprobs=logprobs,
             raw=result,
         )
 
@@ -164,6 +232,7 @@ class GenerateResult:
             self,
             text=self.text,
             token_ids=self.token_ids,
+            **({"finish_reason": self.finish_reason} if self.finish_reason else {}),
             reused_tokens=self.reused_tokens,
             computed_tokens=self.computed_tokens,
             deposited_artifact_id=self.deposited_artifact_id,
@@ -265,7 +334,9 @@ class GenerationStream:
         result = stream.result()        # GenerateResult, the receipt included
 
     `result()` reads whatever has not been read yet; `cancel()` ends the call. With
-    `on_progress`, the prompt's Progress reports are handed to it as they arrive.
+    `on_progress`, the prompt's Progress reports are handed to it as they arrive. With
+    `logprobs` (the call asked for them) each Token carries its log-probabilities and
+    the result gathers the tokens (GenerateResult.logprobs).
     """
 
     def __init__(
@@ -273,18 +344,26 @@ class GenerationStream:
         responses: Iterator[pb.GenerateResponse],
         cancel,
         on_progress: Callable[[Progress], None] | None = None,
+        *,
+        logprobs: bool = False,
     ) -> None:
         self._responses = responses
         self._cancel = cancel
         self.on_progress = on_progress
+        self._logprobs = logprobs
+        self._tokens: list[Token] = []
         self._result: GenerateResult | None = None
 
     def __iter__(self) -> Iterator[Token]:
         for response in self._responses:
             if response.HasField("token"):
-                yield Token(response.token.token_id, response.token.text)
+                token = Token.from_proto(response.token, self._logprobs)
+                if self._logprobs:
+                    self._tokens.append(token)
+                yield token
             elif response.HasField("result"):
-                self._result = GenerateResult.from_proto(response.result)
+                gathered = tuple(self._tokens) if self._logprobs else None
+                self._result = GenerateResult.from_proto(response.result, gathered)
             elif response.HasField("progress") and self.on_progress is not None:
                 got = response.progress
                 self.on_progress(

@@ -24,6 +24,7 @@ from kvgraft.public_keys import is_degenerate
 from kvgraft.replication.addresses import TARGETS, address_problem
 
 DEFAULT_LISTEN = "127.0.0.1:50551"
+DEFAULT_HTTP_LISTEN = "127.0.0.1:8551"
 _UNITS = {
     "": 1,
     "b": 1,
@@ -177,6 +178,17 @@ class DaemonConfig:
     keepalive_s: float = _opt(60.0, "seconds between pings that notice a vanished client")
     keepalive_timeout_s: float = _opt(20.0, "seconds a ping may go unanswered before hanging up")
     metrics_listen: str = _opt("", "host:port serving Prometheus metrics at /metrics; empty: off")
+    http_listen: str = _opt(
+        DEFAULT_HTTP_LISTEN,
+        "host:port of the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
+        "/v1/models; same token and TLS as gRPC); empty: off (and with --model none)",
+    )
+    chat_cache: str = _opt(
+        "auto",
+        "auto: every HTTP completion keeps its finished context as the store's budget allows "
+        "(unpinned, evictable), so a conversation's next turn reuses every earlier one; "
+        "explicit: only what `cache` keeps",
+    )
     # Replication (kvgraftd.replication.follower). TOML: [replication] follow = ["host:port", ...].
     replication_follow: tuple[str, ...] = _opt(
         (),
@@ -252,6 +264,8 @@ class DaemonConfig:
             raise ConfigError(f"eviction_policy {self.eviction_policy!r}: use lru or cost-aware")
         if self.cache not in ("explicit", "auto"):
             raise ConfigError(f"cache {self.cache!r}: use explicit or auto")
+        if self.chat_cache not in ("explicit", "auto"):
+            raise ConfigError(f"chat_cache {self.chat_cache!r}: use explicit or auto")
         if self.remote_write not in ("through", "back"):
             raise ConfigError(f"remote_write {self.remote_write!r}: use through or back")
         if not self.remote_prefix.strip("/"):
@@ -309,6 +323,8 @@ def _check_exposure_fields(config: DaemonConfig) -> None:
         )
     if config.metrics_listen:
         _check_address("metrics_listen", config.metrics_listen)
+    if config.http_listen:
+        _check_address("http_listen", config.http_listen)
 
 
 # The range of every numeric setting, both ends included (None: no upper end). The

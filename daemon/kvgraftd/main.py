@@ -4,12 +4,12 @@ Start order: config (kvgraftd.ops.command_line) -> exposure check
 (kvgraftd.server.security) and model check (kvgraftd.config.check_model) -> logging ->
 data-directory lock -> store -> remote tier (kvgraftd.remote.service) ->
 the services (store, engine, library, Replicate's pulls) -> server (limits, TLS, token) ->
-metrics endpoint -> health SERVING -> followers of [replication] peers
-(kvgraftd.replication.follower) -> READY=1 to systemd once a real health probe answers
-(kvgraftd.ops.readiness; then WATCHDOG=1 after each probe). Stop order on
-SIGTERM/SIGINT: watchdog pings stop, STOPPING=1 -> health NOT_SERVING ->
-follow Watch streams end (UNAVAILABLE) -> followers stop -> server stops taking
-calls and drains in-flight ones (up to drain_s) -> the remote write-back drain
+metrics endpoint -> the OpenAI-compatible HTTP API (kvgraftd.http) -> health SERVING ->
+followers of [replication] peers (kvgraftd.replication.follower) -> READY=1 to systemd
+once a real health probe answers (kvgraftd.ops.readiness; then WATCHDOG=1 after each
+probe). Stop order on SIGTERM/SIGINT: watchdog pings stop, STOPPING=1 -> health NOT_SERVING ->
+follow Watch streams end (UNAVAILABLE) -> followers stop -> the gRPC and HTTP servers stop
+taking calls and drain in-flight ones (up to drain_s) -> the remote write-back drain
 stops -> metrics endpoint closes ->
 store closes -> lock released -> exit 0 at once (`leave`: a model still loading is
 abandoned). Nothing else constructs these objects.
@@ -35,6 +35,8 @@ from kvgraft.errors import KvgraftError
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.config import ConfigError, DaemonConfig, check_model
 from kvgraftd.engine.service import EngineService
+from kvgraftd.http.http_server import HttpServer
+from kvgraftd.http.openai_app import OpenAiApp
 from kvgraftd.library.service import LibraryService
 from kvgraftd.ops.command_line import build_parser, load_config, to_toml
 from kvgraftd.ops.lockfile import DataDirLock
@@ -265,6 +267,30 @@ def server_settings(config: DaemonConfig, notifier: Notifier) -> ServerSettings:
     )
 
 
+def start_http(
+    config: DaemonConfig, engine: EngineService, settings: ServerSettings
+) -> HttpServer | None:
+    """The OpenAI-compatible API on http_listen (None when it is off, or without a model:
+    a store-only daemon, such as a replica beside a serving one, has nothing to answer
+    there), under the same token, TLS, call limits and counters as gRPC."""
+    if not config.http_listen or config.model == "none":
+        return None
+    assert settings.limiter is not None  # server_settings always builds one
+    app = OpenAiApp(
+        engine,
+        settings.limiter,
+        settings.token_check,
+        settings.counter,
+        settings.telemetry,
+        keep_conversations=config.chat_cache == "auto",
+        max_request_bytes=config.max_request_bytes,
+    )
+    http = HttpServer.start(config, app.app)
+    host = config.http_listen.rsplit(":", 1)[0]
+    log.info("OpenAI-compatible API at %s://%s:%d/v1", http.scheme, host, http.port)
+    return http
+
+
 def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> bool:
     """Serve until a stop signal, then drain; True when the model was still loading."""
     store.collect_staged(config.staged_ttl_s)
@@ -307,6 +333,7 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> bool:
     server, port, health_servicer = create_server(
         services, config.listen, workers=config.workers, settings=settings
     )
+    http = start_http(config, engine, settings)  # bound here: a port in use stops the start
     metrics = None
     if config.metrics_listen:
         stats = lambda: stats_response(service, engine, settings.counter, remote)  # noqa: E731
@@ -342,7 +369,10 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> bool:
     service.stop_watches()
     followers.stop(config.drain_s)  # they write through the service: before the store closes
     pulls.stop(config.drain_s)  # so do Replicate calls still running
-    server.stop(grace=config.drain_s).wait()
+    stopped = server.stop(grace=config.drain_s)
+    if http is not None:
+        http.stop(config.drain_s)  # drains alongside gRPC
+    stopped.wait()
     log.info("server stopped")
     remote.stop()  # the write-back drain reads the store: before it closes
     scrubber.stop()

@@ -89,7 +89,8 @@ def test_options_are_checked_like_python_arguments() -> None:
         assert str(caught.value) == (
             "generate_stream() got an unexpected keyword argument 'temprature' (its options: "
             "max_new_tokens, greedy, temperature, seed, no_cache, deposit, labels, "
-            "return_logits, allow_untrusted, on_progress)"
+            "return_logits, allow_untrusted, on_progress, top_p, top_k, stop, logprobs, "
+            "top_logprobs, keep)"
         )
         with pytest.raises(
             TypeError, match=r"graft_stream\(\) got an unexpected keyword argument 'max_tokens'"

@@ -339,6 +339,7 @@ def test_prefix_lookup_believes_only_what_it_verified(s3, tmp_path, rng, monkeyp
 # ----------------------------------------------------------------------
 def _kvgraftd(data: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "kvgraftd", "--listen", "127.0.0.1:0", "--model", "none"]
+    command += ["--http-listen", "127.0.0.1:0"]
     return subprocess.run(
         [*command, "--data", str(data), *args],
         capture_output=True,

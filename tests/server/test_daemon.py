@@ -241,6 +241,7 @@ def test_config_file_sets_options_and_flags_override_it(start_daemon, rng, tmp_p
         [
             *(sys.executable, "-m", "kvgraftd", "--config", str(config)),
             *("--min-free-bytes", "1MiB", "--listen", f"127.0.0.1:{port}"),
+            *("--http-listen", "127.0.0.1:0"),
             *("--data", str(daemon.data_dir)),
         ],
         stderr=subprocess.PIPE,

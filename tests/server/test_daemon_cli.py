@@ -166,6 +166,19 @@ def test_an_address_that_cannot_be_served_is_said_in_words(tmp_path: Path, taken
         assert "Traceback" not in done.stderr
 
 
+def test_an_http_address_in_use_is_said_in_words(tmp_path: Path, taken_port) -> None:
+    done = kvgraftd(
+        *("--model", "tiny:0", "--listen", "127.0.0.1:0"),
+        *("--http-listen", f"127.0.0.1:{taken_port}", "--data", str(tmp_path / "data")),
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1].endswith(
+        f" ERROR kvgraftd: 127.0.0.1:{taken_port} is already in use: stop what listens there "
+        "(another kvgraftd?) or pick another --http-listen"
+    ), done.stderr
+    assert "Traceback" not in done.stderr
+
+
 # kvgraftd with an exit handler that says when the interpreter's teardown runs
 TEARDOWN_SPEAKS = (
     "import atexit, sys; atexit.register(print, 'teardown ran', file=sys.stderr, flush=True); "

@@ -17,35 +17,23 @@ import subprocess
 import sys
 import termios
 import time
-import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvgraft import Client, Progress
 from kvgraft.errors import DeadlineExceeded, ResourceExhausted
 from kvgraftd.testing.daemon_process import DaemonProcess, wait_model_ready
+from tests.support.metrics_scrape import unlabelled_metrics
 
 LONG_PROMPT = [t % 500 for t in range(30_000)]  # seconds of prefill for the tiny model
 BUDGET = 40_000 * 2 * 2 * 2 * 16 * 4  # 40,000 positions of the tiny model's K and V
-
-
-def _metrics(daemon: DaemonProcess) -> dict[str, float]:
-    with urllib.request.urlopen(daemon.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    return {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if not sample.labels
-    }
 
 
 def _idle(daemon: DaemonProcess, timeout_s: float = 120) -> dict[str, float]:
     """The metrics once no engine request runs or waits."""
     deadline = time.monotonic() + timeout_s
     while True:
-        samples = _metrics(daemon)
+        samples = unlabelled_metrics(daemon)
         busy = samples.get("kvgraft_requests_running", 0) + samples.get(
             "kvgraft_batch_waiting_passes", 0
         )

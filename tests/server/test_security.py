@@ -275,6 +275,9 @@ def test_exposed_listen_needs_tls_a_token_or_insecure(start_daemon, tmp_path, to
     metrics = _kvgraftd(tmp_path / "b", "--token-file", str(token_file), "--metrics-listen", ":0")
     assert metrics.returncode == 2
     assert "metrics_listen ':0' is reachable from other machines" in metrics.stderr
+    http = _kvgraftd(tmp_path / "e", "--http-listen", "0.0.0.0:0")
+    assert http.returncode == 2
+    assert "http_listen '0.0.0.0:0' is reachable from other machines" in http.stderr
     empty = tmp_path / "empty"
     empty.write_text("\n")
     assert "is empty" in _kvgraftd(tmp_path / "c", "--token-file", str(empty)).stderr

@@ -25,6 +25,7 @@ from kvgraft.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE
 
 UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
+MAX_TOP_LOGPROBS = 20  # the daemon's bound on GenerateOptions.top_logprobs
 
 
 class UsageError(Exception):
@@ -88,6 +89,24 @@ def temperature(text: str) -> float:
             f"{MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}, e.g. 0.7"
         )
     return value
+
+
+def top_p(text: str) -> float:
+    """A nucleus mass: above 0, at most 1 (1 keeps every token)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:  # nan too
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a top-p: give a number above 0 and at most 1, e.g. 0.9"
+        )
+    return value
+
+
+def logprob_alternatives(text: str) -> int:
+    """How many likeliest alternatives to show per token: 0 to MAX_TOP_LOGPROBS."""
+    return _whole_number(text, MAX_TOP_LOGPROBS)
 
 
 def seconds(text: str) -> float:

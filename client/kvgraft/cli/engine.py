@@ -5,12 +5,15 @@ it in the model's chat template), --file (text read from a file; with --text
 too, the file's text, a blank line, then --text) or --tokens 1,2,3.
 Decoding is greedy (argmax) unless told otherwise: --temperature T samples at T
 (0: greedy, as in OpenAI's API), --sample alone samples at 1.0, --seed N picks the
-samples (the same seed, the same tokens).
-Generated text streams to stdout as it arrives, then a newline; the receipt
+samples (the same seed, the same tokens), --top-p and --top-k narrow them, --stop TEXT
+ends the answer before TEXT (kvgraft.cli.options).
+Generated text streams to stdout as it arrives, then a newline (with --logprobs N, a
+table of each token's logprob and its step's N likeliest tokens follows); the receipt
 follows on stderr, its first line the tokens reused and computed and the
 seconds the call took. With --json one document is printed: the receipt's
-fields at the top level (hashes in hex), plus `text`, `deposited_artifact_id`
-and `elapsed_s`.
+fields at the top level (hashes in hex; `sampling` null for greedy decoding without
+stop strings), plus `text`, `finish_reason`, `deposited_artifact_id`, `elapsed_s`
+and, with --logprobs, `tokens` (each with its logprob and top_logprobs).
 """
 
 from __future__ import annotations
@@ -23,7 +26,15 @@ from pathlib import Path
 
 from kvgraft.cli import arguments
 from kvgraft.cli.arguments import UsageError, read_text
-from kvgraft.cli.render import emit, message_to_json, progress_bar
+from kvgraft.cli.options import add_decoding_options, decoding_options
+from kvgraft.cli.render import (
+    HeldText,
+    emit,
+    logprob_table,
+    message_to_json,
+    progress_bar,
+    token_to_json,
+)
 from kvgraft.client.client import Client
 from kvgraft.client.engine_calls import DEFAULT_MAX_NEW_TOKENS
 from kvgraft.errors import FailedPrecondition, KvgraftError
@@ -47,32 +58,16 @@ def _labels(args: argparse.Namespace) -> dict[str, str]:
     return dict(item.split("=", 1) for item in args.label)  # KEY=VALUE: checked by main
 
 
-def _decoding(args: argparse.Namespace) -> dict:
-    """The decoding options of --sample, --temperature and --seed: a temperature samples
-    at it (0: greedy), --sample alone at 1.0; the flags that contradict, or would be
-    ignored, are usage errors."""
-    temperature, sampling = args.temperature, args.sample
-    if temperature == 0 and sampling:
-        raise UsageError(
-            "--sample with --temperature 0: a temperature of 0 is greedy decoding; "
-            "leave out --sample, or give a temperature above 0"
-        )
-    sampling = sampling or bool(temperature)
-    if args.seed is not None and not sampling:
-        raise UsageError("--seed picks the samples: add --sample or --temperature T")
-    if not sampling:
-        return {} if temperature is None else {"temperature": 0.0}  # greedy
-    return {"temperature": temperature or 1.0, "seed": args.seed or 0}
-
-
 def _options(args: argparse.Namespace) -> dict:
     options = {
         "max_new_tokens": args.max_new_tokens,
         "no_cache": args.no_cache,
         "deposit": args.deposit,
         "labels": _labels(args),
-        **_decoding(args),
+        **decoding_options(args),
     }
+    if args.logprobs is not None:
+        options.update(logprobs=True, top_logprobs=args.logprobs)
     if getattr(args, "allow_untrusted", False):
         options["allow_untrusted"] = True
     return options
@@ -90,16 +85,34 @@ def receipt_lines(receipt: pb.Receipt, elapsed_s: float | None = None) -> list[s
 
 def receipt_detail_lines(receipt: pb.Receipt) -> list[str]:
     """A receipt's hashes, model and profile, and the artifacts it grafted."""
+    return (
+        [
+            f"  input_sha256            {receipt.input_sha256.hex()}",
+            f"  prompt_logits_sha256    {receipt.prompt_logits_sha256.hex()}",
+            f"  generated_logits_sha256 {receipt.generated_logits_sha256.hex()}",
+            f"  model {receipt.model_fingerprint.hex()[:16]}, {receipt.profile.attention}, "
+            f"page_tokens {receipt.profile.page_tokens}",
+        ]
+        + _sampling_lines(receipt)
+        + [
+            f"  grafted {g.artifact_id[:16]}: {g.tokens} tokens, "
+            + (f"vouched for by {g.vouched_by.hex()[:16]}" if g.vouched_by else "UNTRUSTED")
+            for g in receipt.grafted
+        ]
+    )
+
+
+def _sampling_lines(receipt: pb.Receipt) -> list[str]:
+    """How the receipt's tokens were chosen, when not by argmax alone."""
+    if not receipt.HasField("sampling"):
+        return []
+    sampling = receipt.sampling
+    stop = f", stop {list(sampling.stop)!r}" if sampling.stop else ""
+    if sampling.greedy:
+        return [f"  sampling greedy{stop}"]
     return [
-        f"  input_sha256            {receipt.input_sha256.hex()}",
-        f"  prompt_logits_sha256    {receipt.prompt_logits_sha256.hex()}",
-        f"  generated_logits_sha256 {receipt.generated_logits_sha256.hex()}",
-        f"  model {receipt.model_fingerprint.hex()[:16]}, {receipt.profile.attention}, "
-        f"page_tokens {receipt.profile.page_tokens}",
-    ] + [
-        f"  grafted {g.artifact_id[:16]}: {g.tokens} tokens, "
-        + (f"vouched for by {g.vouched_by.hex()[:16]}" if g.vouched_by else "UNTRUSTED")
-        for g in receipt.grafted
+        f"  sampling temperature {sampling.temperature:g}, top_p {sampling.top_p:g}, "
+        f"top_k {sampling.top_k}, seed {sampling.seed}{stop}"
     ]
 
 
@@ -133,11 +146,13 @@ def _prompt_bar(args: argparse.Namespace) -> dict:
 def _run_stream(args: argparse.Namespace, stream: GenerationStream, started: float) -> None:
     shown = False
     bar = stream.on_progress
+    held = HeldText(args.stop)
     for token in stream:
         if bar is not None:
             bar.close()
-        if not args.json and token.text:
-            sys.stdout.write(token.text)
+        text = held.add(token.text)
+        if not args.json and text:
+            sys.stdout.write(text)
             sys.stdout.flush()
             shown = True
     result = stream.result()
@@ -148,17 +163,25 @@ def _run_stream(args: argparse.Namespace, stream: GenerationStream, started: flo
         document = {
             **message_to_json(result.receipt.raw),
             "text": result.text,
+            "finish_reason": result.finish_reason,
             "deposited_artifact_id": result.deposited_artifact_id,
             "elapsed_s": round(elapsed_s, 4),
         }
+        if result.logprobs is not None:
+            document["tokens"] = [token_to_json(token) for token in result.logprobs]
         emit(True, document, "")
         return
-    if shown:
+    rest = held.finish()
+    sys.stdout.write(rest)
+    if shown or rest:
         print(flush=True)  # the text's own line, before the receipt on stderr
+        shown = True
+    if result.logprobs:
+        print(logprob_table(result.logprobs), flush=True)
     lines = receipt_lines(result.receipt.raw, elapsed_s)
     if result.deposited_artifact_id:
         lines.append(f"deposited {result.deposited_artifact_id}")
-    if not shown and result.token_ids and not args.chat and args.tokens is None:
+    if not shown and result.token_ids and not (args.chat or args.stop) and args.tokens is None:
         lines.append(
             "note: the model ended its answer at once; an instruct (chat) model such as the "
             "default one expects --chat"
@@ -355,18 +378,11 @@ def add_engine_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
         )
         parser.add_argument("--no-cache", action="store_true", help="compute everything fresh")
         parser.add_argument("--deposit", action="store_true", help="store the finished context")
+        add_decoding_options(parser)
         parser.add_argument(
-            "--sample", action="store_true", help="sample instead of argmax (at temperature 1.0)"
-        )
-        parser.add_argument(
-            "--temperature",
-            type=arguments.temperature,
-            metavar="T",
-            help="sample at this temperature (no --sample needed); 0: greedy decoding",
-        )
-        parser.add_argument(
-            "--seed",
-            type=arguments.uint64,
+            "--logprobs",
+            type=arguments.logprob_alternatives,
             metavar="N",
-            help="sampling seed: the same seed, the same tokens (default 0)",
+            help="show each token's log-probability and the N likeliest tokens of its step "
+            f"(0 to {arguments.MAX_TOP_LOGPROBS}; with --json: `tokens`)",
         )

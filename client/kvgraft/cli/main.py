@@ -4,8 +4,9 @@
 
 Commands: serve, the store's info, ls, stat, rm, pin, scrub, export, import (kvgraft.cli.store,
 kvgraft.cli.cache), replicate, remote, the engine's deposit, generate, graft, verify,
-lookup (kvgraft.cli.engine), and the knowledge library's library add|ls|rm|import and
-ask (kvgraft.cli.library); `kvgraft COMMAND --help` for each, `kvgraft` alone lists them.
+lookup (kvgraft.cli.engine), chat (kvgraft.cli.chat), and the knowledge library's
+library add|ls|rm|import and ask (kvgraft.cli.library); `kvgraft COMMAND --help` for
+each, `kvgraft` alone lists them.
 The global options (--server, --json, --timeout, TLS and token: kvgraft.cli.options)
 go before or after the command. The server defaults to $KVGRAFT_SERVER, then
 127.0.0.1:50551; a host without a port gets 50551. With --json every command prints
@@ -32,6 +33,7 @@ from typing import NoReturn
 from kvgraft import __version__
 from kvgraft.cli.arguments import CommandParser, UsageError, check_text_values
 from kvgraft.cli.cache import add_cache_arguments, cmd_pin, cmd_scrub
+from kvgraft.cli.chat import CHAT_COMMANDS, add_chat_arguments
 from kvgraft.cli.engine import ENGINE_COMMANDS, add_engine_arguments
 from kvgraft.cli.library import LIBRARY_COMMANDS, add_library_arguments
 from kvgraft.cli.options import add_global_options, connection_options
@@ -49,6 +51,7 @@ COMMANDS: dict[str, tuple[Callable[[Client, argparse.Namespace], None], str]] = 
     "replicate": (cmd_replicate, "copy a daemon's artifacts and deletes to another (--follow)"),
     "remote": (cmd_remote, "the remote tier (S3 bucket): status, or sync (push up, pull down)"),
     **ENGINE_COMMANDS,
+    **CHAT_COMMANDS,
     **LIBRARY_COMMANDS,
 }
 
@@ -74,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.set_defaults(usage_parser=command)  # whose usage an error shows
     add_store_arguments(parsers)
     add_engine_arguments(parsers)
+    add_chat_arguments(parsers["chat"])
     add_library_arguments(parsers)
     add_replicate_arguments(parsers["replicate"])
     add_remote_arguments(parsers["remote"])

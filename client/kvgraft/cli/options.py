@@ -10,13 +10,19 @@ bearer token) each default to their KVGRAFT_* variable (kvgraft.client.channel
 resolves them), so `kvgraft --tls-ca ca.pem ls` and `KVGRAFT_TLS_CA=ca.pem
 kvgraft ls` are the same. `--timeout S` is every call's deadline; without it each
 kind of call keeps kvgraft.Client's default (kvgraft.client.connection).
+
+The decoding options that generate, graft and chat share are declared here too:
+greedy (argmax) unless told otherwise; --temperature T samples at T (0: greedy, as in
+OpenAI's API), --sample alone at 1.0, --seed N picks the samples, --top-p and --top-k
+narrow them, --stop TEXT (repeatable) ends the answer before TEXT. Flags that
+contradict, or would be ignored, are usage errors.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from kvgraft.cli.arguments import seconds
+from kvgraft.cli.arguments import UsageError, seconds, temperature, top_p, uint32, uint64
 from kvgraft.client.channel import ENVIRONMENT
 from kvgraft.client.connection import (
     DEFAULT_COMPUTE_TIMEOUT_S,
@@ -86,3 +92,75 @@ def connection_options(args: argparse.Namespace) -> dict:
             timeout_s=args.timeout, compute_timeout_s=args.timeout, transfer_timeout_s=args.timeout
         )
     return options
+
+
+def add_decoding_options(parser: argparse.ArgumentParser) -> None:
+    """How a command that generates chooses its tokens, and where it stops."""
+    parser.add_argument(
+        "--sample", action="store_true", help="sample instead of argmax (at temperature 1.0)"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=temperature,
+        metavar="T",
+        help="sample at this temperature (no --sample needed); 0: greedy decoding",
+    )
+    parser.add_argument(
+        "--seed",
+        type=uint64,
+        metavar="N",
+        help="sampling seed: the same seed, the same tokens (default 0)",
+    )
+    parser.add_argument(
+        "--top-p",
+        type=top_p,
+        metavar="P",
+        help="when sampling: only the likeliest tokens whose probabilities add up to P "
+        "(0 < P <= 1; default 1: all)",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=uint32,
+        metavar="K",
+        help="when sampling: only the K likeliest tokens (default 0: all)",
+    )
+    parser.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end the answer before TEXT (repeatable, at most 4, 1-256 characters each; "
+        "a newline: --stop $'\\n' in bash)",
+    )
+
+
+def decoding_options(args: argparse.Namespace) -> dict:
+    """The decoding options of kvgraft.Client's generate from the decoding flags: a
+    temperature samples at it (0: greedy), --sample alone at 1.0; --seed, --top-p and
+    --top-k without sampling would be ignored, so they are usage errors."""
+    temperature, sampling = args.temperature, args.sample
+    if temperature == 0 and sampling:
+        raise UsageError(
+            "--sample with --temperature 0: a temperature of 0 is greedy decoding; "
+            "leave out --sample, or give a temperature above 0"
+        )
+    sampling = sampling or bool(temperature)
+    if args.seed is not None and not sampling:
+        raise UsageError("--seed picks the samples: add --sample or --temperature T")
+    narrowed = {"--top-p": args.top_p, "--top-k": args.top_k}
+    narrowing = [flag for flag, value in narrowed.items() if value]
+    if narrowing and not sampling:
+        verb = "chooses" if len(narrowing) == 1 else "choose"
+        raise UsageError(
+            f"{' and '.join(narrowing)} {verb} among samples: add --sample or --temperature T"
+        )
+    stop = {"stop": args.stop} if args.stop else {}
+    if not sampling:
+        return {**stop} if temperature is None else {"temperature": 0.0, **stop}  # greedy
+    narrow = {"top_p": args.top_p, "top_k": args.top_k}
+    return {
+        "temperature": temperature or 1.0,
+        "seed": args.seed or 0,
+        **{name: value for name, value in narrow.items() if value},
+        **stop,
+    }

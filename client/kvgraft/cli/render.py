@@ -1,7 +1,10 @@
-"""How the command line shows things: JSON documents (`--json`) and plain tables.
+"""How the command line shows things: JSON documents (`--json`), plain tables, and text
+streamed as it is generated.
 
 Digests (bytes fields) are shown as lowercase hex everywhere, in JSON too, so
 ids and hashes can be pasted between commands. Field names are the proto's.
+Streamed text never shows a stop string: `HeldText` holds back what may be the start
+of one until the next token says.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from kvgraft.errors import printable
+from kvgraft.results import Token
 
 
 def message_to_json(message: Message) -> dict:
@@ -101,3 +105,65 @@ def progress_bar(
     from tqdm import tqdm
 
     return tqdm(total=total, unit=unit, unit_scale=unit == "B", desc=description, file=sys.stderr)
+
+
+class HeldText:
+    """Generated text as it may be shown while it streams, given the run's stop strings:
+    the daemon sends the token that completes a stop string before it stops, and cuts
+    the result's text before it, so the tail that could begin a stop string waits."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = tuple(stops)
+        self._text = ""
+        self._shown = 0
+        self._stopped = False
+
+    def add(self, piece: str) -> str:
+        """The text that may be shown now that `piece` came."""
+        if self._stopped:
+            return ""
+        self._text += piece
+        found = [i for i in (self._text.find(stop) for stop in self._stops) if i >= 0]
+        if found:
+            self._stopped = True
+            return self._take(min(found))
+        held = max(  # the longest tail that begins a stop string
+            (n for s in self._stops for n in range(1, len(s)) if self._text.endswith(s[:n])),
+            default=0,
+        )
+        return self._take(len(self._text) - held)
+
+    def finish(self) -> str:
+        """What is still held at the end (no stop string came after all)."""
+        return "" if self._stopped else self._take(len(self._text))
+
+    def _take(self, end: int) -> str:
+        shown, self._shown = self._text[self._shown : end], max(self._shown, end)
+        return shown
+
+
+def token_to_json(token: Token) -> dict:
+    """A generated token with its log-probabilities (asked for with --logprobs)."""
+    return {
+        "token_id": token.token_id,
+        "text": token.text,
+        "logprob": token.logprob,
+        "top_logprobs": [
+            {"token_id": t.token_id, "text": t.text, "logprob": t.logprob}
+            for t in token.top_logprobs
+        ],
+    }
+
+
+def logprob_table(tokens: Sequence[Token]) -> str:
+    """One line per generated token: its text (quoted, so spaces show), its logprob, and
+    the likeliest alternatives of its step with theirs."""
+    rows = [
+        (
+            repr(token.text),
+            f"{token.logprob:.4f}",
+            ", ".join(f"{t.text!r} {t.logprob:.4f}" for t in token.top_logprobs),
+        )
+        for token in tokens
+    ]
+    return table(("token", "logprob", "likeliest"), rows)

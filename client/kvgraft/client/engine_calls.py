@@ -2,7 +2,12 @@
 
 The engine's calls return the typed results of kvgraft.results (the protobuf
 response stays available as their `raw`); generate and graft wait for the end,
-generate_stream and graft_stream give the tokens as they come.
+generate_stream and graft_stream give the tokens as they come. A prompt is text,
+token ids, or a conversation (`messages`, rendered by the daemon with the model's
+chat template). Mistakes a call can see on its own (an unknown option, a value of the
+wrong type or sign, options that contradict) are TypeError or ValueError before
+anything is sent; what needs the daemon's limits (top_p beyond 1, a fifth stop
+string) comes back as its kvgraft.errors.InvalidArgument, in its words.
 
 Every one of them computes (lookup tokenizes with the model), so each takes the
 compute deadline (`compute_timeout_s`, kvgraft.client.connection).
@@ -10,7 +15,7 @@ compute deadline (`compute_timeout_s`, kvgraft.client.connection).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from kvgraft.client.connection import COMPUTE, Connection
 from kvgraft.errors import InvalidArgument
@@ -37,7 +42,15 @@ GENERATE_OPTIONS = (
     "return_logits",
     "allow_untrusted",
     "on_progress",
+    "top_p",
+    "top_k",
+    "stop",
+    "logprobs",
+    "top_logprobs",
+    "keep",
 )
+# A conversation's messages: [{"role": "system" | "user" | "assistant", "content": str}]
+Messages = Sequence[Mapping[str, str]]
 
 
 class EngineCalls(Connection):
@@ -93,14 +106,27 @@ class EngineCalls(Connection):
         text: str | None = None,
         *,
         token_ids: Iterable[int] | None = None,
+        messages: Messages | None = None,
         chat: bool = False,
         max_new_tokens: int | None = None,
         **options,
     ) -> GenerateResult:
         """Generate from a prompt, grafting the longest stored prefix; waits for the end.
 
-        The prompt is `text` (tokenized by the daemon's model; `chat=True` wraps it in
-        the model's chat template) or `token_ids`. Options:
+        The prompt is one of `text` (tokenized by the daemon's model; `chat=True` wraps
+        it in the model's chat template), `token_ids`, or `messages`: a conversation,
+        oldest first, as OpenAI's API takes it ([{"role": "user", "content": "Hi"}];
+        roles system, user, assistant), rendered with the chat template for the
+        assistant's next turn. With keep=True each turn's context stays in the store, so
+        the next turn (the same messages, the answer and a new one) reuses it all:
+
+            messages = [{"role": "user", "content": "Name a colour."}]
+            answer = client.generate(messages=messages, keep=True)
+            messages += [{"role": "assistant", "content": answer.text},
+                         {"role": "user", "content": "And another?"}]
+            client.generate(messages=messages, keep=True).reused_tokens  # the first turn
+
+        Options:
 
         max_new_tokens  tokens to generate at most (default 32, as the CLI's; 16 with
                         return_logits, the most steps whose logits the daemon returns)
@@ -110,6 +136,19 @@ class EngineCalls(Connection):
                         temperature 1.0 unless one is given). A temperature with
                         greedy=True, or greedy=False with temperature 0, is a ValueError
         seed            the sampling seed: the same seed gives the same tokens
+        top_p           when sampling: only the likeliest tokens whose probabilities
+                        add up to top_p (0 < top_p <= 1; 1: all)
+        top_k           when sampling: only the top_k likeliest tokens (0: all)
+        stop            a string or a list of them (at most 4, 1-256 characters each):
+                        generation ends once the text holds one; the text stops
+                        before it and finish_reason is "stop"
+        logprobs        True: each Token carries its log-probability (the model's,
+                        before temperature, top-p and top-k); GenerateResult.logprobs
+                        gathers them
+        top_logprobs    0-20: and that many likeliest alternatives of each step
+                        (implies logprobs)
+        keep            keep the finished context in the store (evictable, as
+                        cache="auto" keeps every one), so a next turn reuses it
         no_cache        compute everything fresh, graft nothing
         deposit         store the finished context (its id: deposited_artifact_id)
         labels          labels of the deposited artifact ({"key": "value"})
@@ -119,11 +158,18 @@ class EngineCalls(Connection):
         on_progress     called with a kvgraft.Progress about every half second while
                         the daemon computes the prompt
 
-        Any other keyword is a TypeError. Returns a kvgraft.GenerateResult;
+        top_p or top_k while decoding greedily is a ValueError (they choose among samples:
+        give a temperature). Any other keyword is a TypeError. Returns a
+        kvgraft.GenerateResult (its finish_reason says why it ended);
         `generate_stream` gives the tokens as they come.
         """
         return self.generate_stream(
-            text, token_ids=token_ids, chat=chat, max_new_tokens=max_new_tokens, **options
+            text,
+            token_ids=token_ids,
+            messages=messages,
+            chat=chat,
+            max_new_tokens=max_new_tokens,
+            **options,
         ).result()
 
     def generate_stream(
@@ -131,19 +177,17 @@ class EngineCalls(Connection):
         text: str | None = None,
         *,
         token_ids: Iterable[int] | None = None,
+        messages: Messages | None = None,
         chat: bool = False,
         max_new_tokens: int | None = None,
         **options,
     ) -> GenerationStream:
         """generate, as a stream: iterate it for the tokens (kvgraft.Token), then call its
-        result() (kvgraft.GenerationStream). The options are generate's."""
+        result() (kvgraft.GenerationStream). The prompt and options are generate's."""
         on_progress = options.pop("on_progress", None)
-        request = pb.GenerateRequest(
-            prompt=_prompt(text, token_ids, chat),
-            options=_generate_options("generate_stream", max_new_tokens, options, on_progress),
-        )
-        call = self._open(self._stub.Generate, request, COMPUTE)
-        return GenerationStream(self._stream(call, COMPUTE), call.cancel, on_progress)
+        sent = _generate_options("generate_stream", max_new_tokens, options, on_progress)
+        request = pb.GenerateRequest(prompt=_prompt(text, token_ids, chat, messages), options=sent)
+        return self._generation(self._stub.Generate, request, on_progress, sent.logprobs)
 
     def graft(
         self,
@@ -151,17 +195,20 @@ class EngineCalls(Connection):
         text: str | None = None,
         *,
         token_ids: Iterable[int] | None = None,
+        messages: Messages | None = None,
         chat: bool = False,
         max_new_tokens: int | None = None,
         **options,
     ) -> GenerateResult:
-        """Graft a whole artifact (id or unique prefix), append the continuation (`text`
-        or `token_ids`, may be empty: text=""), generate; waits for the end. The
-        options are generate's; returns a kvgraft.GenerateResult."""
+        """Graft a whole artifact (id or unique prefix), append the continuation (`text`,
+        `token_ids` or `messages`, rendered as generate renders them; may be empty:
+        text=""), generate; waits for the end. The options are generate's; returns a
+        kvgraft.GenerateResult."""
         return self.graft_stream(
             artifact_id,
             text,
             token_ids=token_ids,
+            messages=messages,
             chat=chat,
             max_new_tokens=max_new_tokens,
             **options,
@@ -173,19 +220,25 @@ class EngineCalls(Connection):
         text: str | None = None,
         *,
         token_ids: Iterable[int] | None = None,
+        messages: Messages | None = None,
         chat: bool = False,
         max_new_tokens: int | None = None,
         **options,
     ) -> GenerationStream:
         """graft, as a stream: iterate it for the tokens, then call its result()."""
         on_progress = options.pop("on_progress", None)
+        sent = _generate_options("graft_stream", max_new_tokens, options, on_progress)
         request = pb.GraftRequest(
             artifact_id=artifact_id,
-            continuation=_prompt(text, token_ids, chat),
-            options=_generate_options("graft_stream", max_new_tokens, options, on_progress),
+            continuation=_prompt(text, token_ids, chat, messages),
+            options=sent,
         )
-        call = self._open(self._stub.Graft, request, COMPUTE)
-        return GenerationStream(self._stream(call, COMPUTE), call.cancel, on_progress)
+        return self._generation(self._stub.Graft, request, on_progress, sent.logprobs)
+
+    def _generation(self, method, request, on_progress, logprobs: bool) -> GenerationStream:
+        call = self._open(method, request, COMPUTE)
+        stream = self._stream(call, COMPUTE)
+        return GenerationStream(stream, call.cancel, on_progress, logprobs=logprobs)
 
     def verify(self, artifact_id: str) -> VerifyResult:
         """Recompute an artifact fresh on the daemon and compare every hash."""
@@ -212,9 +265,48 @@ def _generate_options(
         raise ValueError(f"max_new_tokens must be 0 or more, not {max_new_tokens}")
     rest = {k: v for k, v in options.items() if k not in ("greedy", "temperature")}
     decoding = _decoding(options.get("greedy"), options.get("temperature"))
+    _check_choice(decoding, rest)
+    if "stop" in rest:
+        rest["stop"] = _stop_strings(rest["stop"])
+    if rest.get("top_logprobs"):
+        rest["logprobs"] = True  # the alternatives come with the token's own
     return pb.GenerateOptions(
         max_new_tokens=max_new_tokens, progress=on_progress is not None, **decoding, **rest
     )
+
+
+def _check_choice(decoding: dict, options: dict) -> None:
+    """ValueError for top_p or top_k that would be ignored (greedy decoding) and for
+    counts the wire cannot carry; their bounds beyond are the daemon's to say."""
+    for name in ("top_k", "top_logprobs"):
+        value = options.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"{name} must be a whole number, not {type(value).__name__}")
+        if value is not None and value < 0:  # protobuf's words: "Value out of range"
+            raise ValueError(f"{name} must be 0 or more, not {value}")
+    top_p = options.get("top_p")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, int | float)):
+        raise TypeError(f"top_p must be a number, not {type(top_p).__name__}")
+    sampling = decoding.get("greedy") is False
+    narrowed = [
+        f"{name}={options[name]!r}"
+        for name, everything in (("top_p", (0, 1)), ("top_k", (0,)))
+        if options.get(name) is not None and options[name] not in everything
+    ]
+    if narrowed and not sampling:
+        raise ValueError(
+            f"{' and '.join(narrowed)} with greedy decoding: they choose among samples; give "
+            "a temperature above 0 (or greedy=False) to sample"
+        )
+
+
+def _stop_strings(stop: str | Iterable[str]) -> list[str]:
+    """`stop` as the list sent: a string is one stop string."""
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    for item in stops:
+        if not isinstance(item, str):
+            raise TypeError(f"stop takes strings, not {type(item).__name__}: {item!r}")
+    return stops
 
 
 def _decoding(greedy: bool | None, temperature: float | None) -> dict:
@@ -246,9 +338,38 @@ def _decoding(greedy: bool | None, temperature: float | None) -> dict:
     return {"greedy": True} if greedy else {"greedy": False, "temperature": 1.0}
 
 
-def _prompt(text: str | None, token_ids: Iterable[int] | None, chat: bool) -> pb.Prompt:
-    if (text is None) == (token_ids is None):
-        raise InvalidArgument("give either text or token_ids")
+def _prompt(
+    text: str | None,
+    token_ids: Iterable[int] | None,
+    chat: bool,
+    messages: Messages | None = None,
+) -> pb.Prompt:
+    given = [given is not None for given in (text, token_ids, messages)]
+    if sum(given) != 1:
+        raise InvalidArgument("give one of text, token_ids or messages")
     if text is not None:
         return pb.Prompt(text=text, chat=chat)
-    return pb.Prompt(tokens=pb.TokenIds(ids=list(token_ids)), chat=chat)
+    if token_ids is not None:
+        return pb.Prompt(tokens=pb.TokenIds(ids=list(token_ids)), chat=chat)
+    return pb.Prompt(conversation=_conversation(messages))
+
+
+def _conversation(messages: Messages) -> pb.Conversation:
+    """`messages` as sent; TypeError for what is not a list of {"role", "content"} strings
+    (the roles themselves are the daemon's to check)."""
+    if isinstance(messages, str | bytes | Mapping):
+        raise TypeError(
+            'messages is a list of {"role": ..., "content": ...} dicts, not one '
+            f"{type(messages).__name__}"
+        )
+    sent = pb.Conversation()
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not all(
+            isinstance(message.get(key), str) for key in ("role", "content")
+        ):
+            raise TypeError(
+                f'messages[{index}] is {message!r}: give {{"role": "user", "content": "..."}} '
+                "with both values strings"
+            )
+        sent.messages.add(role=message["role"], content=message["content"])
+    return sent

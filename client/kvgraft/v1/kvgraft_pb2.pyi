@@ -60,7 +60,7 @@ class ComputeProfile(_message.Message):
     def __init__(self, torch_version: _Optional[str] = ..., device_kind: _Optional[str] = ..., device_name: _Optional[str] = ..., compute_dtype: _Optional[str] = ..., attention: _Optional[str] = ..., page_tokens: _Optional[int] = ..., products: _Optional[str] = ...) -> None: ...
 
 class Receipt(_message.Message):
-    __slots__ = ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256", "generated_token_ids", "reused_tokens", "computed_tokens", "model_fingerprint", "profile", "grafted_artifact_id", "grafted")
+    __slots__ = ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256", "generated_token_ids", "reused_tokens", "computed_tokens", "model_fingerprint", "profile", "grafted_artifact_id", "grafted", "sampling")
     INPUT_SHA256_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGITS_SHA256_FIELD_NUMBER: _ClassVar[int]
     GENERATED_LOGITS_SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class Receipt(_message.Message):
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     GRAFTED_ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
     GRAFTED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     input_sha256: bytes
     prompt_logits_sha256: bytes
     generated_logits_sha256: bytes
@@ -81,7 +82,24 @@ class Receipt(_message.Message):
     profile: ComputeProfile
     grafted_artifact_id: str
     grafted: _containers.RepeatedCompositeFieldContainer[GraftedArtifact]
-    def __init__(self, input_sha256: _Optional[bytes] = ..., prompt_logits_sha256: _Optional[bytes] = ..., generated_logits_sha256: _Optional[bytes] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., reused_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., grafted_artifact_id: _Optional[str] = ..., grafted: _Optional[_Iterable[_Union[GraftedArtifact, _Mapping]]] = ...) -> None: ...
+    sampling: Sampling
+    def __init__(self, input_sha256: _Optional[bytes] = ..., prompt_logits_sha256: _Optional[bytes] = ..., generated_logits_sha256: _Optional[bytes] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., reused_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., grafted_artifact_id: _Optional[str] = ..., grafted: _Optional[_Iterable[_Union[GraftedArtifact, _Mapping]]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ...) -> None: ...
+
+class Sampling(_message.Message):
+    __slots__ = ("greedy", "temperature", "top_p", "top_k", "seed", "stop")
+    GREEDY_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    greedy: bool
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, greedy: _Optional[bool] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GraftedArtifact(_message.Message):
     __slots__ = ("artifact_id", "tokens", "trust", "vouched_by")
@@ -261,14 +279,30 @@ class LookupResponse(_message.Message):
     def __init__(self, matched_tokens: _Optional[int] = ..., matched_pages: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., untrusted_tokens: _Optional[int] = ..., untrusted_artifact_id: _Optional[str] = ...) -> None: ...
 
 class Prompt(_message.Message):
-    __slots__ = ("text", "tokens", "chat")
+    __slots__ = ("text", "tokens", "conversation", "chat")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     text: str
     tokens: TokenIds
+    conversation: Conversation
     chat: bool
-    def __init__(self, text: _Optional[str] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[bool] = ...) -> None: ...
+    def __init__(self, text: _Optional[str] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., conversation: _Optional[_Union[Conversation, _Mapping]] = ..., chat: _Optional[bool] = ...) -> None: ...
+
+class Conversation(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -302,7 +336,7 @@ class DepositResponse(_message.Message):
     def __init__(self, artifact_id: _Optional[str] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
 
 class GenerateOptions(_message.Message):
-    __slots__ = ("max_new_tokens", "greedy", "no_cache", "deposit", "temperature", "seed", "labels", "return_logits", "allow_untrusted", "progress")
+    __slots__ = ("max_new_tokens", "greedy", "no_cache", "deposit", "temperature", "seed", "labels", "return_logits", "allow_untrusted", "progress", "top_p", "top_k", "stop", "logprobs", "top_logprobs", "keep")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -320,6 +354,12 @@ class GenerateOptions(_message.Message):
     RETURN_LOGITS_FIELD_NUMBER: _ClassVar[int]
     ALLOW_UNTRUSTED_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     greedy: bool
     no_cache: bool
@@ -330,7 +370,13 @@ class GenerateOptions(_message.Message):
     return_logits: bool
     allow_untrusted: bool
     progress: bool
-    def __init__(self, max_new_tokens: _Optional[int] = ..., greedy: _Optional[bool] = ..., no_cache: _Optional[bool] = ..., deposit: _Optional[bool] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., return_logits: _Optional[bool] = ..., allow_untrusted: _Optional[bool] = ..., progress: _Optional[bool] = ...) -> None: ...
+    top_p: float
+    top_k: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    logprobs: bool
+    top_logprobs: int
+    keep: bool
+    def __init__(self, max_new_tokens: _Optional[int] = ..., greedy: _Optional[bool] = ..., no_cache: _Optional[bool] = ..., deposit: _Optional[bool] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., return_logits: _Optional[bool] = ..., allow_untrusted: _Optional[bool] = ..., progress: _Optional[bool] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., keep: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt", "options")
@@ -371,26 +417,42 @@ class Progress(_message.Message):
     def __init__(self, prompt_tokens_done: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ...) -> None: ...
 
 class GeneratedToken(_message.Message):
-    __slots__ = ("token_id", "text")
+    __slots__ = ("token_id", "text", "logprob", "top_logprobs")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_id: int
     text: str
-    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
+    logprob: float
+    top_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("token_id", "text", "logprob")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    text: str
+    logprob: float
+    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class GenerateResult(_message.Message):
-    __slots__ = ("receipt", "text", "deposited_artifact_id", "prompt_logits", "generated_logits")
+    __slots__ = ("receipt", "text", "deposited_artifact_id", "prompt_logits", "generated_logits", "finish_reason")
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     DEPOSITED_ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGITS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_LOGITS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     receipt: Receipt
     text: str
     deposited_artifact_id: str
     prompt_logits: bytes
     generated_logits: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, receipt: _Optional[_Union[Receipt, _Mapping]] = ..., text: _Optional[str] = ..., deposited_artifact_id: _Optional[str] = ..., prompt_logits: _Optional[bytes] = ..., generated_logits: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    finish_reason: str
+    def __init__(self, receipt: _Optional[_Union[Receipt, _Mapping]] = ..., text: _Optional[str] = ..., deposited_artifact_id: _Optional[str] = ..., prompt_logits: _Optional[bytes] = ..., generated_logits: _Optional[_Iterable[bytes]] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("artifact_id",)

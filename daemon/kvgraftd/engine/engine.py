@@ -50,19 +50,13 @@ from kvgraftd.engine.receipts import (
     pin_determinism,
 )
 from kvgraftd.engine.recompute import Recompute
+from kvgraftd.engine.token_choice import StopStrings, choose_token, sampling_of, token_logprobs
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.signing import Signer, TrustPolicy
 from kvgraftd.store.trust_index import NO_MATCH, ChainMatch, is_trusted
 from kvgraftd.tiers.device_pool import DevicePool
 from kvgraftd.tiers.host_cache import HostCache
 from kvgraftd.tiers.stack import Tiers
-
-
-def choose_token(logits: torch.Tensor, options: DecodeOptions, generator: torch.Generator) -> int:
-    if options.greedy:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / options.temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 class Engine(Passes, Recompute, Deposits):
@@ -204,7 +198,7 @@ class Engine(Passes, Recompute, Deposits):
                     hashes = [digest for entry in match.entries for digest in entry.page_sha256]
                     context.attach(prompt[:reused], hashes)
                 logits = yield from self._prompt(context, prompt[reused:], options, reused)
-                auto = self.auto_cache and not options.deposit
+                auto = (self.auto_cache or options.keep) and not options.deposit
                 yield from self._decode(
                     context,
                     logits,
@@ -300,22 +294,43 @@ class Engine(Passes, Recompute, Deposits):
         generated_digest = hashlib.sha256()
         prompt_logits = logits_bytes(logits) if options.return_logits else b""
         generated_logits: list[bytes] = []
+        stops = StopStrings(options.stop, self._text)
+        finish_reason = "length"
         for _ in range(options.max_new_tokens):
             token = compute_thread.run(choose_token, logits, options, generator)
             receipt.generated_token_ids.append(token)
-            yield TokenEvent(token, self.adapter.decode([token], skip_special=True))
+            yield self._token_event(token, logits, options)
             logits = self._append(context, [token])
             step = logits_bytes(logits)
             generated_digest.update(step)
             if options.return_logits:
                 generated_logits.append(step)
             computed += 1
-            if token in self.adapter.eos_token_ids or token in options.stop_token_ids:
+            if (
+                token in self.adapter.eos_token_ids
+                or token in options.stop_token_ids
+                or stops.reached(receipt.generated_token_ids)
+            ):
+                finish_reason = "stop"
                 break
         receipt.generated_logits_sha256 = generated_digest.digest()
+        sampling = sampling_of(options)
+        if sampling is not None:
+            receipt.sampling.CopyFrom(sampling)
         artifact_id = self._keep(context, receipt, options, grafted, auto_deposit)
         receipt.reused_tokens, receipt.computed_tokens = reused, computed
         receipt.grafted.extend(grafted)
         receipt.grafted_artifact_id = whole_artifact
-        text = self.adapter.decode(list(receipt.generated_token_ids), skip_special=True)
-        yield ResultEvent(receipt, text, artifact_id, prompt_logits, tuple(generated_logits))
+        text = stops.cut(self._text(list(receipt.generated_token_ids)))
+        yield ResultEvent(
+            receipt, text, artifact_id, prompt_logits, tuple(generated_logits), finish_reason
+        )
+
+    def _text(self, token_ids: list[int]) -> str:
+        return self.adapter.decode(token_ids, skip_special=True)
+
+    def _token_event(self, token: int, logits: torch.Tensor, options: DecodeOptions) -> TokenEvent:
+        if not options.logprobs:
+            return TokenEvent(token, self._text([token]))
+        logprob, top = token_logprobs(logits, token, options.top_logprobs, self._text)
+        return TokenEvent(token, self._text([token]), logprob, tuple(top))

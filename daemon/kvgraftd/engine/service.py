@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 
 MAX_NEW_TOKENS = 4096
 MAX_LOGITS_STEPS = 16
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_STOP_CHARS = 256
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+CHAT_ROLES = ("system", "user", "assistant")
 
 
 class EngineService:
@@ -191,6 +195,11 @@ class EngineService:
             if floor:
                 self.refuse_overlong_text(prompt.text, what, reserved_tokens, prompt.chat)
             ids = engine.adapter.encode(prompt.text, chat=prompt.chat)
+        elif kind == "conversation":
+            rendered = engine.adapter.render_chat(_messages(prompt.conversation, what), True)
+            if floor:
+                self.refuse_overlong_text(rendered, what, reserved_tokens)
+            ids = engine.adapter.encode(rendered)
         elif kind == "tokens":
             ids = list(prompt.tokens.ids)
         else:
@@ -219,11 +228,28 @@ class EngineService:
                 f"temperature {temperature:g} is outside {MIN_TEMPERATURE:g}..{MAX_TEMPERATURE:g} "
                 "when sampling; for a temperature near 0, decode greedily (leave greedy set)"
             )
+        top_p = options.top_p or 1.0
+        if not 0.0 < top_p <= 1.0:
+            raise InvalidArgument(f"top_p {top_p:g} is outside 0..1 (1 keeps every token)")
+        stop = tuple(options.stop)
+        if len(stop) > MAX_STOP_STRINGS or not all(0 < len(s) <= MAX_STOP_CHARS for s in stop):
+            raise InvalidArgument(
+                f"stop takes at most {MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_CHARS} "
+                f"characters; {len(stop)} given, of {sorted({len(s) for s in stop})} characters"
+            )
+        if options.top_logprobs > MAX_TOP_LOGPROBS:
+            raise InvalidArgument(f"top_logprobs is at most {MAX_TOP_LOGPROBS}")
         return DecodeOptions(
             max_new_tokens=options.max_new_tokens,
             greedy=greedy,
             temperature=temperature,
+            top_p=top_p,
+            top_k=options.top_k,
             seed=options.seed,
+            stop=stop,
+            logprobs=options.logprobs or options.top_logprobs > 0,
+            top_logprobs=options.top_logprobs,
+            keep=options.keep,
             no_cache=options.no_cache,
             deposit=options.deposit,
             return_logits=options.return_logits,
@@ -242,6 +268,7 @@ class EngineService:
                     deposited_artifact_id=event.artifact_id,
                     prompt_logits=event.prompt_logits,
                     generated_logits=event.generated_logits,
+                    finish_reason=event.finish_reason,
                 )
                 yield pb.GenerateResponse(result=result)
             elif isinstance(event, ProgressEvent):
@@ -252,9 +279,11 @@ class EngineService:
                 )
                 yield pb.GenerateResponse(progress=progress)
             else:
-                yield pb.GenerateResponse(
-                    token=pb.GeneratedToken(token_id=event.token_id, text=event.text)
-                )
+                token = pb.GeneratedToken(token_id=event.token_id, text=event.text)
+                if event.logprob is not None:
+                    token.logprob = event.logprob
+                    token.top_logprobs.extend(event.top_logprobs)
+                yield pb.GenerateResponse(token=token)
 
     # ------------------------------------------------------------------
     def lookup(self, request: pb.LookupRequest) -> pb.LookupResponse:
@@ -299,6 +328,19 @@ class EngineService:
         self, request: pb.VerifyRequest, is_active: Callable[[], bool] | None = None
     ) -> pb.VerifyResponse:
         return self.engine().verify(request.artifact_id, is_active)
+
+
+def _messages(conversation: pb.Conversation, what: str) -> list[dict[str, str]]:
+    """A conversation as the chat template takes it; InvalidArgument for an empty one or an
+    unknown role."""
+    if not conversation.messages:
+        raise InvalidArgument(f"the {what} is a conversation without messages: give at least one")
+    for index, message in enumerate(conversation.messages):
+        if message.role not in CHAT_ROLES:
+            raise InvalidArgument(
+                f"message {index} has role {message.role!r}: use one of {', '.join(CHAT_ROLES)}"
+            )
+    return [{"role": m.role, "content": m.content} for m in conversation.messages]
 
 
 def _floor_of(tokenizer) -> TokenFloor | None:

@@ -13,8 +13,9 @@ import errno
 import socket
 
 
-def why_not_bound(listen: str) -> str:
-    """One line: why `listen` cannot be served, and what to do (for an OSError at start)."""
+def why_not_bound(listen: str, flag: str = "--listen") -> str:
+    """One line: why `listen` cannot be served, and what to do (for an OSError at start);
+    `flag`: the setting that names it."""
     if listen.startswith("unix:"):  # the health probe's socket, in the data directory
         return (
             f"cannot listen on {listen}: the socket cannot be made there (is the data "
@@ -37,15 +38,15 @@ def why_not_bound(listen: str) -> str:
             try:
                 probe.bind(address)
             except OSError as exc:
-                return _tcp_problem(listen, host, exc)
+                return _tcp_problem(listen, host, exc, flag)
     return f"cannot listen on {listen} (GRPC_VERBOSITY=debug shows gRPC's reason)"
 
 
-def _tcp_problem(listen: str, host: str, exc: OSError) -> str:
+def _tcp_problem(listen: str, host: str, exc: OSError, flag: str) -> str:
     if exc.errno == errno.EADDRINUSE:
         return (
             f"{listen} is already in use: stop what listens there (another kvgraftd?) or pick "
-            "another --listen"
+            f"another {flag}"
         )
     if exc.errno == errno.EADDRNOTAVAIL:
         return (

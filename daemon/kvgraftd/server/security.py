@@ -3,7 +3,8 @@
 * **Exposure**: an address other machines can reach (not loopback, not a
   Unix socket) is served only with TLS (`tls_cert`, `tls_key`), a token
   (`token_file`), or both — or with `insecure = true`, said out loud. The
-  same holds for `metrics_listen` (no token there: TLS or loopback).
+  same holds for `http_listen` (the OpenAI-compatible API: the same token, as
+  `Authorization: Bearer`) and `metrics_listen` (no token there: TLS or loopback).
 * **TLS**: the daemon presents `tls_cert`; with `tls_client_ca` every client
   must present a certificate that CA signed (mutual TLS), checked in the
   handshake, before any call.
@@ -65,6 +66,14 @@ def check(config: DaemonConfig) -> None:
                 f"listen {config.listen!r} is reachable from other machines: serve TLS "
                 "(tls_cert, tls_key), require a token (token_file), or both; or pass "
                 "--insecure (insecure = true) to serve it unprotected"
+            )
+        exposed = config.http_listen and not is_local(config.http_listen)
+        if exposed and not (config.tls_cert or config.token_file):
+            raise ConfigError(
+                f"http_listen {config.http_listen!r} is reachable from other machines: "
+                "serve TLS (tls_cert, tls_key), require a token (token_file), or both; "
+                'bind it to 127.0.0.1, turn it off (http_listen = "") or pass '
+                "--insecure (insecure = true)"
             )
         if config.metrics_listen and not is_local(config.metrics_listen) and not config.tls_cert:
             raise ConfigError(

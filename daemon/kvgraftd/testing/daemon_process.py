@@ -1,9 +1,9 @@
 """A real kvgraftd in its own process, for integration tests.
 
 `DaemonProcess.start(data_dir)` runs `python -m kvgraftd --listen
-127.0.0.1:0` (port 0: the kernel picks a free port) and waits for the log
-line that names the bound address. The daemon's stderr is collected in
-`log_lines` so a failing test can show it.
+127.0.0.1:0 --http-listen 127.0.0.1:0` (port 0: the kernel picks a free port) and waits for
+the log line that names the bound address (`address`; the HTTP API's base URL is
+`http_url`). The daemon's stderr is collected in `log_lines` so a failing test can show it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 _SERVING = re.compile(r"serving on (\S+:\d+)")
+_HTTP = re.compile(r"OpenAI-compatible API at (\S+)/v1")  # logged before _SERVING
 
 
 class DaemonProcess:
@@ -33,6 +34,7 @@ class DaemonProcess:
         self.env = env
         self.prefix = list(prefix or [])  # e.g. ["ip", "netns", "exec", NAME]
         self.address = ""
+        self.http_url = ""  # e.g. http://127.0.0.1:41234 (the API is under /v1)
         self.log_lines: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
 
@@ -54,6 +56,8 @@ class DaemonProcess:
         listen = ["--listen", "127.0.0.1:0"] if "--listen" not in self.extra_args else []
         # Store-only unless a test asks for a model: no torch import, fast starts.
         listen += ["--model", "none"] if "--model" not in self.extra_args else []
+        if "--http-listen" not in self.extra_args:
+            listen += ["--http-listen", "127.0.0.1:0"]
         self.log_lines = []
         self.proc = subprocess.Popen(
             [
@@ -77,6 +81,8 @@ class DaemonProcess:
             assert self.proc is not None and self.proc.stderr is not None
             for line in self.proc.stderr:
                 self.log_lines.append(line.rstrip("\n"))
+                if http := _HTTP.search(line):
+                    self.http_url = http.group(1)
                 match = _SERVING.search(line)
                 if match and not found.is_set():
                     self.address = match.group(1)
