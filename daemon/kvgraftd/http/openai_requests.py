@@ -121,8 +121,9 @@ def _call(body: dict, prompt: pb.Prompt, keep_default: bool, chat: bool) -> Call
         request = pb.GraftRequest(artifact_id=graft, continuation=prompt, options=options)
     else:
         request = pb.GenerateRequest(prompt=prompt, options=options)
-    logprobs = options.logprobs or options.top_logprobs > 0
-    return Call(model, request, stream, include_usage, logprobs, chat)
+    # _logprobs sets `logprobs` whenever it sets top_logprobs (chat requires it, a
+    # completion's N implies it)
+    return Call(model, request, stream, include_usage, options.logprobs, chat)
 
 
 def _options(body: dict, chat: bool, keep: bool) -> pb.GenerateOptions:
