@@ -60,6 +60,13 @@ class Unauthenticated(KvgraftError):
     code = "UNAUTHENTICATED"
 
 
+class PermissionDenied(KvgraftError):
+    """The caller's token does not allow this (another tenant's shared artifact, an
+    operator's RPC)."""
+
+    code = "PERMISSION_DENIED"
+
+
 class Unimplemented(KvgraftError):
     """This daemon version does not serve the RPC yet."""
 
@@ -98,6 +105,7 @@ ERRORS_BY_CODE: dict[str, type[KvgraftError]] = {
         DataLoss,
         FailedPrecondition,
         ResourceExhausted,
+        PermissionDenied,
         Unauthenticated,
         Unimplemented,
         Unavailable,

@@ -22,6 +22,7 @@ from typing import Any
 from kvgraft.artifact import MAX_PAGE_BYTES
 from kvgraft.public_keys import is_degenerate
 from kvgraft.replication.addresses import TARGETS, address_problem
+from kvgraft.tenancy import check_tenant_name
 
 DEFAULT_LISTEN = "127.0.0.1:50551"
 DEFAULT_HTTP_LISTEN = "127.0.0.1:8551"
@@ -37,6 +38,16 @@ _UNITS = {
     "gib": 1 << 30,
     "tib": 1 << 40,
 }
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    """One [tenants.NAME] table: who the token of `token_file` is, and its shares."""
+
+    name: str
+    token_file: str
+    store_budget_bytes: int = 0  # 0: no budget of its own (the store's still holds)
+    max_running_contexts: int = 0  # 0: a fair share (the engine's / the tenants')
 
 
 class ConfigError(ValueError):
@@ -219,6 +230,11 @@ class DaemonConfig:
     remote_timeout_s: float = _opt(10.0, "seconds one S3 request may take to connect or answer")
     remote_connections: int = _opt(8, "S3 requests in flight at once")
 
+    # Tenants ([tenants.NAME] tables; kvgraft.tenancy): no flag, the TOML file only.
+    tenants: tuple[TenantConfig, ...] = field(
+        default=(), metadata={"help": "tenants: [tenants.NAME] token_file, ...", "table": True}
+    )
+
     def engine_limits(self) -> tuple[int, int]:
         """(running, queued) engine requests: each holds a worker while it runs or waits, so
         the running ones take at most half the workers and the queue what is left but one,
@@ -237,6 +253,11 @@ class DaemonConfig:
         if self.block_tokens % self.page_tokens:
             raise ConfigError("block_tokens must be a multiple of page_tokens")
         _check_exposure_fields(self)
+        if self.tenants and not self.token_file:
+            raise ConfigError(
+                "[tenants] need the operator's token_file: the daemon's own token sees every "
+                "tenant and runs replication; set token_file too"
+            )
         if self.model.startswith("tiny:") and not self.model[5:].isdigit():
             raise ConfigError(f"model {self.model!r}: tiny:SEED takes a whole number, e.g. tiny:0")
         for source in self.replication_pull_from:
@@ -391,7 +412,44 @@ def _check_address(name: str, address: str) -> None:
         )
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(DaemonConfig)}
+# the settings with a flag and a key of their own (the tenants' tables are read apart)
+FIELDS = {f.name: f for f in dataclasses.fields(DaemonConfig) if "table" not in f.metadata}
+TENANT_KEYS = ("token_file", "store_budget_bytes", "max_running_contexts")
+
+
+def tenants_of(raw: Any, where: str) -> tuple[TenantConfig, ...]:
+    """The [tenants.NAME] tables of a TOML file (`where` names it in errors)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: tenants is a table of tables: [tenants.NAME] token_file = ...")
+    out = []
+    for name, table in raw.items():
+        try:
+            check_tenant_name(name)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: [tenants.{name}]: {exc}") from None
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: [tenants.{name}] must be a table with token_file = ...")
+        unknown = sorted(set(table) - set(TENANT_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown key {unknown[0]!r} in [tenants.{name}] (known keys: "
+                f"{', '.join(TENANT_KEYS)})"
+            )
+        if not isinstance(table.get("token_file"), str) or not table["token_file"]:
+            raise ConfigError(f'{where}: [tenants.{name}] needs token_file = "/path/to/token"')
+        budget = table.get("store_budget_bytes", 0)
+        running = table.get("max_running_contexts", 0)
+        if isinstance(running, bool) or not isinstance(running, int) or running < 0:
+            raise ConfigError(
+                f"{where}: [tenants.{name}] max_running_contexts = {running!r}: a whole number "
+                "(0 or absent: a fair share of the engine)"
+            )
+        out.append(
+            TenantConfig(
+                name, table["token_file"], parse_bytes(budget, "store_budget_bytes"), running
+            )
+        )
+    return tuple(out)
 
 
 def parse_bytes(value: int | str, key: str = "value") -> int:

@@ -35,6 +35,7 @@ from kvgraft.errors import KvgraftError
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.config import ConfigError, DaemonConfig, check_model
 from kvgraftd.engine.service import EngineService
+from kvgraftd.engine.tenant_engine import TenantAdmission, TenantEngineService, tenant_engine
 from kvgraftd.http.http_server import HttpServer
 from kvgraftd.http.openai_app import OpenAiApp
 from kvgraftd.library.service import LibraryService
@@ -50,11 +51,13 @@ from kvgraftd.server import security
 from kvgraftd.server.grpc_server import ServerSettings, Services, create_server, set_serving
 from kvgraftd.server.limits import CallLimiter, server_options
 from kvgraftd.server.status import info_response, stats_response
+from kvgraftd.server.tenants import TenantRoute
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.eviction import CacheBudget, CacheKeeper
 from kvgraftd.store.scrub import Scrubber
 from kvgraftd.store.service import ServiceLimits, StoreService
 from kvgraftd.store.signing import Signer, TrustPolicy
+from kvgraftd.store.tenant_view import TenantView
 
 if TYPE_CHECKING:
     from kvgraftd.engine.engine import Engine
@@ -260,7 +263,10 @@ def server_settings(config: DaemonConfig, notifier: Notifier) -> ServerSettings:
         limiter=CallLimiter.from_config(config),
         options=server_options(config),
         credentials=security.server_credentials(config),
-        token_check=security.TokenCheck(security.load_token(config.token_file))
+        token_check=security.TokenCheck(
+            security.load_token(config.token_file),
+            {t.name: security.load_token(t.token_file) for t in config.tenants},
+        )
         if config.token_file
         else None,
         probe_socket=probe_socket,
@@ -268,7 +274,7 @@ def server_settings(config: DaemonConfig, notifier: Notifier) -> ServerSettings:
 
 
 def start_http(
-    config: DaemonConfig, engine: EngineService, settings: ServerSettings
+    config: DaemonConfig, services: Services, tenants: dict[str, Services], settings: ServerSettings
 ) -> HttpServer | None:
     """The OpenAI-compatible API on http_listen (None when it is off, or without a model:
     a store-only daemon, such as a replica beside a serving one, has nothing to answer
@@ -277,18 +283,48 @@ def start_http(
         return None
     assert settings.limiter is not None  # server_settings always builds one
     app = OpenAiApp(
-        engine,
+        services.engine,
         settings.limiter,
         settings.token_check,
         settings.counter,
         settings.telemetry,
         keep_conversations=config.chat_cache == "auto",
         max_request_bytes=config.max_request_bytes,
+        tenant_engines={name: tenant.engine for name, tenant in tenants.items()},
     )
     http = HttpServer.start(config, app.app)
     host = config.http_listen.rsplit(":", 1)[0]
     log.info("OpenAI-compatible API at %s://%s:%d/v1", http.scheme, host, http.port)
     return http
+
+
+def tenant_services(config: DaemonConfig, operator: Services, store) -> dict[str, Services]:
+    """One set of services per [tenants.NAME] (kvgraft.tenancy): the store as the tenant
+    sees it (one view for its store RPCs and its engine: a tenant's ids never reach the
+    remote tier's imports), the engine as it uses it, its library; the operator's remote
+    tier and replication are never routed to a tenant (kvgraftd.server.tenants)."""
+    running, queued = config.engine_limits()
+    count = max(1, len(config.tenants))
+    out = {}
+    for tenant in config.tenants:
+        budget = CacheBudget(bytes=tenant.store_budget_bytes, policy=config.eviction_policy)
+        view = TenantView(store, tenant.name, budget)
+        own_running = tenant.max_running_contexts or max(1, running // count)
+        own_queued = max(1, queued // count)
+
+        def scope(engine, view=view, name=tenant.name, own=(own_running, own_queued)):
+            return tenant_engine(engine, view, name, TenantAdmission(engine.admission, *own))
+
+        engine = TenantEngineService(operator.engine, scope)
+        out[tenant.name] = Services(
+            operator.store.scoped(view, tenant.name),
+            engine,
+            LibraryService(engine),
+            RemoteService(view, operator.store.trust),
+            operator.pulls,
+            tenant=tenant.name,
+        )
+    return out
 
 
 def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> bool:
@@ -329,11 +365,14 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> bool:
     allowed = (*config.replication_pull_from, *config.replication_follow)
     # Replicate: copies from a named daemon
     pulls = Pulls(LocalTarget(service, store), allowed, service.instance_id)
-    services = Services(service, engine, LibraryService(engine), remote, pulls)
+    names = tuple(tenant.name for tenant in config.tenants)
+    services = Services(service, engine, LibraryService(engine), remote, pulls, tenants=names)
+    tenants = tenant_services(config, services, engine_store)
+    route = TenantRoute(services, tenants, settings.token_check) if tenants else services
     server, port, health_servicer = create_server(
-        services, config.listen, workers=config.workers, settings=settings
+        route, config.listen, workers=config.workers, settings=settings
     )
-    http = start_http(config, engine, settings)  # bound here: a port in use stops the start
+    http = start_http(config, services, tenants, settings)  # bound here: a port in use stops it
     metrics = None
     if config.metrics_listen:
         stats = lambda: stats_response(service, engine, settings.counter, remote)  # noqa: E731

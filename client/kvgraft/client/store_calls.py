@@ -183,6 +183,13 @@ class StoreCalls(Connection):
         request = pb.PinRequest(artifact_id=artifact_id, pinned=pinned, ttl_s=math.ceil(ttl_s))
         return self._unary(self._stub.Pin, request).info
 
+    def publish(self, artifact_id: str, *, withdraw: bool = False) -> pb.ArtifactInfo:
+        """Publish one of the caller's artifacts to the shared namespace (every tenant may
+        graft it and reuse its pages; only its owner may delete it): the published
+        artifact. With `withdraw`, delete the published one: what it was."""
+        request = pb.PublishRequest(artifact_id=artifact_id, withdraw=withdraw)
+        return self._unary(self._stub.Publish, request).info
+
     def scrub(self, bytes_per_s: int = 0, progress=None) -> pb.ScrubProgress:
         """Recompute the SHA-256 of every stored page (at most `bytes_per_s`; 0: the
         daemon's scrub_bytes_per_s); corrupt pages' artifacts are quarantined. `progress`

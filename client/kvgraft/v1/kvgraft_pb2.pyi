@@ -102,16 +102,18 @@ class Sampling(_message.Message):
     def __init__(self, greedy: _Optional[bool] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GraftedArtifact(_message.Message):
-    __slots__ = ("artifact_id", "tokens", "trust", "vouched_by")
+    __slots__ = ("artifact_id", "tokens", "trust", "vouched_by", "owner")
     ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRUST_FIELD_NUMBER: _ClassVar[int]
     VOUCHED_BY_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     artifact_id: str
     tokens: int
     trust: Provenance.Trust
     vouched_by: bytes
-    def __init__(self, artifact_id: _Optional[str] = ..., tokens: _Optional[int] = ..., trust: _Optional[_Union[Provenance.Trust, str]] = ..., vouched_by: _Optional[bytes] = ...) -> None: ...
+    owner: str
+    def __init__(self, artifact_id: _Optional[str] = ..., tokens: _Optional[int] = ..., trust: _Optional[_Union[Provenance.Trust, str]] = ..., vouched_by: _Optional[bytes] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class Manifest(_message.Message):
     __slots__ = ("format_version", "model_fingerprint", "layout", "profile", "token_ids", "segment_ends", "page_sha256", "receipt", "labels")
@@ -570,6 +572,20 @@ class DeleteResponse(_message.Message):
     bytes_freed: int
     def __init__(self, pages_freed: _Optional[int] = ..., bytes_freed: _Optional[int] = ...) -> None: ...
 
+class PublishRequest(_message.Message):
+    __slots__ = ("artifact_id", "withdraw")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    WITHDRAW_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    withdraw: bool
+    def __init__(self, artifact_id: _Optional[str] = ..., withdraw: _Optional[bool] = ...) -> None: ...
+
+class PublishResponse(_message.Message):
+    __slots__ = ("info",)
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    info: ArtifactInfo
+    def __init__(self, info: _Optional[_Union[ArtifactInfo, _Mapping]] = ...) -> None: ...
+
 class PinRequest(_message.Message):
     __slots__ = ("artifact_id", "pinned", "ttl_s")
     ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -591,7 +607,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("version", "store_format_version", "page_tokens", "model_fingerprint", "profile", "model_name", "tiers", "model_state", "instance_id", "signing_key", "cache", "scrub")
+    __slots__ = ("version", "store_format_version", "page_tokens", "model_fingerprint", "profile", "model_name", "tiers", "model_state", "instance_id", "signing_key", "cache", "scrub", "tenant", "tenants")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -604,6 +620,8 @@ class InfoResponse(_message.Message):
     SIGNING_KEY_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     SCRUB_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     version: str
     store_format_version: int
     page_tokens: int
@@ -616,7 +634,9 @@ class InfoResponse(_message.Message):
     signing_key: bytes
     cache: CacheInfo
     scrub: ScrubProgress
-    def __init__(self, version: _Optional[str] = ..., store_format_version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., model_name: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., model_state: _Optional[str] = ..., instance_id: _Optional[str] = ..., signing_key: _Optional[bytes] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., scrub: _Optional[_Union[ScrubProgress, _Mapping]] = ...) -> None: ...
+    tenant: str
+    tenants: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[str] = ..., store_format_version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., model_name: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., model_state: _Optional[str] = ..., instance_id: _Optional[str] = ..., signing_key: _Optional[bytes] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., scrub: _Optional[_Union[ScrubProgress, _Mapping]] = ..., tenant: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CacheInfo(_message.Message):
     __slots__ = ("budget_bytes", "budget_artifacts", "policy", "mode", "evicted_artifacts", "evicted_bytes", "expired_artifacts", "auto_deposits", "auto_deposits_skipped", "quarantined_artifacts")

@@ -150,6 +150,11 @@ class KvgraftStub:
                 request_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.RemoteSyncRequest.SerializeToString,
                 response_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.RemoteSyncResponse.FromString,
                 _registered_method=True)
+        self.Publish = channel.unary_unary(
+                '/kvgraft.v1.Kvgraft/Publish',
+                request_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.PublishRequest.SerializeToString,
+                response_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.PublishResponse.FromString,
+                _registered_method=True)
 
 
 class KvgraftServicer:
@@ -341,6 +346,16 @@ class KvgraftServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Publish(self, request, context):
+        """Publish one of the caller's artifacts to the shared namespace (every
+        tenant may then graft it, and reuse its pages; only its owner may delete
+        it), or withdraw a published one. The published artifact is a new
+        artifact (its labels say kvgraft.shared) over the same stored pages.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KvgraftServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -458,6 +473,11 @@ def add_KvgraftServicer_to_server(servicer, server):
                     servicer.RemoteSync,
                     request_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.RemoteSyncRequest.FromString,
                     response_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.RemoteSyncResponse.SerializeToString,
+            ),
+            'Publish': grpc.unary_unary_rpc_method_handler(
+                    servicer.Publish,
+                    request_deserializer=kvgraft_dot_v1_dot_kvgraft__pb2.PublishRequest.FromString,
+                    response_serializer=kvgraft_dot_v1_dot_kvgraft__pb2.PublishResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1082,6 +1102,33 @@ class Kvgraft:
             '/kvgraft.v1.Kvgraft/RemoteSync',
             kvgraft_dot_v1_dot_kvgraft__pb2.RemoteSyncRequest.SerializeToString,
             kvgraft_dot_v1_dot_kvgraft__pb2.RemoteSyncResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Publish(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvgraft.v1.Kvgraft/Publish',
+            kvgraft_dot_v1_dot_kvgraft__pb2.PublishRequest.SerializeToString,
+            kvgraft_dot_v1_dot_kvgraft__pb2.PublishResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from kvgraft.artifact import Artifact, page_sizes
 from kvgraft.errors import InvalidArgument, KvgraftError
 from kvgraft.page_buffers import slot_copies
+from kvgraft.tenancy import owned_labels
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine.decoding import DecodeOptions
 from kvgraftd.engine.kv_context import KvContext
@@ -30,6 +31,7 @@ COMMIT_ATTEMPTS = 3
 class Deposits:
     auto_deposits = 0
     auto_deposits_skipped = 0
+    tenant = ""  # whose contexts it keeps: labelled so (kvgraft.tenancy; "": the operator's)
 
     def _keep(
         self,
@@ -76,7 +78,7 @@ class Deposits:
             token_ids=context.token_ids,
             page_bytes=pages,
             segment_ends=context.segment_ends,
-            labels=labels,
+            labels=owned_labels(labels, self.tenant) if self.tenant else labels,
             receipt=receipt,
         )
         if all(is_trusted(pb.Provenance(trust=g.trust)) for g in grafted):

@@ -34,6 +34,7 @@ from contextlib import ExitStack
 import torch
 
 from kvgraft.errors import FailedPrecondition, InvalidArgument, NotFound
+from kvgraft.tenancy import owner_of
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine import compute_thread
 from kvgraftd.engine.batcher import Admission, Batcher
@@ -251,6 +252,7 @@ class Engine(Passes, Recompute, Deposits):
                     tokens=len(manifest.token_ids),
                     trust=provenance.trust,
                     vouched_by=provenance.vouched_by,
+                    owner=owner_of(manifest.labels),
                 )
             ]
         held = ExitStack()  # the artifact leased from here to the end: never evicted under us

@@ -25,7 +25,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -58,6 +58,7 @@ STATUS = {
     "INVALID_ARGUMENT": (400, "invalid_request_error"),
     "FAILED_PRECONDITION": (400, "invalid_request_error"),
     "UNAUTHENTICATED": (401, "authentication_error"),
+    "PERMISSION_DENIED": (403, "permission_error"),
     "NOT_FOUND": (404, "not_found_error"),
     "PAYLOAD_TOO_LARGE": (413, "invalid_request_error"),
     "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
@@ -88,8 +89,10 @@ class OpenAiApp:
         telemetry: Telemetry,
         keep_conversations: bool,
         max_request_bytes: int,
+        tenant_engines: Mapping[str, EngineService] | None = None,
     ) -> None:
         self._engine = engine
+        self._tenant_engines = dict(tenant_engines or {})  # a tenant's token: its engine
         self._limiter = limiter
         self._token_check = token_check
         self._counter = counter
@@ -163,7 +166,7 @@ class OpenAiApp:
 
     async def _answer(self, method: str, request: Request, build: Callable[[], Any]) -> Response:
         try:
-            self._authorize(request)
+            self._caller(request)
             body = build()
         except Exception as exc:
             return self._error(method, exc)
@@ -172,17 +175,17 @@ class OpenAiApp:
 
     async def _complete(self, method: str, request: Request, chat: bool) -> Response:
         try:
-            self._authorize(request)
+            service = self._caller(request)
             body = await self._json(request)
             call = chat_request(body, self._keep) if chat else completion_request(body)
-            engine = self._engine.engine()  # 503 while the model loads
+            engine = service.engine()  # 503 while the model loads
             if call.model != engine.adapter.name:
                 raise NotFound(
                     f"model {call.model!r} is not served here (this daemon serves "
                     f"{engine.adapter.name!r}); GET /v1/models lists it"
                 )
             shape = Completion(call.model, engine.fingerprint, chat)
-            run = EngineRun(self._run_engine(method, call))
+            run = EngineRun(self._run_engine(method, call, service))
             self._pool.submit(run.pump, asyncio.get_running_loop())
             first = await run.next_or_disconnect(request)
         except Exception as exc:
@@ -240,25 +243,30 @@ class OpenAiApp:
                 self._counter.add(method, grpc.StatusCode.CANCELLED)
             run.cancel()  # its pass is dropped at the engine's next step
 
-    def _run_engine(self, method: str, call: Call) -> Callable[[Callable[[], bool]], Iterator]:
+    def _run_engine(
+        self, method: str, call: Call, service: EngineService
+    ) -> Callable[[Callable[[], bool]], Iterator]:
         """The engine call of `call`, to run on a pool thread under the call limits."""
 
         def run(is_active: Callable[[], bool]) -> Iterator[pb.GenerateResponse]:
             with self._limiter.admitted(method, is_active):
                 if isinstance(call.request, pb.GraftRequest):
-                    events = self._engine.graft(call.request, is_active)
+                    events = service.graft(call.request, is_active)
                 else:
-                    events = self._engine.generate(call.request, is_active)
+                    events = service.generate(call.request, is_active)
                 yield from self._limiter.bounded(method, events)
 
         return run
 
     # ------------------------------------------------------------------
-    def _authorize(self, request: Request) -> None:
+    def _caller(self, request: Request) -> EngineService:
+        """The engine service of the caller its bearer token names (a tenant's own: its
+        reuse, deposits and share of the engine, kvgraftd.engine.tenant_engine)."""
         if self._token_check is None:
-            return
+            return self._engine
         given = request.headers.get("authorization")
-        self._token_check.verify([("authorization", given)] if given is not None else [])
+        tenant = self._token_check.verify([("authorization", given)] if given is not None else [])
+        return self._tenant_engines[tenant] if tenant else self._engine
 
     async def _json(self, request: Request) -> Any:
         declared = request.headers.get("content-length", "")

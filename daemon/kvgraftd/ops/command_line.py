@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft import __version__
-from kvgraftd.config import FIELDS, ConfigError, DaemonConfig, coerce
+from kvgraftd.config import FIELDS, ConfigError, DaemonConfig, coerce, tenants_of
 
 TABLES = ("replication", "trust", "remote")
 LIST_TYPE = "tuple[str, ...]"
@@ -136,6 +136,8 @@ def read_toml(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     values: dict[str, Any] = {}
+    if "tenants" in raw:  # [tenants.NAME] tables: a name of the operator's choosing each
+        values["tenants"] = tenants_of(raw.pop("tenants"), f"config file {path}")
     for name, spelled, value in _settings_in(path, raw):
         if name not in FIELDS:
             known = ", ".join(_spelled(known) for known in FIELDS)
@@ -196,5 +198,12 @@ def to_toml(config: DaemonConfig) -> str:
         for name, spec in _settings_of(table):
             lines.append(f"# {spec.metadata['help']}")
             lines.append(f"{_key(name)} = {_toml_value(getattr(config, name))}")
+        blocks.append("\n".join(lines) + "\n")
+    for tenant in config.tenants:  # [tenants.NAME]: a tenant's token names it (README)
+        lines = [f"[tenants.{tenant.name}]", f"token_file = {_toml_string(tenant.token_file)}"]
+        if tenant.store_budget_bytes:
+            lines.append(f"store_budget_bytes = {tenant.store_budget_bytes}")
+        if tenant.max_running_contexts:
+            lines.append(f"max_running_contexts = {tenant.max_running_contexts}")
         blocks.append("\n".join(lines) + "\n")
     return "\n".join(blocks)

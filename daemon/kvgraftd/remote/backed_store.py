@@ -53,7 +53,7 @@ from kvgraftd.remote.push_queue import PushesUnderWay, WriteBackQueue
 from kvgraftd.remote.tier import RemoteTier
 from kvgraftd.remote.transfer import find_remote, import_artifact, push_through
 from kvgraftd.store.artifact_store import CommitResult, Store, StoreStats
-from kvgraftd.store.catalog import ArtifactRecord
+from kvgraftd.store.catalog import ArtifactRecord, Visible
 from kvgraftd.store.chains import ChainEntry, chain_keys, manifest_entries
 from kvgraftd.store.page_records import Framer, PageRecord, page_records_of
 from kvgraftd.store.signing import TrustPolicy
@@ -99,6 +99,9 @@ class RemoteBackedStore:
     def missing_pages(self, digests: Sequence[bytes]) -> list[bytes]:
         return self._store.missing_pages(digests)
 
+    def pages_not_owned(self, tenant: str, digests: Sequence[bytes]) -> list[bytes]:
+        return self._store.pages_not_owned(tenant, digests)
+
     def read_pages_into(self, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:
         self._store.read_pages_into(digests, dests)
 
@@ -138,8 +141,9 @@ class RemoteBackedStore:
         profile: pb.ComputeProfile,
         layout: pb.KvLayout,
         token_ids: Sequence[int],
+        visible: Visible | None = None,
     ) -> tuple[int, str]:
-        return self._store.longest_untrusted(fingerprint, profile, layout, token_ids)
+        return self._store.longest_untrusted(fingerprint, profile, layout, token_ids, visible)
 
     def trust_artifact(self, artifact_id: str, provenance: pb.Provenance) -> pb.Provenance:
         return self._store.trust_artifact(artifact_id, provenance)
@@ -212,8 +216,10 @@ class RemoteBackedStore:
     def get_record(self, artifact_id: str) -> ArtifactRecord:
         return self._store.get_record(artifact_id)
 
-    def list_records(self, after: bytes, limit: int) -> list[tuple[str, ArtifactRecord]]:
-        return self._store.list_records(after, limit)
+    def list_records(
+        self, after: bytes, limit: int, visible: Visible | None = None
+    ) -> list[tuple[str, ArtifactRecord]]:
+        return self._store.list_records(after, limit, visible)
 
     def changes_since(self, sequence: int, limit: int = 1000) -> list[pb.ChangeRecord]:
         return self._store.changes_since(sequence, limit)
@@ -244,11 +250,15 @@ class RemoteBackedStore:
     # ------------------------------------------------------------------
     # reads
 
-    def resolve(self, id_or_prefix: str) -> str:
+    def resolve(self, id_or_prefix: str, visible: Visible | None = None) -> str:
+        """A tenant's id (`visible` given) is looked up locally only: an import would
+        take the time of another tenant's artifact, and store it."""
         try:
-            return self._store.resolve(id_or_prefix)
+            return self._store.resolve(id_or_prefix, visible)
         except NotFound:
-            if not self._read_through or not self._remote.breaker.available():
+            if visible is not None or not self._read_through:
+                raise
+            if not self._remote.breaker.available():
                 raise
             try:
                 found = find_remote(self._remote, id_or_prefix)
@@ -267,15 +277,18 @@ class RemoteBackedStore:
         layout: pb.KvLayout,
         token_ids: Sequence[int],
         hold: ExitStack | None = None,
+        namespace: str = "",
     ) -> ChainMatch:
-        found = self._store.longest_chain(fingerprint, profile, layout, token_ids, hold)
+        found = self._store.longest_chain(fingerprint, profile, layout, token_ids, hold, namespace)
         page_tokens = profile.page_tokens
         max_pages = len(token_ids) // page_tokens
         whole = found.tokens // page_tokens  # the bucket holds whole pages only
         if not self._read_through or whole >= max_pages or not self._remote.breaker.available():
             return found
         try:
-            more = self._remote_chain(fingerprint, profile, layout, token_ids, whole, max_pages)
+            more = self._remote_chain(
+                fingerprint, profile, layout, token_ids, whole, max_pages, namespace
+            )
         except KvgraftError as exc:  # e.g. the local disk is full: serve what is local
             log.warning("remote prefix match abandoned: %s", exc)
             more = NO_MATCH
@@ -289,6 +302,7 @@ class RemoteBackedStore:
                 tokens=whole * page_tokens,
                 trust=g.trust,
                 vouched_by=g.vouched_by,
+                owner=g.owner,
             )
             for g in found.grafted[:1]
             if whole
@@ -307,9 +321,11 @@ class RemoteBackedStore:
         token_ids: Sequence[int],
         start: int,
         max_pages: int,
+        namespace: str,
     ) -> ChainMatch:
         deadline = time.monotonic() + CHAIN_DEADLINE_FACTOR * self._remote.settings.timeout_s
-        keys = [key for _, key in chain_keys(fingerprint, profile, layout, token_ids, max_pages)]
+        pages = chain_keys(fingerprint, profile, layout, token_ids, max_pages, namespace)
+        keys = [key for _, key in pages]
         page_tokens = profile.page_tokens
         out: list[ChainEntry] = []
         vouchers: list[tuple[str, pb.Provenance, int]] = []  # artifact, provenance, pages

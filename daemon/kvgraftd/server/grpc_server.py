@@ -182,79 +182,92 @@ def _parsed(fn: Callable, request_cls) -> Callable:
 
 @dataclass(frozen=True)
 class Services:
-    """What the RPCs call, every one built by kvgraftd.main (the composition root)."""
+    """What the RPCs call, every one built by kvgraftd.main (the composition root): the
+    operator's, and with [tenants] one set per tenant (kvgraftd.server.tenants)."""
 
     store: StoreService
     engine: EngineService
     library: LibraryService
     remote: RemoteService  # RemoteService(None) when no [remote] is configured
     pulls: Pulls
+    tenant: str = ""  # whose calls they answer ("": the operator's)
+    tenants: tuple[str, ...] = ()  # the operator's: the tenants configured
+
+
+Route = Callable[[grpc.ServicerContext, str], Services]  # the services of a call's caller
+
+
+def _info(s: Services, r: pb.InfoRequest) -> pb.InfoResponse:
+    response = info_response(s.store, s.engine, r, s.remote)
+    response.tenant = s.tenant
+    response.tenants.extend(s.tenants)
+    return response
 
 
 def _method_table(
-    services: Services, counter: CallCounter, limiter: CallLimiter | None = None
+    route: Route, counter: CallCounter, limiter: CallLimiter | None = None
 ) -> dict[str, grpc.RpcMethodHandler]:
-    service, engine, library, remote = (
-        services.store,
-        services.engine,
-        services.library,
-        services.remote,
-    )
-
     def serialize(message) -> bytes:
         return message.SerializeToString()
 
+    def routed(name: str, fn: Callable) -> Callable:
+        return lambda request, context: fn(route(context, name), request, context)
+
     def unary(name: str, fn: Callable, request_cls) -> grpc.RpcMethodHandler:
         return grpc.unary_unary_rpc_method_handler(
-            _guard(name, _parsed(fn, request_cls), counter, streaming=False, limiter=limiter),
+            _guard(name, _parsed(routed(name, fn), request_cls), counter, False, limiter=limiter),
             request_deserializer=None,  # parsed by _parsed, inside the guard
             response_serializer=serialize,
         )
 
     def streaming(name: str, fn: Callable, request_cls, serializer=None) -> grpc.RpcMethodHandler:
         return grpc.unary_stream_rpc_method_handler(
-            _guard(name, _parsed(fn, request_cls), counter, streaming=True, limiter=limiter),
+            _guard(name, _parsed(routed(name, fn), request_cls), counter, True, limiter=limiter),
             request_deserializer=None,  # parsed by _parsed, inside the guard
             response_serializer=serializer,  # None: the handler yields wire bytes
         )
 
-    def pull(request: pb.ReplicateRequest, context: grpc.ServicerContext):
-        return services.pulls.replicate(request, context.is_active)
-
     table = {
-        "Info": unary(
-            "Info", lambda r, c: info_response(service, engine, r, remote), pb.InfoRequest
-        ),
+        "Info": unary("Info", lambda s, r, c: _info(s, r), pb.InfoRequest),
         "MissingPages": unary(
-            "MissingPages", lambda r, c: service.missing_pages(r), pb.MissingPagesRequest
+            "MissingPages", lambda s, r, c: s.store.missing_pages(r), pb.MissingPagesRequest
         ),
-        "List": unary("List", lambda r, c: service.list(r), pb.ListRequest),
-        "Stat": unary("Stat", lambda r, c: service.stat(r), pb.StatRequest),
-        "Delete": unary("Delete", lambda r, c: service.delete(r), pb.DeleteRequest),
-        "Pin": unary("Pin", lambda r, c: service.pin(r), pb.PinRequest),
+        "List": unary("List", lambda s, r, c: s.store.list(r), pb.ListRequest),
+        "Stat": unary("Stat", lambda s, r, c: s.store.stat(r), pb.StatRequest),
+        "Delete": unary("Delete", lambda s, r, c: s.store.delete(r), pb.DeleteRequest),
+        "Pin": unary("Pin", lambda s, r, c: s.store.pin(r), pb.PinRequest),
+        "Publish": unary("Publish", lambda s, r, c: s.store.publish(r), pb.PublishRequest),
         "Stats": unary(
             "Stats",
-            lambda r, c: stats_response(service, engine, counter, remote, r),
+            lambda s, r, c: stats_response(s.store, s.engine, counter, s.remote, r),
             pb.StatsRequest,
         ),
         "RemoteStatus": unary(
-            "RemoteStatus", lambda r, c: remote.status(r), pb.RemoteStatusRequest
+            "RemoteStatus", lambda s, r, c: s.remote.status(r), pb.RemoteStatusRequest
         ),
-        "RemoteSync": unary("RemoteSync", lambda r, c: remote.sync(r), pb.RemoteSyncRequest),
+        "RemoteSync": unary("RemoteSync", lambda s, r, c: s.remote.sync(r), pb.RemoteSyncRequest),
         "GetArtifact": streaming(
-            "GetArtifact", lambda r, c: service.get_artifact(r), pb.GetArtifactRequest
+            "GetArtifact", lambda s, r, c: s.store.get_artifact(r), pb.GetArtifactRequest
         ),
         "Watch": streaming(
-            "Watch", lambda r, c: service.watch(r, c.is_active), pb.WatchRequest, serialize
+            "Watch", lambda s, r, c: s.store.watch(r, c.is_active), pb.WatchRequest, serialize
         ),
-        "Replicate": streaming("Replicate", pull, pb.ReplicateRequest, serialize),
+        "Replicate": streaming(
+            "Replicate",
+            lambda s, r, c: s.pulls.replicate(r, c.is_active),
+            pb.ReplicateRequest,
+            serialize,
+        ),
         "Scrub": streaming(
-            "Scrub", lambda r, c: service.scrub(r, c.is_active), pb.ScrubRequest, serialize
+            "Scrub", lambda s, r, c: s.store.scrub(r, c.is_active), pb.ScrubRequest, serialize
         ),
         "PutArtifact": grpc.stream_unary_rpc_method_handler(
             _guard(
                 "PutArtifact",
-                lambda it, c: service.put_artifact(it, peer_host(c.peer())),  # staged per host
+                # staged per host
+                routed(
+                    "PutArtifact", lambda s, it, c: s.store.put_artifact(it, peer_host(c.peer()))
+                ),
                 counter,
                 streaming=False,
                 limiter=limiter,
@@ -265,23 +278,28 @@ def _method_table(
         ),
     }
     table.update(
-        Lookup=unary("Lookup", lambda r, c: engine.lookup(r), pb.LookupRequest),
-        Deposit=unary("Deposit", lambda r, c: engine.deposit(r, c.is_active), pb.DepositRequest),
-        Verify=unary("Verify", lambda r, c: engine.verify(r, c.is_active), pb.VerifyRequest),
+        Lookup=unary("Lookup", lambda s, r, c: s.engine.lookup(r), pb.LookupRequest),
+        Deposit=unary(
+            "Deposit", lambda s, r, c: s.engine.deposit(r, c.is_active), pb.DepositRequest
+        ),
+        Verify=unary("Verify", lambda s, r, c: s.engine.verify(r, c.is_active), pb.VerifyRequest),
         Generate=streaming(
-            "Generate", lambda r, c: engine.generate(r, c.is_active), pb.GenerateRequest, serialize
+            "Generate",
+            lambda s, r, c: s.engine.generate(r, c.is_active),
+            pb.GenerateRequest,
+            serialize,
         ),
         Graft=streaming(
-            "Graft", lambda r, c: engine.graft(r, c.is_active), pb.GraftRequest, serialize
+            "Graft", lambda s, r, c: s.engine.graft(r, c.is_active), pb.GraftRequest, serialize
         ),
     )
     table.update(
-        LibraryAdd=unary("LibraryAdd", lambda r, c: library.add(r), pb.LibraryAddRequest),
-        LibraryList=unary("LibraryList", lambda r, c: library.list(r), pb.LibraryListRequest),
+        LibraryAdd=unary("LibraryAdd", lambda s, r, c: s.library.add(r), pb.LibraryAddRequest),
+        LibraryList=unary("LibraryList", lambda s, r, c: s.library.list(r), pb.LibraryListRequest),
         LibraryRemove=unary(
-            "LibraryRemove", lambda r, c: library.remove(r), pb.LibraryRemoveRequest
+            "LibraryRemove", lambda s, r, c: s.library.remove(r), pb.LibraryRemoveRequest
         ),
-        Ask=unary("Ask", lambda r, c: library.ask(r), pb.AskRequest),
+        Ask=unary("Ask", lambda s, r, c: s.library.ask(r), pb.AskRequest),
     )
     return table
 
@@ -314,13 +332,14 @@ def _aborter(counter: CallCounter) -> Callable[[grpc.ServicerContext, str, Kvgra
 
 
 def create_server(
-    services: Services,
+    services: Services | Route,
     listen: str,
     *,
     workers: int = 16,
     settings: ServerSettings | None = None,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
-    """Build (not start) the server; returns it, the bound port and the health servicer."""
+    """Build (not start) the server; returns it, the bound port and the health servicer.
+    `services`: what every call reaches, or a Route choosing them by the caller."""
     settings = settings or ServerSettings()
     limiter = settings.limiter
     counter = settings.counter
@@ -336,7 +355,8 @@ def create_server(
             ),
         ],
     )
-    table = _method_table(services, counter, limiter)
+    route = services if callable(services) else (lambda context, method: services)
+    table = _method_table(route, counter, limiter)
     instrumented = {name: settings.telemetry.instrument(name, h) for name, h in table.items()}
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(SERVICE_NAME, instrumented),)

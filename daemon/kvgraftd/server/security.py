@@ -26,13 +26,14 @@ import logging
 import os
 import ssl
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NoReturn
 
 import grpc
 
 from kvgraft.errors import KvgraftError, Unauthenticated
+from kvgraft.tenancy import OPERATOR
 from kvgraftd.config import ConfigError, DaemonConfig
 from kvgraftd.server.limits import behavior_field
 
@@ -83,6 +84,8 @@ def check(config: DaemonConfig) -> None:
             )
     if config.token_file:
         load_token(config.token_file)
+    for tenant in config.tenants:
+        load_token(tenant.token_file)
     if config.tls_cert:
         context = tls_context()
         try:
@@ -135,12 +138,21 @@ def server_credentials(config: DaemonConfig) -> grpc.ServerCredentials | None:
 
 
 class TokenCheck:
-    """Compares a call's bearer token with the daemon's, in constant time."""
+    """Compares a call's bearer token with the daemon's (the operator's) and each
+    tenant's, every one in constant time, and says whose it is."""
 
-    def __init__(self, token: bytes) -> None:
-        self._expected = b"Bearer " + token
+    def __init__(self, token: bytes, tenants: Mapping[str, bytes] | None = None) -> None:
+        self._expected = [(b"Bearer " + token, OPERATOR)] + [
+            (b"Bearer " + tenant_token, name) for name, tenant_token in (tenants or {}).items()
+        ]
+        if len({expected for expected, _ in self._expected}) < len(self._expected):
+            raise ConfigError(
+                "two of token_file and the [tenants] token files hold the same token: a token "
+                "names one caller; give each tenant its own"
+            )
 
-    def verify(self, metadata) -> None:
+    def verify(self, metadata) -> str:
+        """The caller's tenant ("" : the operator); Unauthenticated for no or a wrong token."""
         given = next((value for key, value in metadata or () if key == TOKEN_HEADER), None)
         if given is None:
             raise Unauthenticated(
@@ -149,11 +161,16 @@ class TokenCheck:
             )
         if isinstance(given, str):
             given = given.encode()
-        if not hmac.compare_digest(given, self._expected):
+        caller = None
+        for expected, name in self._expected:  # every one compared: the time names no one
+            if hmac.compare_digest(given, expected):
+                caller = name
+        if caller is None:
             raise Unauthenticated(
                 "the bearer token is not this daemon's: check the client's token file "
                 "(--token-file, KVGRAFT_TOKEN_FILE)"
             )
+        return caller
 
 
 class AccessInterceptor(grpc.ServerInterceptor):

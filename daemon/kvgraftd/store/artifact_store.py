@@ -15,6 +15,7 @@ Sub-databases (docs/architecture.md, "The store"):
   usage      artifact id -> last use, reused tokens   (kvgraftd.store.lifecycle)
   pin_expiry artifact id -> unix ms                    when a TTL pin expires
   quarantine artifact id -> unix ms                    a scrub found it corrupt
+  owned_pages  tenant key || sha256 -> u64            pages a tenant's artifacts reference
 
 Invariants:
 * An artifact's pages, reference counts, manifest and log record commit in
@@ -75,6 +76,7 @@ from kvgraftd.store.catalog import (
 from kvgraftd.store.eviction import NO_BUDGET, CacheBudget, Evictor
 from kvgraftd.store.lifecycle import LIFECYCLE_DATABASES, Lifecycle, usage_of_new
 from kvgraftd.store.lmdb_env import LmdbEnv
+from kvgraftd.store.owned_pages import count_owned, owned_key
 from kvgraftd.store.page_records import PageRecord, write_needs
 from kvgraftd.store.page_store import PageStore
 from kvgraftd.store.quarantine import QUARANTINE_DATABASES, Quarantine, ReadQuarantine
@@ -140,6 +142,7 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
                 "provenance",
                 "vouchers",
                 "untrusted_heads",
+                "owned_pages",
                 *LIFECYCLE_DATABASES,
                 *QUARANTINE_DATABASES,
             ),
@@ -192,6 +195,13 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
     def missing_pages(self, digests: Sequence[bytes]) -> list[bytes]:
         """The digests whose pages are not stored (staged pages count as stored)."""
         return self._pages.missing(digests)
+
+    def pages_not_owned(self, tenant: str, digests: Sequence[bytes]) -> list[bytes]:
+        """The digests no artifact of `tenant` references (what a tenant is told to send:
+        another tenant's pages count as missing, so no answer says who holds what)."""
+        owned, prefix = self._db["owned_pages"], owned_key(tenant, b"")
+        with self._read() as txn:
+            return [d for d in digests if txn.get(prefix + d, db=owned) is None]
 
     def read_pages_into(self, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:
         """Read each page into its uint8 destination and verify it there."""
@@ -259,6 +269,7 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
             self._pages.append(txn, new)
             for digest in sizes:
                 self._reference_page(txn, digest)
+            count_owned(txn, self._db["owned_pages"], manifest, +1)
             written_bytes = sum(len(record.data) for record in new.values())
             self._add_page_bytes(txn, written_bytes)
             written = len(new)
@@ -339,10 +350,11 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
         self._usage.set_pinned(aid, pinned)
         return record
 
-    def resolve(self, id_or_prefix: str) -> str:
-        """The full id of the one artifact whose id starts with `id_or_prefix`."""
+    def resolve(self, id_or_prefix: str, visible: catalog.Visible | None = None) -> str:
+        """The full id of the one artifact whose id starts with `id_or_prefix` (of those
+        `visible` accepts)."""
         with self._read() as txn:
-            return catalog.resolve(txn, self._db["artifacts"], id_or_prefix)
+            return catalog.resolve(txn, self._db["artifacts"], id_or_prefix, visible)
 
     def get_record(self, artifact_id: str) -> ArtifactRecord:
         aid = catalog.parse_full_id(self.resolve(artifact_id))
@@ -352,10 +364,13 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
                 raise NotFound(f"artifact {artifact_id} was deleted")
             return decode_record(found)
 
-    def list_records(self, after: bytes, limit: int) -> list[tuple[str, ArtifactRecord]]:
-        """Up to `limit` artifacts with ids greater than `after`, in id order."""
+    def list_records(
+        self, after: bytes, limit: int, visible: catalog.Visible | None = None
+    ) -> list[tuple[str, ArtifactRecord]]:
+        """Up to `limit` artifacts with ids greater than `after`, in id order (of those
+        `visible` accepts)."""
         with self._read() as txn:
-            return catalog.records_after(txn, self._db["artifacts"], after, limit)
+            return catalog.records_after(txn, self._db["artifacts"], after, limit, visible)
 
     # ------------------------------------------------------------------
     # change feed and counters

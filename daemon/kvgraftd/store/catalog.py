@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from kvgraft.artifact import page_sizes
 from kvgraft.errors import InvalidArgument, NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
 
+Visible = Callable[[Mapping[str, str]], bool]  # which artifacts a caller may see, by labels
 _HEADER = struct.Struct("<qQB7x")  # created unix ms, sequence, pinned, padding
 SEQUENCE_KEY = struct.Struct(">Q")  # log keys
 MIN_PREFIX_CHARS = 8
@@ -119,26 +121,38 @@ def resolve_prefix_bounds(id_or_prefix: str) -> tuple[bytes, bytes]:
     return low, high
 
 
-def resolve(txn, db, id_or_prefix: str) -> str:
-    """The full id of the one artifact whose id starts with `id_or_prefix`."""
+def not_found(id_or_prefix: str) -> NotFound:
+    """What an id nobody stored answers, and (kvgraftd.store.tenant_view) an id the caller
+    may not see: the same words, so that a refusal tells nothing."""
+    return NotFound(f"no artifact id starts with {id_or_prefix} (kvgraft ls lists them)")
+
+
+def resolve(txn, db, id_or_prefix: str, visible: Visible | None = None) -> str:
+    """The full id of the one artifact whose id starts with `id_or_prefix` (of those whose
+    labels `visible` accepts, when given)."""
     low, high = resolve_prefix_bounds(id_or_prefix)
     cursor = txn.cursor(db=db)
     found: list[str] = []
     if cursor.set_range(low):
-        for key in cursor.iternext(values=False):
+        for key, value in cursor:
             if bytes(key) > high or len(found) == 2:
                 break
-            if bytes(key).hex().startswith(id_or_prefix.lower()):
+            if not bytes(key).hex().startswith(id_or_prefix.lower()):
+                continue
+            if visible is None or visible(decode_record(value).manifest().labels):
                 found.append(bytes(key).hex())
     if not found:
-        raise NotFound(f"no artifact id starts with {id_or_prefix} (kvgraft ls lists them)")
+        raise not_found(id_or_prefix)
     if len(found) > 1:
         raise InvalidArgument(f"{id_or_prefix} matches several artifacts; give more characters")
     return found[0]
 
 
-def records_after(txn, db, after: bytes, limit: int) -> list[tuple[str, ArtifactRecord]]:
-    """Up to `limit` artifacts with ids greater than `after`, in id order."""
+def records_after(
+    txn, db, after: bytes, limit: int, visible: Visible | None = None
+) -> list[tuple[str, ArtifactRecord]]:
+    """Up to `limit` artifacts with ids greater than `after`, in id order (of those whose
+    labels `visible` accepts, when given)."""
     out: list[tuple[str, ArtifactRecord]] = []
     cursor = txn.cursor(db=db)
     if not cursor.set_range(after):
@@ -146,7 +160,10 @@ def records_after(txn, db, after: bytes, limit: int) -> list[tuple[str, Artifact
     for key, value in cursor:
         if bytes(key) == after:
             continue
-        out.append((bytes(key).hex(), decode_record(value)))
+        record = decode_record(value)
+        if visible is not None and not visible(record.manifest().labels):
+            continue
+        out.append((bytes(key).hex(), record))
         if len(out) >= limit:
             break
     return out

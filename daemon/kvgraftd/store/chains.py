@@ -50,6 +50,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kvgraft.artifact import canonical_bytes
+from kvgraft.tenancy import namespace_of
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -92,10 +93,18 @@ class ChainEntry:
         )
 
 
-def chain_root(fingerprint: bytes, profile: pb.ComputeProfile, layout: pb.KvLayout) -> bytes:
+def chain_root(
+    fingerprint: bytes, profile: pb.ComputeProfile, layout: pb.KvLayout, namespace: str = ""
+) -> bytes:
+    """The parent of a prompt's first page. A tenant's pages and the shared ones hang
+    under roots of their own (kvgraft.tenancy.namespace_of): no chain key of one
+    namespace is ever a key of another, so a lookup never meets another tenant's pages.
+    The operator's namespace ("") keeps the root of a daemon without tenants."""
     digest = hashlib.sha256(b"kvgraft-chain-root/1\0" + fingerprint)
     digest.update(canonical_bytes(profile))
     digest.update(canonical_bytes(layout))
+    if namespace:
+        digest.update(b"\0namespace\0" + namespace.encode())
     return digest.digest()
 
 
@@ -112,10 +121,11 @@ def chain_keys(
     layout: pb.KvLayout,
     token_ids: Sequence[int],
     pages: int,
+    namespace: str = "",
 ) -> Iterator[tuple[int, bytes]]:
     """(page index, chain key) of the first `pages` whole pages of `token_ids`."""
     page_tokens = profile.page_tokens
-    key = chain_root(fingerprint, profile, layout)
+    key = chain_root(fingerprint, profile, layout, namespace)
     for page in range(pages):
         key = chain_key(
             key, fingerprint, token_ids[page * page_tokens : (page + 1) * page_tokens], page
@@ -146,10 +156,10 @@ def manifest_entries(manifest: pb.Manifest) -> Iterator[tuple[bytes, ChainEntry]
     layers = manifest.layout.num_layers
     page_tokens = manifest.profile.page_tokens
     pages = chain_pages(manifest)
-    keys = chain_keys(
-        manifest.model_fingerprint, manifest.profile, manifest.layout, manifest.token_ids, pages
-    )
-    parent = chain_root(manifest.model_fingerprint, manifest.profile, manifest.layout)
+    namespace = namespace_of(manifest.labels)
+    fingerprint, profile, layout = manifest.model_fingerprint, manifest.profile, manifest.layout
+    keys = chain_keys(fingerprint, profile, layout, manifest.token_ids, pages, namespace)
+    parent = chain_root(fingerprint, profile, layout, namespace)
     for page, key in keys:
         tokens = tuple(manifest.token_ids[page * page_tokens : (page + 1) * page_tokens])
         hashes = tuple(manifest.page_sha256[page * layers : (page + 1) * layers])
@@ -237,6 +247,7 @@ def longest_run(
     profile: pb.ComputeProfile,
     layout: pb.KvLayout,
     token_ids: Sequence[int],
+    namespace: str = "",
 ) -> tuple[list[ChainEntry], int]:
     """The entries of the longest stored prefix of `token_ids`, and its length in tokens:
     whole pages while they match, then, with row-invariant products, the stored page that
@@ -244,7 +255,7 @@ def longest_run(
     page used in part)."""
     page_tokens = profile.page_tokens
     found: list[ChainEntry] = []
-    parent = chain_root(fingerprint, profile, layout)
+    parent = chain_root(fingerprint, profile, layout, namespace)
     for page in range(-(-len(token_ids) // page_tokens)):
         wanted = token_ids[page * page_tokens : (page + 1) * page_tokens]
         if len(wanted) == page_tokens:
@@ -313,9 +324,10 @@ def entry_keys(
     profile: pb.ComputeProfile,
     layout: pb.KvLayout,
     entries: Sequence[ChainEntry],
+    namespace: str = "",
 ) -> list[bytes]:
     """The chain keys of a run of entries (as `longest_run` found them)."""
-    keys, key = [], chain_root(fingerprint, profile, layout)
+    keys, key = [], chain_root(fingerprint, profile, layout, namespace)
     for entry in entries:
         key = chain_key(key, fingerprint, entry.token_ids, entry.page_index)
         keys.append(key)

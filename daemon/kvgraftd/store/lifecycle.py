@@ -39,9 +39,11 @@ import lmdb
 
 from kvgraft.artifact import page_sizes
 from kvgraft.errors import FailedPrecondition, NotFound
+from kvgraft.tenancy import owner_of
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import catalog, chains, trust_index
 from kvgraftd.store.catalog import decode_record
+from kvgraftd.store.owned_pages import count_owned
 from kvgraftd.store.quarantine import ReadQuarantine
 from kvgraftd.store.segments import Location
 from kvgraftd.store.usage import USAGE_RECORD, Usage, UsageBook
@@ -120,6 +122,10 @@ class Lifecycle:
         """(artifacts, bytes of the segment files' live pages less the staged ones): what
         budgets count (kvgraftd.store.staging)."""
         return self._usage.count(), self._budgeted_bytes()
+
+    def cache_totals_of(self, tenant: str) -> tuple[int, int]:
+        """(artifacts, page bytes) of one tenant's artifacts: what its budget counts."""
+        return self._usage.totals_of(tenant)
 
     def raise_inflation(self, priority: float) -> None:
         self._usage.inflate(priority)
@@ -240,6 +246,7 @@ class Lifecycle:
             txn.delete(digest, db=refs)
             unreferenced.append(digest)
         locations = self._drop_pages(txn, unreferenced)
+        count_owned(txn, self._db["owned_pages"], manifest, -1)
         trust_index.forget(txn, self._db, aid, manifest, entries)
         txn.delete(aid, db=self._db["artifacts"])
         txn.delete(aid, db=self._db["usage"])
@@ -290,6 +297,7 @@ def _usage_of(manifest: pb.Manifest, pinned: bool, last_used_ms: int, reused: in
         reused_tokens=reused,
         page_bytes=sum(sizes.values()),
         pinned=pinned,
+        owner=owner_of(manifest.labels),
     )
 
 

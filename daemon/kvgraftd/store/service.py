@@ -8,6 +8,7 @@ request is validated here before it touches the store.
 
 from __future__ import annotations
 
+import copy
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -19,6 +20,7 @@ from kvgraft.artifact import DIGEST_BYTES, artifact_id, page_sizes
 from kvgraft.errors import DataLoss, InvalidArgument, KvgraftError, Unavailable
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.config import FIELDS, DaemonConfig
+from kvgraftd.store import publishing
 from kvgraftd.store.artifact_store import Store, StoreStats
 from kvgraftd.store.catalog import artifact_info
 from kvgraftd.store.intake import PageIntake
@@ -92,8 +94,28 @@ class StoreService:
         # service alone get a key of their own.
         self.trust = trust or TrustPolicy(Signer.generate())
         self._stopping = threading.Event()
+        self.tenant = ""  # whose calls it answers (scoped), "": the operator's
         # Drawn per daemon start: replication tells a source that is its own target by it.
         self.instance_id = secrets.token_hex(16)
+
+    def scoped(self, store, tenant: str) -> StoreService:
+        """The same service over `store` as `tenant` sees it (kvgraftd.store.tenant_view):
+        the upload bounds, trust, scrubs and instance are this one's, shared."""
+        view = copy.copy(self)
+        view._store, view.tenant = store, tenant
+        return view
+
+    def publish(self, request: pb.PublishRequest) -> pb.PublishResponse:
+        """Publish or withdraw (kvgraftd.store.publishing)."""
+        if request.withdraw:
+            target = publishing.withdraw(self._store, self.tenant, request.artifact_id)
+            record = self._store.get_record(target)
+            info = self._info(target, record, record.manifest())
+            self._store.delete_artifact(target)
+            return pb.PublishResponse(info=info)
+        shared = publishing.publish(self._store, self.tenant, self.trust, request.artifact_id)
+        record = self._store.get_record(shared)
+        return pb.PublishResponse(info=self._info(shared, record, record.manifest()))
 
     def stop_watches(self) -> None:
         """End follow Watch streams (shutdown): they never finish by themselves, so a

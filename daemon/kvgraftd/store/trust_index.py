@@ -23,10 +23,11 @@ signed or untrusted artifact again, both ways, and drops such signatures kept be
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvgraft.public_keys import is_degenerate
+from kvgraft.tenancy import owner_of
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import chains
 from kvgraftd.store.catalog import decode_record
@@ -208,23 +209,29 @@ def longest_trusted_run(
     profile: pb.ComputeProfile,
     layout: pb.KvLayout,
     token_ids: Sequence[int],
+    namespace: str = "",
 ) -> ChainMatch:
-    """The longest stored prefix of `token_ids` (only trusted artifacts' pages are indexed;
-    see chains.longest_run), and the artifact vouching for its last page: it holds every
-    page before it too."""
-    entries, tokens = chains.longest_run(txn, dbs, fingerprint, profile, layout, token_ids)
+    """The longest stored prefix of `token_ids` in `namespace` (only trusted artifacts'
+    pages are indexed; see chains.longest_run), and the artifact vouching for its last page:
+    it holds every page before it too."""
+    entries, tokens = chains.longest_run(
+        txn, dbs, fingerprint, profile, layout, token_ids, namespace
+    )
     if not entries:
         return NO_MATCH
-    last_key = chains.entry_keys(fingerprint, profile, layout, entries)[-1]
+    last_key = chains.entry_keys(fingerprint, profile, layout, entries, namespace)[-1]
     aid = voucher(txn, dbs, last_key)
     if aid is None:  # an entry is registered only with a voucher
         return NO_MATCH
     provenance = read(txn, dbs, aid)
+    found = txn.get(aid, db=dbs["artifacts"])
+    owner = owner_of(decode_record(found).manifest().labels) if found is not None else ""
     grafted = pb.GraftedArtifact(
         artifact_id=aid.hex(),
         tokens=tokens,
         trust=provenance.trust,
         vouched_by=provenance.vouched_by,
+        owner=owner,
     )
     return ChainMatch(entries, tokens, [grafted])
 
@@ -236,17 +243,21 @@ def longest_untrusted(
     profile: pb.ComputeProfile,
     layout: pb.KvLayout,
     token_ids: Sequence[int],
+    visible: Callable[[Mapping[str, str]], bool] | None = None,
 ) -> tuple[int, str]:
     """The longest prefix of `token_ids` an untrusted artifact of this model and profile
     holds (tokens it would reuse once trusted: on the fixed schedule its chain pages
     only), and that artifact's id; (0, "") if none. It looks at the few artifacts listed
-    nearest the prompt (UNTRUSTED_CANDIDATES): an answer to name, not a search."""
+    nearest the prompt (UNTRUSTED_CANDIDATES): an answer to name, not a search. Only
+    artifacts whose labels `visible` accepts count (a tenant's own and the shared)."""
     best, best_id = 0, ""
     for aid in chains.nearest_heads(txn, dbs["untrusted_heads"], token_ids, UNTRUSTED_CANDIDATES):
         found = txn.get(aid, db=dbs["artifacts"])
         if found is None or txn.get(aid, db=dbs["quarantine"]) is not None:
             continue
         manifest = decode_record(found).manifest()
+        if visible is not None and not visible(manifest.labels):
+            continue
         if (manifest.model_fingerprint, manifest.profile, manifest.layout) != (
             fingerprint,
             profile,

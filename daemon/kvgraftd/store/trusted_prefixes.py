@@ -22,7 +22,7 @@ import lmdb
 from kvgraft.errors import NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import catalog, trust_index
-from kvgraftd.store.catalog import decode_record
+from kvgraftd.store.catalog import Visible, decode_record
 from kvgraftd.store.signing import TrustPolicy
 from kvgraftd.store.trust_index import NO_MATCH, ChainMatch
 
@@ -41,15 +41,17 @@ class TrustedPrefixes:
         layout: pb.KvLayout,
         token_ids: Sequence[int],
         hold: ExitStack | None = None,
+        namespace: str = "",
     ) -> ChainMatch:
-        """The longest stored prefix of `token_ids` among trusted artifacts' pages (to the
-        token with row-invariant products), and the artifact that vouches for it. With
+        """The longest stored prefix of `token_ids` among trusted artifacts' pages in
+        `namespace` (kvgraft.tenancy; to the token with row-invariant products), and the
+        artifact that vouches for it. With
         `hold`, that artifact is leased there (`reading`: not evicted while the caller reads
         its pages); one evicted since is looked up again."""
         for _ in range(LOOKUP_ATTEMPTS):
             with self._read() as txn:
                 match = trust_index.longest_trusted_run(
-                    txn, self._db, fingerprint, profile, layout, token_ids
+                    txn, self._db, fingerprint, profile, layout, token_ids, namespace
                 )
             if hold is None or not match.entries:
                 return match
@@ -102,12 +104,14 @@ class TrustedPrefixes:
         profile: pb.ComputeProfile,
         layout: pb.KvLayout,
         token_ids: Sequence[int],
+        visible: Visible | None = None,
     ) -> tuple[int, str]:
         """The longest prefix of `token_ids` an untrusted artifact holds (tokens, its id):
-        what a Verify of it would let Generate reuse (see trust_index.longest_untrusted)."""
+        what a Verify of it would let Generate reuse (see trust_index.longest_untrusted),
+        of the artifacts `visible` accepts."""
         with self._read() as txn:
             return trust_index.longest_untrusted(
-                txn, self._db, fingerprint, profile, layout, token_ids
+                txn, self._db, fingerprint, profile, layout, token_ids, visible
             )
 
     def provenance(self, artifact_id: str) -> pb.Provenance:

@@ -45,6 +45,7 @@ class Usage:
     reused_tokens: int
     page_bytes: int
     pinned: bool
+    owner: str = ""  # the tenant whose artifact it is (kvgraft.tenancy; "": the operator)
     # The cost-aware policy's priority (GreedyDual-Size-Frequency): the book's inflation
     # at the last use plus the tokens reused from it per byte (kvgraftd.store.eviction).
     priority: float = 0.0
@@ -129,6 +130,13 @@ class UsageBook:
 
     def count(self) -> int:
         return len(self._entries)
+
+    def totals_of(self, owner: str) -> tuple[int, int]:
+        """(artifacts, page bytes) of one tenant's artifacts (pages it shares with other
+        artifacts counted in each: a tenant's budget holds all it references)."""
+        with self._lock:
+            mine = [u.page_bytes for u in self._entries.values() if u.owner == owner]
+            return len(mine), sum(mine)
 
     def inflate(self, priority: float) -> None:
         """The cost-aware policy evicted an artifact of this priority (GDSF's L)."""

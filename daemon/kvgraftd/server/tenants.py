@@ -1,0 +1,48 @@
+"""Which services answer a call: the operator's, or the tenant's its token names.
+
+With [tenants] configured (kvgraftd.config.TenantConfig), every call carries a
+bearer token (the access interceptor, kvgraftd.server.security, has refused it
+otherwise) and the token names its caller: the daemon's own token_file is the
+operator, each [tenants.NAME] token_file that tenant. `TenantRoute` hands each
+call the caller's `Services` (kvgraftd.main builds one set per tenant over its
+kvgraftd.store.tenant_view and kvgraftd.engine.tenant_engine). The RPCs that
+act on the whole store (its change feed, replication, scrubs, the remote tier)
+are the operator's: a tenant calling one is refused with PermissionDenied.
+Without tenants the operator's services answer every call, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import grpc
+
+from kvgraft.errors import PermissionDenied
+from kvgraftd.server.grpc_server import Services
+from kvgraftd.server.security import TokenCheck
+
+# The RPCs only the operator's token may call once tenants are configured.
+OPERATOR_ONLY = frozenset({"Watch", "Replicate", "Scrub", "RemoteStatus", "RemoteSync"})
+
+
+class TenantRoute:
+    def __init__(
+        self, operator: Services, tenants: Mapping[str, Services], token_check: TokenCheck
+    ) -> None:
+        self._operator = operator
+        self._tenants = dict(tenants)
+        self._token_check = token_check
+
+    def caller(self, metadata) -> Services:
+        """The services of the caller whose token is in `metadata`."""
+        tenant = self._token_check.verify(metadata)
+        return self._tenants[tenant] if tenant else self._operator
+
+    def __call__(self, context: grpc.ServicerContext, method: str) -> Services:
+        services = self.caller(context.invocation_metadata())
+        if services.tenant and method in OPERATOR_ONLY:
+            raise PermissionDenied(
+                f"{method} acts on the whole store, every tenant's artifacts: it is the "
+                "operator's; call it with the daemon's token_file"
+            )
+        return services
