@@ -384,6 +384,7 @@ def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> bool:
             engine.batch_figures,
             lambda: info_response(service, engine, pb.InfoRequest(), remote),
             store.read_quarantine,
+            route.figures if isinstance(route, TenantRoute) else list,
         )
         metrics = MetricsServer.start(config, collector)
     keeper.start()

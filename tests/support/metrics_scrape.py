@@ -9,13 +9,25 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvgraftd.testing.daemon_process import DaemonProcess
 
 
+def _families(daemon: DaemonProcess):
+    with urllib.request.urlopen(daemon.metrics_url, timeout=10) as response:
+        return list(text_string_to_metric_families(response.read().decode()))
+
+
 def unlabelled_metrics(daemon: DaemonProcess) -> dict[str, float]:
     """Every sample without labels, by name."""
-    with urllib.request.urlopen(daemon.metrics_url, timeout=10) as response:
-        text = response.read().decode()
     return {
         sample.name: sample.value
-        for family in text_string_to_metric_families(text)
+        for family in _families(daemon)
         for sample in family.samples
         if not sample.labels
+    }
+
+
+def labelled_metrics(daemon: DaemonProcess) -> dict[tuple[str, tuple], float]:
+    """Every sample, by (name, its labels as sorted (key, value) pairs)."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in _families(daemon)
+        for sample in family.samples
     }

@@ -24,6 +24,9 @@ keep it — no second set of books:
 | kvgraft_scrub_running, kvgraft_scrub_last_finished_unix_seconds | Info().scrub |
 | kvgraft_store_{corrupt_reads,read_quarantines}_total | the store's ReadQuarantine |
 | kvgraft_store_reachable (0: the figures from Stats and Info left out) | Stats(), Info() |
+| kvgraft_tenant_{artifacts,page_bytes,budget_bytes}{tenant} | kvgraftd.server.tenants |
+| kvgraft_tenant_requests_{running,queued}{tenant} | kvgraftd.server.tenants |
+| kvgraft_tenant_{evicted_artifacts,calls}_total{tenant[,method]} | kvgraftd.server.tenants |
 | process_* | prometheus_client's process collector |
 
 With TLS configured the endpoint is HTTPS with the daemon's certificate
@@ -50,6 +53,7 @@ from kvgraftd.engine.batcher import BatchFigures
 from kvgraftd.ops.metrics_endpoint import MetricsEndpoint, tls_context
 from kvgraftd.server.limits import CallLimiter
 from kvgraftd.server.telemetry import Telemetry
+from kvgraftd.server.tenants import TenantFigures
 from kvgraftd.store.quarantine import ReadQuarantine
 
 log = logging.getLogger(__name__)
@@ -65,7 +69,9 @@ class KvgraftCollector(Collector):
         batching: Callable[[], BatchFigures | None] = lambda: None,
         cache: Callable[[], pb.InfoResponse] | None = None,
         read_quarantine: ReadQuarantine | None = None,
+        tenants: Callable[[], list[TenantFigures]] = list,
     ) -> None:
+        self._tenants = tenants
         self._cache = cache
         self._read_quarantine = read_quarantine
         self._calls = calls
@@ -96,6 +102,44 @@ class KvgraftCollector(Collector):
             yield from self._cache_metrics(info)
         if self._read_quarantine is not None:
             yield from self._damage_metrics(self._read_quarantine)
+        if stats is not None:
+            yield from self._tenant_metrics(self._tenants())
+
+    def _tenant_metrics(self, tenants: list[TenantFigures]) -> Iterator[Metric]:
+        if not tenants:
+            return
+        gauges = {
+            "artifacts": "artifacts the tenant holds",
+            "page_bytes": "page bytes they reference (what its budget counts)",
+            "budget_bytes": "its store_budget_bytes (0: none of its own)",
+            "requests_running": "its engine requests computing",
+            "requests_queued": "its engine requests waiting in its line",
+        }
+        families = {
+            name: GaugeMetricFamily(f"kvgraft_tenant_{name}", text, labels=["tenant"])
+            for name, text in gauges.items()
+        }
+        evicted = CounterMetricFamily(
+            "kvgraft_tenant_evicted_artifacts", "evicted within its budget", labels=["tenant"]
+        )
+        calls = CounterMetricFamily(
+            "kvgraft_tenant_calls", "its calls, by method", labels=["tenant", "method"]
+        )
+        for t in tenants:
+            for name, value in (
+                ("artifacts", t.artifacts),
+                ("page_bytes", t.page_bytes),
+                ("budget_bytes", t.budget_bytes),
+                ("requests_running", t.running),
+                ("requests_queued", t.queued),
+            ):
+                families[name].add_metric([t.tenant], value)
+            evicted.add_metric([t.tenant], t.evicted_artifacts)
+            for method, count in sorted(t.calls.items()):
+                calls.add_metric([t.tenant, method], count)
+        yield from families.values()
+        yield evicted
+        yield calls
 
     def _damage_metrics(self, found: ReadQuarantine) -> Iterator[Metric]:
         for name, value, text in (

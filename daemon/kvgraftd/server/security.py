@@ -82,10 +82,13 @@ def check(config: DaemonConfig) -> None:
                 "and has no token: serve TLS (tls_cert, tls_key), bind it to 127.0.0.1, or "
                 "pass --insecure (insecure = true)"
             )
-    if config.token_file:
-        load_token(config.token_file)
-    for tenant in config.tenants:
-        load_token(tenant.token_file)
+    tokens = [load_token(config.token_file)] if config.token_file else []
+    tokens += [load_token(tenant.token_file) for tenant in config.tenants]
+    if len(set(tokens)) < len(tokens):
+        raise ConfigError(
+            "two of token_file and the [tenants] token files hold the same token: a token "
+            "names one caller; give each tenant its own"
+        )
     if config.tls_cert:
         context = tls_context()
         try:
@@ -145,11 +148,6 @@ class TokenCheck:
         self._expected = [(b"Bearer " + token, OPERATOR)] + [
             (b"Bearer " + tenant_token, name) for name, tenant_token in (tenants or {}).items()
         ]
-        if len({expected for expected, _ in self._expected}) < len(self._expected):
-            raise ConfigError(
-                "two of token_file and the [tenants] token files hold the same token: a token "
-                "names one caller; give each tenant its own"
-            )
 
     def verify(self, metadata) -> str:
         """The caller's tenant ("" : the operator); Unauthenticated for no or a wrong token."""

@@ -13,16 +13,34 @@ Without tenants the operator's services answer every call, as before.
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import grpc
 
 from kvgraft.errors import PermissionDenied
+from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.server.grpc_server import Services
 from kvgraftd.server.security import TokenCheck
 
 # The RPCs only the operator's token may call once tenants are configured.
 OPERATOR_ONLY = frozenset({"Watch", "Replicate", "Scrub", "RemoteStatus", "RemoteSync"})
+
+
+@dataclass(frozen=True)
+class TenantFigures:
+    """One tenant's figures, as the metrics endpoint labels them (kvgraftd.ops.metrics)."""
+
+    tenant: str
+    artifacts: int  # its artifacts now
+    page_bytes: int  # the page bytes they reference (what its budget counts)
+    budget_bytes: int  # its store_budget_bytes (0: none of its own)
+    evicted_artifacts: int  # evicted to keep it within its budget, since start
+    running: int  # its engine requests computing now
+    queued: int  # and waiting in its line
+    calls: dict[str, int]  # its calls routed, by method, since start
 
 
 class TenantRoute:
@@ -32,6 +50,30 @@ class TenantRoute:
         self._operator = operator
         self._tenants = dict(tenants)
         self._token_check = token_check
+        self._calls: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def figures(self) -> list[TenantFigures]:
+        out = []
+        with self._lock:
+            calls = dict(self._calls)
+        for name, services in self._tenants.items():
+            stats = services.store.stats(pb.StatsRequest())
+            cache = services.store.cache_info()
+            batch = services.engine.batch_figures()
+            out.append(
+                TenantFigures(
+                    name,
+                    stats.artifacts,
+                    stats.page_bytes,
+                    cache.budget_bytes,
+                    cache.evicted_artifacts,
+                    batch.running if batch else 0,
+                    batch.queued if batch else 0,
+                    {method: n for (tenant, method), n in calls.items() if tenant == name},
+                )
+            )
+        return out
 
     def caller(self, metadata) -> Services:
         """The services of the caller whose token is in `metadata`."""
@@ -40,6 +82,9 @@ class TenantRoute:
 
     def __call__(self, context: grpc.ServicerContext, method: str) -> Services:
         services = self.caller(context.invocation_metadata())
+        if services.tenant:
+            with self._lock:
+                self._calls[services.tenant, method] += 1
         if services.tenant and method in OPERATOR_ONLY:
             raise PermissionDenied(
                 f"{method} acts on the whole store, every tenant's artifacts: it is the "

@@ -19,8 +19,9 @@ scrubs, trust re-evaluation) fails with AttributeError, never passes through.
 * Pages: it is told only about pages its own artifacts reference, or that it
   staged itself (`pages_not_owned`, kvgraftd.store.owned_pages), and a commit
   must bring every other page: so an upload is received and hashed in full even
-  where another tenant holds the page, and no answer says who holds what. On disk
-  the page is then stored once (its SHA-256 names it).
+  where another tenant holds the page, and no answer says who holds what (a commit
+  reports as written what it brought). On disk the page is then stored once (its
+  SHA-256 names it).
 * Reuse: prompts match pages in the tenant's own namespace and the shared one
   (kvgraftd.store.chains salts the chain root); the longer match wins, the own
   one on a tie. Lookup does both walks for every prompt, whoever holds what.
@@ -31,6 +32,7 @@ scrubs, trust re-evaluation) fails with AttributeError, never passes through.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -183,7 +185,12 @@ class TenantView:
             for digest in sizes:
                 self._staged.pop(digest, None)
         self.evictor.evict_past_high()
-        return result
+        if result.already_present:
+            return result
+        # what it brought, not what the disk lacked: another tenant's pages make no difference
+        return dataclasses.replace(
+            result, pages_written=len(brought), bytes_written=sum(sizes[d] for d in brought)
+        )
 
     def relabelled_id(self, manifest: pb.Manifest, shared: bool) -> str:
         """The id `manifest` has once labelled as this tenant's (published or not)."""
