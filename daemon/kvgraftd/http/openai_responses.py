@@ -133,6 +133,7 @@ def kvgraft_object(result: pb.GenerateResult) -> dict[str, Any]:
                 "artifact_id": g.artifact_id,
                 "tokens": g.tokens,
                 "trust": TRUST_NAMES.get(g.trust, "unknown"),
+                "owner": g.owner,
                 "vouched_by": g.vouched_by.hex(),
             }
             for g in receipt.grafted
