@@ -69,9 +69,15 @@ def writable_by(tenant: str, labels: Mapping[str, str]) -> bool:
     return tenant == OPERATOR or owner_of(labels) == tenant
 
 
+def content_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """`labels` without who owns the artifact and whether it is published: what its writer
+    chose (the library recognises its entries by these)."""
+    return {k: v for k, v in labels.items() if k not in (TENANT_LABEL, SHARED_LABEL)}
+
+
 def owned_labels(labels: Mapping[str, str], tenant: str, shared: bool = False) -> dict[str, str]:
     """`labels` as `tenant` stores them: its name as the owner, published or not."""
-    out = {k: v for k, v in labels.items() if k not in (TENANT_LABEL, SHARED_LABEL)}
+    out = content_labels(labels)
     if tenant:
         out[TENANT_LABEL] = tenant
     if shared:

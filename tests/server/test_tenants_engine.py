@@ -137,3 +137,18 @@ def test_a_tenants_flood_is_refused_in_its_own_line(daemon) -> None:
                 outcomes.append("refused")
     assert outcomes.count("refused") >= 1  # one running and one waiting at most
     assert len(outcomes) - outcomes.count("refused") >= 1
+
+
+def test_a_tenants_library_is_its_own(daemon) -> None:
+    _, c, _ = daemon
+    problem = "What is the capital of the island of Nakosa?"
+    added = c["alice"].library_add(
+        problem, "The island of Nakosa: capital Methsi.", "Methsi", tags=["facts"]
+    )
+    assert [e.problem for e in c["alice"].library_list("facts")] == [problem]
+    assert c["bob"].library_list("facts") == []
+    assert c["alice"].ask(problem).path == "recall"
+    theirs = c["bob"].ask(problem, max_new_tokens=4)
+    assert theirs.path == "generate" and not theirs.matched_entry
+    with pytest.raises(NotFound):
+        c["bob"].library_remove(added.entry.artifact_id)

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvgraft.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
+from kvgraft.tenancy import content_labels
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine.decoding import DecodeOptions, ResultEvent
 from kvgraftd.library import format as fmt
@@ -122,7 +123,7 @@ class LibraryService:
             existing = index.match(engine.fingerprint, labels["problem-sha256"])
             if existing is not None:
                 stored = engine.store.get_record(existing.artifact_id).manifest()
-                if list(stored.token_ids) == context and dict(stored.labels) == labels:
+                if list(stored.token_ids) == context and content_labels(stored.labels) == labels:
                     return pb.LibraryAddResponse(entry=existing.to_proto(), already_present=True)
                 raise FailedPrecondition(
                     f"the library already holds entry {existing.artifact_id[:16]} for this "

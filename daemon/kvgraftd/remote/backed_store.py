@@ -168,6 +168,9 @@ class RemoteBackedStore:
     def cache_totals(self) -> tuple[int, int]:
         return self._store.cache_totals()
 
+    def cache_totals_of(self, tenant: str) -> tuple[int, int]:
+        return self._store.cache_totals_of(tenant)
+
     def give_back(self) -> None:
         self._store.give_back()
 

@@ -68,7 +68,6 @@ class TenantView:
         self.tenant = tenant
         self.namespace = tenant_namespace(tenant)
         self.path = store.path
-        self.read_quarantine = store.read_quarantine
         self.evictor = Evictor(self, budget)
         self._staged: OrderedDict[bytes, None] = OrderedDict()  # pages it staged itself
         self._lock = threading.Lock()
