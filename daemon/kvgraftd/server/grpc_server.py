@@ -37,7 +37,7 @@ from kvgraftd.replication.pulls import Pulls
 from kvgraftd.server.bind_errors import why_not_bound
 from kvgraftd.server.limits import CallLimiter, Lanes, peer_host
 from kvgraftd.server.security import AccessInterceptor, TokenCheck
-from kvgraftd.server.status import info_response, stats_response
+from kvgraftd.server.status import info_response, own_figures, stats_response
 from kvgraftd.server.telemetry import CallCounter, Telemetry
 from kvgraftd.store.service import StoreService
 
@@ -201,6 +201,15 @@ def _info(s: Services, r: pb.InfoRequest) -> pb.InfoResponse:
     response = info_response(s.store, s.engine, r, s.remote)
     response.tenant = s.tenant
     response.tenants.extend(s.tenants)
+    if s.tenant:
+        own_figures(response)
+    return response
+
+
+def _stats(s: Services, counter: CallCounter, r: pb.StatsRequest) -> pb.StatsResponse:
+    response = stats_response(s.store, s.engine, counter, s.remote, r)
+    if s.tenant:
+        own_figures(response)
     return response
 
 
@@ -239,7 +248,7 @@ def _method_table(
         "Publish": unary("Publish", lambda s, r, c: s.store.publish(r), pb.PublishRequest),
         "Stats": unary(
             "Stats",
-            lambda s, r, c: stats_response(s.store, s.engine, counter, s.remote, r),
+            lambda s, r, c: _stats(s, counter, r),
             pb.StatsRequest,
         ),
         "RemoteStatus": unary(

@@ -57,6 +57,18 @@ def stats_response(
     return _stats(service, engine, counter, request or pb.StatsRequest(), remote)
 
 
+def own_figures(response: pb.InfoResponse | pb.StatsResponse) -> None:
+    """What a tenant is told of the daemon (kvgraft.tenancy): its own store figures and
+    budget, which its services filled in; the tiers, call counts, memory and scrub, which
+    every tenant's traffic moves, are left out."""
+    del response.tiers[:]
+    if isinstance(response, pb.StatsResponse):
+        response.rpc_calls.clear()
+        response.rss_anon_bytes = response.device_max_allocated_bytes = 0
+    else:
+        response.ClearField("scrub")
+
+
 def _prepend_tiers(response, tiers: list[pb.TierInfo]) -> None:
     """Tiers in lookup order: the engine's device and host tiers, then the store's."""
     stored = list(response.tiers)
