@@ -55,10 +55,10 @@ def publish(store, tenant: str, trust: TrustPolicy, id_or_prefix: str) -> str:
     shared_id = artifact_id(published)
     if is_trusted(provenance):
         provenance = trust.computed(shared_id, provenance.trust)
-        provenance.origin = f"published from {full[:16]}"
+        provenance.origin = "published"  # not the private id it came from
     else:
         provenance = pb.Provenance(
-            trust=pb.Provenance.TRUST_UNTRUSTED, origin=f"published from {full[:16]}"
+            trust=pb.Provenance.TRUST_UNTRUSTED, origin="published"
         )
     return store.commit_artifact(published, {}, provenance).artifact_id
 
