@@ -2,7 +2,8 @@
 
     kvgraft [GLOBAL OPTIONS] COMMAND ... [GLOBAL OPTIONS]
 
-Commands: serve, the store's info, ls, stat, rm, pin, scrub, export, import (kvgraft.cli.store,
+Commands: serve, the store's info, ls, stat, rm, pin, scrub, export, import, publish
+(kvgraft.cli.store, kvgraft.cli.tenants,
 kvgraft.cli.cache), replicate, remote, the engine's deposit, generate, graft, verify,
 lookup (kvgraft.cli.engine), chat (kvgraft.cli.chat), and the knowledge library's
 library add|ls|rm|import and ask (kvgraft.cli.library); `kvgraft COMMAND --help` for
@@ -40,6 +41,7 @@ from kvgraft.cli.options import add_global_options, connection_options
 from kvgraft.cli.remote import add_remote_arguments, cmd_remote
 from kvgraft.cli.replication import add_replicate_arguments, cmd_replicate
 from kvgraft.cli.store import BUNDLE_COMMANDS, STORE_COMMANDS, add_store_arguments
+from kvgraft.cli.tenants import add_publish_arguments, cmd_publish
 from kvgraft.client.client import Client
 from kvgraft.errors import KvgraftError
 
@@ -48,6 +50,7 @@ COMMANDS: dict[str, tuple[Callable[[Client, argparse.Namespace], None], str]] = 
     "pin": (cmd_pin, "pin an artifact (never deleted nor evicted; --ttl: for a while) or --off"),
     "scrub": (cmd_scrub, "recompute every stored page's SHA-256; quarantine corrupt artifacts"),
     **BUNDLE_COMMANDS,
+    "publish": (cmd_publish, "let every tenant graft one of your artifacts (--withdraw: undo)"),
     "replicate": (cmd_replicate, "copy a daemon's artifacts and deletes to another (--follow)"),
     "remote": (cmd_remote, "the remote tier (S3 bucket): status, or sync (push up, pull down)"),
     **ENGINE_COMMANDS,
@@ -82,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_replicate_arguments(parsers["replicate"])
     add_remote_arguments(parsers["remote"])
     add_cache_arguments(parsers)
+    add_publish_arguments(parsers["publish"])
     return parser
 
 

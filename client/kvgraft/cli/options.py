@@ -33,7 +33,7 @@ from kvgraft.client.connection import (
 )
 
 CONNECTION_FLAGS = {
-    "token_file": "file holding the daemon's bearer token",
+    "token_file": "file holding the bearer token (a tenant's: act as that tenant)",
     "tls_ca": "PEM CA bundle to verify the daemon's certificate (turns TLS on)",
     "tls_cert": "PEM client certificate, for a daemon that requires one (mutual TLS)",
     "tls_key": "PEM private key of --tls-cert",

@@ -37,8 +37,10 @@ from kvgraft.cli.render import (
     time_left,
     when,
 )
+from kvgraft.cli.tenants import tenant_lines
 from kvgraft.client.client import Client
 from kvgraft.errors import InvalidArgument, printable
+from kvgraft.tenancy import is_shared, owner_of
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 TRUST_NAMES = {
@@ -98,6 +100,7 @@ def cmd_info(client: Client, args: argparse.Namespace) -> None:
         lines.append(table(("cache", "holding", "allocated", "budget", "hits", "misses"), rows))
         lines += [f"{t.name}: {TIER_MEANING[t.name]}" for t in caches]
     lines += cache_lines(info)
+    lines += tenant_lines(info)
     emit(args.json, document, "\n".join(lines))
 
 
@@ -106,6 +109,8 @@ def state(info: pb.ArtifactInfo) -> str:
     pin), or nothing."""
     if info.quarantined:
         return "quarantined"
+    if is_shared(info.labels):
+        return f"shared by {owner_of(info.labels) or 'the operator'}"
     if info.pinned and info.pin_expires_unix_ms:
         return f"pinned, {time_left(info.pin_expires_unix_ms)} left"
     return "pinned" if info.pinned else ""
