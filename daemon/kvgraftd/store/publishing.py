@@ -57,9 +57,7 @@ def publish(store, tenant: str, trust: TrustPolicy, id_or_prefix: str) -> str:
         provenance = trust.computed(shared_id, provenance.trust)
         provenance.origin = "published"  # not the private id it came from
     else:
-        provenance = pb.Provenance(
-            trust=pb.Provenance.TRUST_UNTRUSTED, origin="published"
-        )
+        provenance = pb.Provenance(trust=pb.Provenance.TRUST_UNTRUSTED, origin="published")
     return store.commit_artifact(published, {}, provenance).artifact_id
 
 
