@@ -70,6 +70,7 @@ bench: $(STAMP) ## run the benchmarks (each ends with one JSON line; ~30 min)
 	$(BIN)/python bench/cache_bench.py
 	$(BIN)/python bench/scrub_bench.py
 	$(BIN)/python bench/http_bench.py
+	$(BIN)/python bench/tenant_bench.py
 
 bench-long: $(STAMP) ## the long benchmarks: 10M-token context (~16 GB of disk), knowledge library
 	$(BIN)/python bench/long_context.py

@@ -9,7 +9,7 @@ process with tenants alice and bob (a fresh store): alice deposits --documents t
 (~500 tokens each, chat-wrapped); for each, prompt A is its token ids (alice holds all
 of it) and prompt B the same ids with the first one changed (nobody holds any of it:
 same length, same work to hash). Then bob calls Lookup (token ids: no tokenizing) on A
-and B, --pairs pairs over the documents in turn, the order within each pair drawn at
+and B, --samples pairs over the documents in turn, the order within each pair drawn at
 random, after --warmup pairs not counted; each call timed around the client call
 (time.perf_counter_ns). Reported: both medians, `lookup_timing_ratio` = median(A) /
 median(B) (target 0.9-1.1), and the two-sample Kolmogorov-Smirnov statistic D between the
@@ -25,7 +25,7 @@ chain key under his root and under the shared one, misses both, and stops, wheth
 holds the prompt or not (her pages hang under her own root, keys he never asks for). The
 noise is the machine's (2 shared cores): the pairs alternate so that drift hits both.
 
-Run: .venv/bin/python bench/tenant_bench.py [--pairs 2000] [--documents 8] [--quick]
+Run: .venv/bin/python bench/tenant_bench.py [--samples 2000] [--documents 8] [--quick]
 Last stdout line: one JSON object with lookup_timing_ratio, ks_statistic, ks_p_value,
 separated_at_p01, the medians in microseconds, the control figures and the machine's load.
 """
@@ -117,12 +117,12 @@ def kolmogorov_survival(lam: float) -> float:
 
 def timed_pairs(
     client: Client, prompts: list[tuple[list[int], list[int]]], pairs: int, warmup: int, seed: int
-) -> tuple[np.ndarray, np.ndarray, list[int]]:
+) -> tuple[np.ndarray, np.ndarray, dict[str, set[int]]]:
     """Lookup of A and of B, pair after pair over the prompts, each pair in a random order;
-    (times of A in ns, times of B, matched tokens seen for A and for B)."""
+    (times of A in ns, times of B, {"A": the matched_tokens answered for A, "B": for B})."""
     rng = random.Random(seed)
     times: dict[str, list[int]] = {"A": [], "B": []}
-    matched = {"A": set(), "B": set()}
+    matched: dict[str, set[int]] = {"A": set(), "B": set()}
     for n in range(warmup + pairs):
         held, nobodys = prompts[n % len(prompts)]
         order = [("A", held), ("B", nobodys)]
@@ -134,7 +134,7 @@ def timed_pairs(
             matched[which].add(answer.matched_tokens)
             if n >= warmup:
                 times[which].append(elapsed)
-    return np.array(times["A"]), np.array(times["B"]), [max(matched["A"]), max(matched["B"])]
+    return np.array(times["A"]), np.array(times["B"]), matched
 
 
 def summary(a: np.ndarray, b: np.ndarray) -> dict:
@@ -150,14 +150,16 @@ def summary(a: np.ndarray, b: np.ndarray) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pairs", type=int, default=2000, help="timed pairs (A and B) per side")
+    parser.add_argument(
+        "--samples", type=int, default=2000, help="timed pairs (one A, one B) of bob's Lookups"
+    )
     parser.add_argument("--warmup", type=int, default=100, help="pairs run first, not counted")
     parser.add_argument("--documents", type=int, default=8, help="documents alice deposits")
-    parser.add_argument("--quick", action="store_true", help="200 pairs, 3 documents")
+    parser.add_argument("--quick", action="store_true", help="300 pairs, 3 documents")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.quick:
-        args.pairs, args.warmup, args.documents = 200, 20, 3
+        args.samples, args.warmup, args.documents = 300, 20, 3
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="tenant-bench-") as scratch:
         config, tokens = write_config(Path(scratch))
@@ -183,17 +185,18 @@ def main() -> None:
                 f"alice deposited {len(prompts)} prompts of {len(prompts[0][0])} tokens", flush=True
             )
             bob_a, bob_b, bob_matched = timed_pairs(
-                bob, prompts, args.pairs, args.warmup, args.seed
+                bob, prompts, args.samples, args.warmup, args.seed
             )
             own_a, own_b, own_matched = timed_pairs(
-                alice, prompts, args.pairs // 2, args.warmup, args.seed + 1
+                alice, prompts, args.samples // 2, args.warmup, args.seed + 1
             )
             alice.close()
             bob.close()
         finally:
             daemon.stop()
-    assert bob_matched == [0, 0], f"bob was told alice holds something: {bob_matched}"
-    assert own_matched[0] > 0 and own_matched[1] == 0, own_matched
+    assert bob_matched == {"A": {0}, "B": {0}}, f"bob was told alice holds something: {bob_matched}"
+    assert min(own_matched["A"]) > 0, f"alice's Lookup missed her own prompts: {own_matched}"
+    assert own_matched["B"] == {0}, f"a prompt nobody holds matched: {own_matched}"
     tenant, control = summary(bob_a, bob_b), summary(own_a, own_b)
     print(
         f"bob's Lookup: held by alice {tenant['median_a_us']} us, held by nobody "
@@ -214,12 +217,13 @@ def main() -> None:
             "held_by_alice": tenant["median_a_us"],
             "held_by_nobody": tenant["median_b_us"],
         },
-        "pairs": args.pairs,
+        "samples": args.samples,
+        "control_samples": args.samples // 2,
         "prompt_tokens": len(prompts[0][0]),
         "control_ratio": control["ratio"],
         "control_ks_statistic": control["ks_statistic"],
         "control_ks_p_value": control["ks_p_value"],
-        "control_matched_tokens": own_matched[0],
+        "control_matched_tokens": min(own_matched["A"]),
         "stdev_us": {
             "held_by_alice": round(statistics.pstdev(bob_a.tolist()) / 1000, 1),
             "held_by_nobody": round(statistics.pstdev(bob_b.tolist()) / 1000, 1),

@@ -35,6 +35,7 @@ from kvgraft.cli.render import (
     progress_bar,
     token_to_json,
 )
+from kvgraft.cli.tenants import grafted_owner
 from kvgraft.client.client import Client
 from kvgraft.client.engine_calls import DEFAULT_MAX_NEW_TOKENS
 from kvgraft.errors import FailedPrecondition, KvgraftError
@@ -95,7 +96,7 @@ def receipt_detail_lines(receipt: pb.Receipt) -> list[str]:
         ]
         + _sampling_lines(receipt)
         + [
-            f"  grafted {g.artifact_id[:16]}: {g.tokens} tokens, "
+            f"  grafted {g.artifact_id[:16]}{grafted_owner(g)}: {g.tokens} tokens, "
             + (f"vouched for by {g.vouched_by.hex()[:16]}" if g.vouched_by else "UNTRUSTED")
             for g in receipt.grafted
         ]

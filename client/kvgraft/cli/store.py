@@ -10,11 +10,14 @@
 `ls` prints one line per artifact, each column under a header, the labels cut to
 fit the terminal's width ($COLUMNS, else 160 columns when the output is not a
 terminal; all of them in --json and `stat`); the state column says
-pinned (with the time left of a TTL pin) or quarantined. `stat --manifest` adds
-the manifest: segments, the stored receipt, token ids, every page's SHA-256. A
-stored receipt holds the hashes only: the tokens reused and computed when the
-context was made are not kept in a manifest (the id hashes the manifest, and it
-must not depend on how the context was computed), so they are not shown.
+pinned (with the time left of a TTL pin), shared (published) or quarantined. Where
+tenants own artifacts (kvgraft.cli.tenants) an owner column comes before the labels
+("-": the operator's), and the labels column leaves out the ownership labels it shows.
+`stat` names the owner there too. `stat --manifest` adds the manifest: segments, the
+stored receipt, token ids, every page's SHA-256. A stored receipt holds the hashes
+only: the tokens reused and computed when the context was made are not kept in a
+manifest (the id hashes the manifest, and it must not depend on how the context was
+computed), so they are not shown.
 """
 
 from __future__ import annotations
@@ -37,10 +40,15 @@ from kvgraft.cli.render import (
     time_left,
     when,
 )
-from kvgraft.cli.tenants import tenant_lines
+from kvgraft.cli.tenants import (
+    artifact_document,
+    has_owner,
+    ownership_line,
+    tenant_lines,
+)
 from kvgraft.client.client import Client
 from kvgraft.errors import InvalidArgument, printable
-from kvgraft.tenancy import is_shared, owner_of
+from kvgraft.tenancy import content_labels, is_shared, owner_of
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 TRUST_NAMES = {
@@ -58,6 +66,7 @@ TIER_MEANING = {
     "miss one read from the store on disk",
 }
 LS_HEADERS = ("id", "tokens", "pages", "bytes", "created (UTC)", "trust", "state", "labels")
+LS_OWNER_HEADERS = (*LS_HEADERS[:-1], "owner", "labels")  # where tenants own artifacts
 MIN_LABELS_WIDTH = 12  # on a narrow terminal the labels still show their start
 # The line `ls` fills when its output is not a terminal (a pipe, a file) and $COLUMNS is
 # unset: room for ordinary labels, not for a library entry's hundreds of characters.
@@ -105,15 +114,16 @@ def cmd_info(client: Client, args: argparse.Namespace) -> None:
 
 
 def state(info: pb.ArtifactInfo) -> str:
-    """What `ls` says of an artifact's state: quarantined, pinned (the time left of a TTL
-    pin), or nothing."""
+    """What `ls` says of an artifact's state: quarantined, or shared (published) and
+    pinned (the time left of a TTL pin), or nothing."""
     if info.quarantined:
         return "quarantined"
-    if is_shared(info.labels):
-        return f"shared by {owner_of(info.labels) or 'the operator'}"
+    parts = ["shared"] if is_shared(info.labels) else []
     if info.pinned and info.pin_expires_unix_ms:
-        return f"pinned, {time_left(info.pin_expires_unix_ms)} left"
-    return "pinned" if info.pinned else ""
+        parts.append(f"pinned, {time_left(info.pin_expires_unix_ms)} left")
+    elif info.pinned:
+        parts.append("pinned")
+    return ", ".join(parts)
 
 
 def cmd_ls(client: Client, args: argparse.Namespace) -> None:
@@ -123,6 +133,8 @@ def cmd_ls(client: Client, args: argparse.Namespace) -> None:
         for i in infos:
             print(i.artifact_id)
         return
+    owned = any(has_owner(i.labels) for i in infos)
+    headers = LS_OWNER_HEADERS if owned else LS_HEADERS
     rows = [
         [
             i.artifact_id[:16],
@@ -132,26 +144,28 @@ def cmd_ls(client: Client, args: argparse.Namespace) -> None:
             when(i.created_unix_ms),
             TRUST_NAMES.get(i.provenance.trust, "untrusted"),
             state(i),
+            *([owner_of(i.labels) or "-"] if owned else []),
             "",
         ]
         for i in infos
     ]
     # The labels (last) get what the other columns leave of the line; library entries'
     # labels run to hundreds of characters.
-    others = table(LS_HEADERS[:-1], [row[:-1] for row in rows]).splitlines()
+    others = table(headers[:-1], [row[:-1] for row in rows]).splitlines()
     used = max(map(len, others))
     columns = shutil.get_terminal_size((UNBOUNDED_COLUMNS, 24)).columns
     room = max(MIN_LABELS_WIDTH, columns - used - 2)
     for row, i in zip(rows, infos, strict=True):
-        row[-1] = clip(",".join(f"{k}={v}" for k, v in sorted(i.labels.items())), room)
-    text = table(LS_HEADERS, rows) if rows else "no artifacts"
-    emit(args.json, {"artifacts": [message_to_json(i) for i in infos]}, text)
+        labels = content_labels(i.labels) if owned else i.labels
+        row[-1] = clip(",".join(f"{k}={v}" for k, v in sorted(labels.items())), room)
+    text = table(headers, rows) if rows else "no artifacts"
+    emit(args.json, {"artifacts": [artifact_document(i) for i in infos]}, text)
 
 
 def cmd_stat(client: Client, args: argparse.Namespace) -> None:
     response = client.stat(args.id, include_manifest=args.manifest)
     info = response.info
-    document = message_to_json(info)
+    document = artifact_document(info)
     if args.manifest:
         document["manifest"] = message_to_json(response.manifest)
         receipt = document["manifest"]["receipt"]
@@ -178,6 +192,7 @@ def cmd_stat(client: Client, args: argparse.Namespace) -> None:
             if info.provenance.vouched_by
             else ""
         ),
+        *ownership_line(info.labels),
     ] + [f"label {printable(k)}={printable(v)}" for k, v in sorted(info.labels.items())]
     if info.quarantined:
         lines.append(
