@@ -3,7 +3,8 @@
 Start order: config (kvgraftd.ops.command_line) -> exposure check
 (kvgraftd.server.security) and model check (kvgraftd.config.check_model) -> logging ->
 data-directory lock -> store -> remote tier (kvgraftd.remote.service) ->
-the services (store, engine, library, Replicate's pulls) -> server (limits, TLS, token) ->
+the services (store, engine, library, Replicate's pulls; with [tenants], each tenant's:
+kvgraftd.server.tenants) -> server (limits, TLS, tokens) ->
 metrics endpoint -> the OpenAI-compatible HTTP API (kvgraftd.http) -> health SERVING ->
 followers of [replication] peers (kvgraftd.replication.follower) -> READY=1 to systemd
 once a real health probe answers (kvgraftd.ops.readiness; then WATCHDOG=1 after each
@@ -35,7 +36,6 @@ from kvgraft.errors import KvgraftError
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.config import ConfigError, DaemonConfig, check_model
 from kvgraftd.engine.service import EngineService
-from kvgraftd.engine.tenant_engine import TenantAdmission, TenantEngineService, tenant_engine
 from kvgraftd.http.http_server import HttpServer
 from kvgraftd.http.openai_app import OpenAiApp
 from kvgraftd.library.service import LibraryService
@@ -51,13 +51,12 @@ from kvgraftd.server import security
 from kvgraftd.server.grpc_server import ServerSettings, Services, create_server, set_serving
 from kvgraftd.server.limits import CallLimiter, server_options
 from kvgraftd.server.status import info_response, stats_response
-from kvgraftd.server.tenants import TenantRoute
+from kvgraftd.server.tenants import TenantRoute, tenant_services
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.eviction import CacheBudget, CacheKeeper
 from kvgraftd.store.scrub import Scrubber
 from kvgraftd.store.service import ServiceLimits, StoreService
 from kvgraftd.store.signing import Signer, TrustPolicy
-from kvgraftd.store.tenant_view import TenantView
 
 if TYPE_CHECKING:
     from kvgraftd.engine.engine import Engine
@@ -296,35 +295,6 @@ def start_http(
     host = config.http_listen.rsplit(":", 1)[0]
     log.info("OpenAI-compatible API at %s://%s:%d/v1", http.scheme, host, http.port)
     return http
-
-
-def tenant_services(config: DaemonConfig, operator: Services, store) -> dict[str, Services]:
-    """One set of services per [tenants.NAME] (kvgraft.tenancy): the store as the tenant
-    sees it (one view for its store RPCs and its engine: a tenant's ids never reach the
-    remote tier's imports), the engine as it uses it, its library; the operator's remote
-    tier and replication are never routed to a tenant (kvgraftd.server.tenants)."""
-    running, queued = config.engine_limits()
-    count = max(1, len(config.tenants))
-    out = {}
-    for tenant in config.tenants:
-        budget = CacheBudget(bytes=tenant.store_budget_bytes, policy=config.eviction_policy)
-        view = TenantView(store, tenant.name, budget)
-        own_running = tenant.max_running_contexts or max(1, running // count)
-        own_queued = max(1, queued // count)
-
-        def scope(engine, view=view, name=tenant.name, own=(own_running, own_queued)):
-            return tenant_engine(engine, view, name, TenantAdmission(engine.admission, *own))
-
-        engine = TenantEngineService(operator.engine, scope)
-        out[tenant.name] = Services(
-            operator.store.scoped(view, tenant.name),
-            engine,
-            LibraryService(engine),
-            RemoteService(view, operator.store.trust),
-            operator.pulls,
-            tenant=tenant.name,
-        )
-    return out
 
 
 def serve(config: DaemonConfig, store: Store, stop: StopSignals) -> bool:

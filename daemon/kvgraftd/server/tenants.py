@@ -4,10 +4,11 @@ With [tenants] configured (kvgraftd.config.TenantConfig), every call carries a
 bearer token (the access interceptor, kvgraftd.server.security, has refused it
 otherwise) and the token names its caller: the daemon's own token_file is the
 operator, each [tenants.NAME] token_file that tenant. `TenantRoute` hands each
-call the caller's `Services` (kvgraftd.main builds one set per tenant over its
-kvgraftd.store.tenant_view and kvgraftd.engine.tenant_engine). The RPCs that
-act on the whole store (its change feed, replication, scrubs, the remote tier)
-are the operator's: a tenant calling one is refused with PermissionDenied.
+call the caller's `Services`; `tenant_services` (which kvgraftd.main calls) builds
+one set per tenant over its kvgraftd.store.tenant_view and
+kvgraftd.engine.tenant_engine. The RPCs that act on the whole store (its change
+feed, replication, scrubs, the remote tier) are the operator's: a tenant calling
+one is refused with PermissionDenied.
 Without tenants the operator's services answer every call, as before.
 """
 
@@ -22,8 +23,14 @@ import grpc
 
 from kvgraft.errors import PermissionDenied
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.config import DaemonConfig
+from kvgraftd.engine.tenant_engine import TenantAdmission, TenantEngineService, tenant_engine
+from kvgraftd.library.service import LibraryService
+from kvgraftd.remote.service import RemoteService
 from kvgraftd.server.grpc_server import Services
 from kvgraftd.server.security import TokenCheck
+from kvgraftd.store.eviction import CacheBudget
+from kvgraftd.store.tenant_view import TenantView
 
 # The RPCs only the operator's token may call once tenants are configured.
 OPERATOR_ONLY = frozenset({"Watch", "Replicate", "Scrub", "RemoteStatus", "RemoteSync"})
@@ -91,3 +98,32 @@ class TenantRoute:
                 "operator's; call it with the daemon's token_file"
             )
         return services
+
+
+def tenant_services(config: DaemonConfig, operator: Services, store) -> dict[str, Services]:
+    """One set of services per [tenants.NAME] (kvgraft.tenancy): the store as the tenant
+    sees it (one view for its store RPCs and its engine: a tenant's ids never reach the
+    remote tier's imports), the engine as it uses it, its library; the operator's remote
+    tier and replication are never routed to a tenant (kvgraftd.server.tenants)."""
+    running, queued = config.engine_limits()
+    count = max(1, len(config.tenants))
+    out = {}
+    for tenant in config.tenants:
+        budget = CacheBudget(bytes=tenant.store_budget_bytes, policy=config.eviction_policy)
+        view = TenantView(store, tenant.name, budget)
+        own_running = tenant.max_running_contexts or max(1, running // count)
+        own_queued = max(1, queued // count)
+
+        def scope(engine, view=view, name=tenant.name, own=(own_running, own_queued)):
+            return tenant_engine(engine, view, name, TenantAdmission(engine.admission, *own))
+
+        engine = TenantEngineService(operator.engine, scope)
+        out[tenant.name] = Services(
+            operator.store.scoped(view, tenant.name),
+            engine,
+            LibraryService(engine),
+            RemoteService(view, operator.store.trust),
+            operator.pulls,
+            tenant=tenant.name,
+        )
+    return out
