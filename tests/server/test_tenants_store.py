@@ -282,3 +282,18 @@ def test_invalid_tenant_input_is_refused_by_name(tenants) -> None:
     _, c, _ = tenants
     with pytest.raises(InvalidArgument, match="not an artifact id"):
         c["bob"].publish("zz")
+
+
+def test_a_tenant_is_shown_no_change_feed_sequence(tenants) -> None:
+    """Regression: ArtifactInfo.sequence numbered a tenant's artifacts in the store-wide
+    feed, so two of bob's told him how many changes alice made between them."""
+    _, c, _ = tenants
+    rng = random.Random(9)
+    first = c["bob"].put_artifact(artifact_of(rng, "bob")).artifact_id
+    for _ in range(3):
+        c["alice"].put_artifact(artifact_of(rng, "alice"))
+    second = c["bob"].put_artifact(artifact_of(rng, "bob")).artifact_id
+    shown = {i.artifact_id: i.sequence for i in c["bob"].list_artifacts()}
+    assert shown == {first: 0, second: 0}
+    assert c["bob"].stat(second).info.sequence == 0
+    assert c["operator"].stat(second).info.sequence == 5  # the operator's feed numbers it

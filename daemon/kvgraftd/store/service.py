@@ -393,6 +393,8 @@ class StoreService:
 
     def _info(self, aid: str, record, manifest: pb.Manifest) -> pb.ArtifactInfo:
         info = artifact_info(aid, record, manifest)
+        if self.tenant:  # the store-wide change feed's number would count others' changes
+            info.sequence = 0
         info.provenance.CopyFrom(self._store.provenance(aid))
         info.pin_expires_unix_ms = self._store.pin_expiry(aid)
         usage = self._store.usage(aid)
