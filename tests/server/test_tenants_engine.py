@@ -19,6 +19,7 @@ import pytest
 
 from kvgraft import Client
 from kvgraft.errors import KvgraftError, NotFound, ResourceExhausted
+from kvgraft.tenancy import TENANT_LABEL
 from tests.http.model_daemon import model_daemon
 from tests.support.tenant_config import write_tenants
 
@@ -152,3 +153,15 @@ def test_a_tenants_library_is_its_own(daemon) -> None:
     assert theirs.path == "generate" and not theirs.matched_entry
     with pytest.raises(NotFound):
         c["bob"].library_remove(added.entry.artifact_id)
+
+
+def test_a_graft_with_keep_keeps_its_context_as_the_tenants(daemon) -> None:
+    """Regression: Graft ignored `keep` (found by the isolation property's counts)."""
+    _, c, _ = daemon
+    base = c["alice"].generate(DOC, max_new_tokens=1, deposit=True).deposited_artifact_id
+    kept = c["alice"].graft(base, " Kept?", max_new_tokens=2, keep=True)
+    assert kept.deposited_artifact_id
+    info = c["alice"].stat(kept.deposited_artifact_id).info
+    assert info.labels[TENANT_LABEL] == "alice"
+    with pytest.raises(NotFound):
+        c["bob"].stat(kept.deposited_artifact_id)

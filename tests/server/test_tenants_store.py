@@ -201,6 +201,10 @@ def test_a_published_artifact_is_read_by_all_and_changed_by_its_owner(tenants) -
         assert isinstance(error, PermissionDenied) and "only its owner" in str(error)
     with pytest.raises(NotFound):  # the one it was published from stays hers alone
         c["bob"].stat(hers.id)
+    # its uses are every tenant's: its owner sees them, the others do not
+    assert c["alice"].stat(shared.artifact_id).info.last_used_unix_ms > 0  # bob's export
+    seen = c["bob"].stat(shared.artifact_id).info
+    assert (seen.last_used_unix_ms, seen.reused_tokens) == (0, 0)
     withdrawn = c["alice"].publish(hers.id, withdraw=True)
     assert withdrawn.artifact_id == shared.artifact_id
     assert list(c["bob"].list_artifacts()) == []

@@ -271,8 +271,10 @@ class Engine(Passes, Recompute, Deposits):
                 reused, computed = len(manifest.token_ids), 0
             logits = yield from self._prompt(context, continuation, options, reused)
             computed += len(continuation)
+            auto = options.keep and not options.deposit  # cache = "auto" is Generate's
+            whole = full_id if reused else ""
             yield from self._decode(
-                context, logits, options, reused, computed, grafted, full_id if reused else ""
+                context, logits, options, reused, computed, grafted, whole, auto_deposit=auto
             )
 
     def _decode(

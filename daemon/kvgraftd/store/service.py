@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from kvgraft import __version__, wire
 from kvgraft.artifact import DIGEST_BYTES, artifact_id, page_sizes
 from kvgraft.errors import DataLoss, InvalidArgument, KvgraftError, Unavailable
+from kvgraft.tenancy import writable_by
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.config import FIELDS, DaemonConfig
 from kvgraftd.store import publishing
@@ -398,7 +399,8 @@ class StoreService:
         info.provenance.CopyFrom(self._store.provenance(aid))
         info.pin_expires_unix_ms = self._store.pin_expiry(aid)
         usage = self._store.usage(aid)
-        if usage is not None:
+        # a published artifact's uses are every tenant's: its owner's to see, no one else's
+        if usage is not None and writable_by(self.tenant, manifest.labels):
             info.last_used_unix_ms, info.reused_tokens = usage.last_used_ms, usage.reused_tokens
         info.quarantined = self._store.is_quarantined(aid)
         return info
