@@ -94,9 +94,13 @@ class TenantView:
     # pages (the engine reads pages by the digests of an artifact it was allowed)
 
     def missing_pages(self, digests: Sequence[bytes]) -> list[bytes]:
+        """The pages none of its artifacts reference and it did not stage itself (a staged
+        page collected since counts as missing again: it must be sent again)."""
+        not_owned = self._store.pages_not_owned(self.tenant, digests)
         with self._lock:
-            staged = set(self._staged)
-        return [d for d in self._store.pages_not_owned(self.tenant, digests) if d not in staged]
+            staged = [d for d in not_owned if d in self._staged]
+        gone = set(self._store.missing_pages(staged)) if staged else set()
+        return [d for d in not_owned if d not in staged or d in gone]
 
     def read_pages_into(self, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:
         self._store.read_pages_into(digests, dests)
