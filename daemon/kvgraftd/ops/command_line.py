@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft import __version__
-from kvgraftd.config import FIELDS, ConfigError, DaemonConfig, coerce, tenants_of
+from kvgraftd.config import FIELDS, ConfigError, DaemonConfig, coerce
+from kvgraftd.config.tenants import tenants_of
 
 TABLES = ("replication", "trust", "remote")
 LIST_TYPE = "tuple[str, ...]"

@@ -8,13 +8,14 @@ take plain integers or strings with a unit, "64MiB", "2GB"), the checks of the
 values, alone and together (`DaemonConfig.__post_init__`, ConfigError naming the
 setting and the fix), and the check of the model a configuration names on this
 machine (`check_model`, run at start before the daemon takes its port or lock).
+Byte sizes and the error are kvgraftd.config.values'; the [tenants.NAME] tables,
+which have no flag, kvgraftd.config.tenants'.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,36 +23,11 @@ from typing import Any
 from kvgraft.artifact import MAX_PAGE_BYTES
 from kvgraft.public_keys import is_degenerate
 from kvgraft.replication.addresses import TARGETS, address_problem
-from kvgraft.tenancy import check_tenant_name
+from kvgraftd.config.tenants import TenantConfig
+from kvgraftd.config.values import ConfigError, parse_bytes
 
 DEFAULT_LISTEN = "127.0.0.1:50551"
 DEFAULT_HTTP_LISTEN = "127.0.0.1:8551"
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-}
-
-
-@dataclass(frozen=True)
-class TenantConfig:
-    """One [tenants.NAME] table: who the token of `token_file` is, and its shares."""
-
-    name: str
-    token_file: str
-    store_budget_bytes: int = 0  # 0: no budget of its own (the store's still holds)
-    max_running_contexts: int = 0  # 0: a fair share (the engine's / the tenants')
-
-
-class ConfigError(ValueError):
-    """The configuration is invalid; the message names the key and the fix."""
 
 
 def _opt(default: Any, help: str) -> Any:
@@ -414,53 +390,6 @@ def _check_address(name: str, address: str) -> None:
 
 # the settings with a flag and a key of their own (the tenants' tables are read apart)
 FIELDS = {f.name: f for f in dataclasses.fields(DaemonConfig) if "table" not in f.metadata}
-TENANT_KEYS = ("token_file", "store_budget_bytes", "max_running_contexts")
-
-
-def tenants_of(raw: Any, where: str) -> tuple[TenantConfig, ...]:
-    """The [tenants.NAME] tables of a TOML file (`where` names it in errors)."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: tenants is a table of tables: [tenants.NAME] token_file = ...")
-    out = []
-    for name, table in raw.items():
-        try:
-            check_tenant_name(name)
-        except ValueError as exc:
-            raise ConfigError(f"{where}: [tenants.{name}]: {exc}") from None
-        if not isinstance(table, dict):
-            raise ConfigError(f"{where}: [tenants.{name}] must be a table with token_file = ...")
-        unknown = sorted(set(table) - set(TENANT_KEYS))
-        if unknown:
-            raise ConfigError(
-                f"{where}: unknown key {unknown[0]!r} in [tenants.{name}] (known keys: "
-                f"{', '.join(TENANT_KEYS)})"
-            )
-        if not isinstance(table.get("token_file"), str) or not table["token_file"]:
-            raise ConfigError(f'{where}: [tenants.{name}] needs token_file = "/path/to/token"')
-        budget = table.get("store_budget_bytes", 0)
-        running = table.get("max_running_contexts", 0)
-        if isinstance(running, bool) or not isinstance(running, int) or running < 0:
-            raise ConfigError(
-                f"{where}: [tenants.{name}] max_running_contexts = {running!r}: a whole number "
-                "(0 or absent: a fair share of the engine)"
-            )
-        out.append(
-            TenantConfig(
-                name, table["token_file"], parse_bytes(budget, "store_budget_bytes"), running
-            )
-        )
-    return tuple(out)
-
-
-def parse_bytes(value: int | str, key: str = "value") -> int:
-    if isinstance(value, bool):
-        raise ConfigError(f"{key} = {value!r}: use a byte count such as 1073741824 or 64MiB")
-    if isinstance(value, int):
-        return value
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ConfigError(f"{key} = {value!r}: use a byte count such as 1073741824, 64MiB or 2GB")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
 def coerce(name: str, value: Any) -> Any:
