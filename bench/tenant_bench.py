@@ -37,7 +37,6 @@ import json
 import math
 import os
 import random
-import secrets
 import statistics
 import tempfile
 import time
@@ -46,35 +45,12 @@ from pathlib import Path
 import numpy as np
 
 from kvgraft import Client
-from kvgraftd.testing.daemon_process import DaemonProcess
+from kvgraftd.testing.daemon_process import DaemonProcess, wait_model_ready
+from kvgraftd.testing.tenants import write_tenants
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_CACHE = ROOT / ".cache" / "models"
 TOPICS = ["tides", "glaciers", "bridges", "ferns", "comets", "looms", "lanterns", "canals"]
-
-
-def write_config(directory: Path) -> tuple[Path, dict[str, Path]]:
-    """An operator token, alice's and bob's, and the TOML naming them."""
-    tokens = {}
-    for name in ("operator", "alice", "bob"):
-        tokens[name] = directory / f"{name}.token"
-        tokens[name].write_text(secrets.token_hex(16))
-        tokens[name].chmod(0o600)
-    config = directory / "kvgraftd.toml"
-    config.write_text(
-        f'token_file = "{tokens["operator"]}"\n'
-        f'[tenants.alice]\ntoken_file = "{tokens["alice"]}"\n'
-        f'[tenants.bob]\ntoken_file = "{tokens["bob"]}"\n'
-    )
-    return config, tokens
-
-
-def wait_until_ready(client: Client, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (state := client.info().model_state) != "ready":
-        if state.startswith("failed") or time.monotonic() > deadline:
-            raise SystemExit(f"the model is not ready: {state}")
-        time.sleep(0.2)
 
 
 def document(topic: str, index: int) -> str:
@@ -162,7 +138,7 @@ def main() -> None:
         args.samples, args.warmup, args.documents = 300, 20, 3
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="tenant-bench-") as scratch:
-        config, tokens = write_config(Path(scratch))
+        config, tokens = write_tenants(Path(scratch), {"alice": {}, "bob": {}})
         daemon = DaemonProcess.start(
             Path(scratch) / "data",
             ["--config", str(config), "--model", "", "--model-cache", str(MODEL_CACHE)],
@@ -170,7 +146,7 @@ def main() -> None:
         try:
             alice = Client(daemon.address, token_file=tokens["alice"])
             bob = Client(daemon.address, token_file=tokens["bob"])
-            wait_until_ready(alice)
+            wait_model_ready(daemon.address, token_file=tokens["alice"])
             vocab_top = 49151  # SmolLM2's last id: a changed first token stays in the vocabulary
             prompts = []
             for index in range(args.documents):

@@ -54,6 +54,14 @@ def namespace_of(labels: Mapping[str, str]) -> str:
     return f"tenant:{owner}" if owner else OPERATOR
 
 
+def owner_in(namespace: str) -> str | None:
+    """The owner every artifact of a namespace has ("": the operator's), or None for the
+    shared one (each published artifact keeps its own owner)."""
+    if namespace == SHARED_NAMESPACE:
+        return None
+    return namespace.removeprefix("tenant:")
+
+
 def tenant_namespace(tenant: str) -> str:
     """A caller's own namespace (the operator's is "")."""
     return f"tenant:{tenant}" if tenant else OPERATOR

@@ -16,9 +16,9 @@ from kvgraft import Client
 from kvgraft.cli.engine import receipt_detail_lines
 from kvgraft.tenancy import SHARED_LABEL, TENANT_LABEL
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.testing.tenants import write_tenants
 from tests.cli.test_cli import kvgraft
 from tests.support.factory import random_artifact
-from tests.support.tenant_config import write_tenants
 
 
 def test_publish_ls_stat_info_and_refusals_act_as_the_tokens_tenant(start_daemon, tmp_path) -> None:

@@ -16,10 +16,10 @@ from kvgraft import Client
 from kvgraft.errors import NotFound, PermissionDenied
 from kvgraft.tenancy import TENANT_LABEL
 from kvgraftd.testing.s3_server import s3_env
+from kvgraftd.testing.tenants import write_tenants
 from tests.remote.test_remote import prefix_of, remote_args
 from tests.support.factory import random_artifact
 from tests.support.store_audit import assert_served_whole
-from tests.support.tenant_config import write_tenants
 
 
 def test_the_bucket_keeps_each_artifacts_tenant(s3, start_daemon, tmp_path, request) -> None:

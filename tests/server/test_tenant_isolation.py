@@ -75,11 +75,11 @@ from kvgraft.tenancy import (
     visible_to,
 )
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.testing.daemon_process import DaemonProcess
+from kvgraftd.testing.daemon_process import DaemonProcess, wait_model_ready
+from kvgraftd.testing.tenants import write_tenants
 from tests.server.test_fuzz import SERVICE, requests
 from tests.support.factory import random_artifact
 from tests.support.store_audit import assert_served_whole
-from tests.support.tenant_config import wait_until_ready, write_tenants
 
 CALL_TIMEOUT_S = 20.0
 STREAM_MESSAGES = 2000  # more than any answer of a 256-token context holds
@@ -285,7 +285,7 @@ def world(tmp_path_factory) -> Iterator[World]:
     )  # fmt: skip
     alice = Client(daemon.address, token_file=tokens["alice"], transfer_timeout_s=60)
     operator = Client(daemon.address, token_file=tokens["operator"], transfer_timeout_s=60)
-    wait_until_ready(alice)
+    wait_model_ready(daemon.address, token_file=tokens["alice"])
     rng = random.Random(12)
     secrets = _store_alices(alice, rng)
     with Client(daemon.address, token_file=tokens["bob"]) as bob:

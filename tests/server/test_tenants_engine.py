@@ -20,8 +20,8 @@ import pytest
 from kvgraft import Client
 from kvgraft.errors import KvgraftError, NotFound, ResourceExhausted
 from kvgraft.tenancy import TENANT_LABEL
+from kvgraftd.testing.tenants import write_tenants
 from tests.http.model_daemon import model_daemon
-from tests.support.tenant_config import write_tenants
 
 DOC = (
     "Exact prefix reuse keeps the key and value state of a prompt so that a later request "

@@ -2,7 +2,7 @@
 budgets within a tenant, publishing, the operator, replication (kvgraft.tenancy).
 
 Each test runs real daemons in their own processes, configured with [tenants.NAME]
-tables (tests/support/tenant_config.py); alice's artifacts are random ones labelled as
+tables (kvgraftd.testing.tenants); alice's artifacts are random ones labelled as
 hers, so their ids are what she computed.
 """
 
@@ -19,10 +19,10 @@ from kvgraft.errors import InvalidArgument, KvgraftError, NotFound, PermissionDe
 from kvgraft.tenancy import SHARED_LABEL, TENANT_LABEL
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.testing.daemon_process import DaemonProcess
+from kvgraftd.testing.tenants import write_tenants
 from tests.support.factory import random_artifact
 from tests.support.metrics_scrape import labelled_metrics
 from tests.support.store_audit import assert_served_whole
-from tests.support.tenant_config import write_tenants
 
 PUT_ARTIFACT = "/kvgraft.v1.Kvgraft/PutArtifact"
 

@@ -40,7 +40,7 @@ from contextlib import AbstractContextManager, ExitStack
 
 import numpy as np
 
-from kvgraft.artifact import artifact_id, page_sizes
+from kvgraft.artifact import page_sizes
 from kvgraft.errors import InvalidArgument, NotFound, PermissionDenied
 from kvgraft.tenancy import (
     SHARED_NAMESPACE,
@@ -152,10 +152,6 @@ class TenantView:
     def set_pinned(self, artifact_id: str, pinned: bool, ttl_s: float = 0) -> ArtifactRecord:
         return self._store.set_pinned(self._owned(artifact_id), pinned, ttl_s)
 
-    def owns(self, artifact_id: str) -> str:
-        """The full id of an artifact the tenant may change (see _owned)."""
-        return self._owned(artifact_id)
-
     def commit_artifact(
         self,
         manifest: pb.Manifest,
@@ -194,13 +190,6 @@ class TenantView:
         return dataclasses.replace(
             result, pages_written=len(brought), bytes_written=sum(sizes[d] for d in brought)
         )
-
-    def relabelled_id(self, manifest: pb.Manifest, shared: bool) -> str:
-        """The id `manifest` has once labelled as this tenant's (published or not)."""
-        copy = pb.Manifest.FromString(manifest.SerializeToString())
-        copy.labels.clear()
-        copy.labels.update(owned_labels(manifest.labels, self.tenant, shared))
-        return artifact_id(copy)
 
     # ------------------------------------------------------------------
     # prefix reuse (the engine)

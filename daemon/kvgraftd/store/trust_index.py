@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvgraft.public_keys import is_degenerate
-from kvgraft.tenancy import owner_of
+from kvgraft.tenancy import owner_in, owner_of
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import chains
 from kvgraftd.store.catalog import decode_record
@@ -224,8 +224,10 @@ def longest_trusted_run(
     if aid is None:  # an entry is registered only with a voucher
         return NO_MATCH
     provenance = read(txn, dbs, aid)
-    found = txn.get(aid, db=dbs["artifacts"])
-    owner = owner_of(decode_record(found).manifest().labels) if found is not None else ""
+    owner = owner_in(namespace)
+    if owner is None:  # a published artifact's manifest names its owner (only then read)
+        found = txn.get(aid, db=dbs["artifacts"])
+        owner = owner_of(decode_record(found).manifest().labels) if found is not None else ""
     grafted = pb.GraftedArtifact(
         artifact_id=aid.hex(),
         tokens=tokens,

@@ -134,12 +134,13 @@ class DaemonProcess:
                 self.kill()
 
 
-def wait_model_ready(address: str, timeout_s: float = 300.0) -> None:
-    """Block until the daemon at `address` reports its model ready (it loads in the background)."""
+def wait_model_ready(address: str, timeout_s: float = 300.0, token_file=None) -> None:
+    """Block until the daemon at `address` reports its model ready (it loads in the
+    background); `token_file`: a daemon that requires a token (a tenant's will do)."""
     from kvgraft import Client
 
     deadline = time.monotonic() + timeout_s
-    with Client(address) as client:
+    with Client(address, token_file=token_file) as client:
         while True:
             state = client.info().model_state
             if state == "ready":

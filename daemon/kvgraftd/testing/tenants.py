@@ -1,7 +1,6 @@
-"""A kvgraftd configuration with tenants, for tests: token files and the TOML that names them.
+"""A kvgraftd configuration with tenants, for tests and benchmarks: token files and the TOML
+that names them.
 
-`wait_until_ready(client)` waits for the model as the client's tenant sees it (the
-tokenless kvgraftd.testing.daemon_process.wait_model_ready is refused by such a daemon).
 `write_tenants(directory, {"alice": {...}, "bob": {}})` writes an operator token and one
 token per tenant (mode 600) and a TOML file whose `[tenants.NAME]` tables carry the given
 keys (store_budget_bytes, max_running_contexts); it returns the config's path and each
@@ -12,10 +11,7 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 from pathlib import Path
-
-from kvgraft import Client
 
 
 def write_tenants(
@@ -36,11 +32,3 @@ def write_tenants(
     config = directory / "kvgraftd.toml"
     config.write_text("\n".join(lines) + "\n")
     return config, tokens
-
-
-def wait_until_ready(client: Client, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (state := client.info().model_state) != "ready":
-        if state.startswith("failed") or time.monotonic() > deadline:
-            raise RuntimeError(f"the model is not ready: {state}")
-        time.sleep(0.2)
