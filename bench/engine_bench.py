@@ -11,14 +11,22 @@ What, on the real default model (SmolLM2-135M-Instruct, float32, CPU), in one pr
 Three variants, alternated round by round (the machine is shared and noisy;
 medians of the rounds are reported):
 
-* native: the engine (kvgraftd.engine.engine.Engine) on the row-invariant
-  forward (kvgraftd.engine.native_forward: the native linear kernel, prefill
+* native: the engine (kvgraftd.engine.requests.engine.Engine) on the row-invariant
+  forward (kvgraftd.engine.model.native_forward: the native linear kernel, prefill
   rows attended as decode steps, passes of up to 512 tokens);
 * torch path: the same engine with the native forward switched off (the
   transformers modules, torch's products, the fixed schedule: 64-token passes
   split at page boundaries);
 * transformers: `model(ids)` in one pass for prefill and `model.generate`
   (greedy, its own KV cache, SDPA attention) for decode, on the same weights.
+
+The decode step's time outside the kernels: 1 and 8 contexts decoding together on the
+native engine (each its own prompt of --decode-prompt tokens, --decode new tokens,
+greedy, from 8 threads as the daemon's requests arrive), over the steps where every
+context decodes: wall time per step less the time spent inside the native libraries'
+calls (each timed at its ctypes call, so the wrapper's own ~0.3 us a call counts as
+outside). What is left is the interpreter, torch's small ops (the embedding, the token
+choice), hand-offs between threads: `decode_overhead_ms_1`, `decode_overhead_ms_8`.
 
 Also, where llama-cpp-python is installed (optional), llama.cpp decoding the
 same GGUF with 2 threads. The native and torch engine runs are checked to
@@ -33,7 +41,7 @@ for 2,048 tokens) and attention's (quadratic in the prompt).
 Run: .venv/bin/python bench/engine_bench.py [--rounds 2] [--prefill 2048] [--decode 128]
 Last stdout line: one JSON object with prefill_vs_hf, decode_vs_hf,
 prefill_vs_torch_path, decode_vs_torch_path (ratios of speed: > 1 means the
-native engine is faster) and the raw figures.
+native engine is faster), decode_overhead_ms_1, decode_overhead_ms_8 and the raw figures.
 """
 
 from __future__ import annotations
@@ -45,14 +53,17 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from kvgraftd.engine.decoding import DecodeOptions, ResultEvent, TokenEvent
-from kvgraftd.engine.engine import Engine
-from kvgraftd.engine.model_adapter import ModelAdapter, default_model_path
+from kvgraftd.engine.model import decode_attention, linear
+from kvgraftd.engine.model.model_adapter import ModelAdapter, default_model_path
+from kvgraftd.engine.requests.decoding import DecodeOptions, ResultEvent, TokenEvent
+from kvgraftd.engine.requests.engine import Engine
 from kvgraftd.store.artifact_store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,6 +100,78 @@ def engine_decode(engine: Engine, prompt: list[int], steps: int) -> tuple[float,
                 first = time.perf_counter()
     elapsed = time.perf_counter() - first
     return (len(tokens) - 1) / elapsed, tokens
+
+
+class KernelClock:
+    """Nanoseconds spent inside the native libraries' calls, on any thread: each of their
+    functions replaced, on the loaded library, by one that times the call."""
+
+    def __init__(self) -> None:
+        self.nanoseconds = 0
+
+    @contextmanager
+    def timing(self):
+        libraries = [linear.native_library(), decode_attention.native_library()]
+        names = [
+            (library, name)
+            for library in libraries
+            for name in dir(library)
+            if name.startswith("kvg_") and callable(getattr(library, name))
+        ]
+        originals = [(library, name, getattr(library, name)) for library, name in names]
+        for library, name, function in originals:
+            setattr(library, name, self._timed(function))
+        try:
+            yield self
+        finally:
+            for library, name, function in originals:
+                setattr(library, name, function)
+
+    def _timed(self, function):
+        clock = time.perf_counter_ns
+
+        def call(*args):
+            began = clock()
+            try:
+                return function(*args)
+            finally:
+                self.nanoseconds += clock() - began
+
+        return call
+
+
+def decode_overhead(engine: Engine, prompts: list[list[int]], steps: int) -> float:
+    """Milliseconds a decode step spends outside the native kernels, `len(prompts)` contexts
+    decoding together (one thread each, as requests): measured from the moment the last
+    prompt is done to the moment the first context has its last token."""
+    count = len(prompts)
+    tokens = [0] * count
+    marks: dict[str, tuple[float, int, int]] = {}
+    lock = threading.Lock()
+    clock = KernelClock()
+
+    def mark(name: str) -> None:
+        marks[name] = (time.perf_counter(), clock.nanoseconds, engine.batcher.snapshot().steps)
+
+    def one(index: int) -> None:
+        options = DecodeOptions(max_new_tokens=steps, no_cache=True)
+        for event in engine.generate(prompts[index], options):
+            if isinstance(event, TokenEvent):
+                with lock:
+                    tokens[index] += 1
+                    if tokens[index] == 1 and all(tokens):
+                        mark("all decoding")
+                    if tokens[index] == steps and "first done" not in marks:
+                        mark("first done")
+
+    with clock.timing():
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    (t0, k0, s0), (t1, k1, s1) = marks["all decoding"], marks["first done"]
+    return 1e3 * ((t1 - t0) - (k1 - k0) / 1e9) / max(1, s1 - s0)
 
 
 def hf_prefill(model, prompt: list[int]) -> float:
@@ -178,6 +261,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"{figures[name][-1]:6.2f} s   decode {rates[name][-1]:6.1f} tokens/s",
                     flush=True,
                 )
+        torch.set_num_threads(1)
+        overheads: dict[int, list[float]] = {1: [], 8: []}
+        for _ in range(args.rounds):
+            for count in overheads:
+                prompts = [long_prompt[i : i + args.decode_prompt] for i in range(0, 8 * count, 8)]
+                overheads[count].append(decode_overhead(engines["native"], prompts, args.decode))
+                print(f"decode overhead, {count} contexts: {overheads[count][-1]:.2f} ms a step")
         store.close()
     prefill = {name: statistics.median(values) for name, values in figures.items()}
     decode = {name: statistics.median(values) for name, values in rates.items()}
@@ -188,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         "prefill_vs_torch_path": round(prefill["torch"] / prefill["native"], 2),
         "decode_vs_torch_path": round(decode["native"] / decode["torch"], 2),
         "decode_vs_llamacpp": round(decode["native"] / llamacpp, 2) if llamacpp else None,
+        "decode_overhead_ms_1": round(statistics.median(overheads[1]), 2),
+        "decode_overhead_ms_8": round(statistics.median(overheads[8]), 2),
         "prefill_s": {name: round(value, 2) for name, value in prefill.items()},
         "decode_tokens_per_s": {name: round(value, 1) for name, value in decode.items()},
         "llamacpp_decode_tokens_per_s": round(llamacpp, 1) if llamacpp else None,

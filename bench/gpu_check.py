@@ -50,9 +50,9 @@ def main() -> int:
         return 2
     import long_context as lc
 
-    from kvgraftd.engine.decoding import DecodeOptions, ResultEvent
-    from kvgraftd.engine.engine import Engine
-    from kvgraftd.engine.model_adapter import ModelAdapter
+    from kvgraftd.engine.model.model_adapter import ModelAdapter
+    from kvgraftd.engine.requests.decoding import DecodeOptions, ResultEvent
+    from kvgraftd.engine.requests.engine import Engine
     from kvgraftd.store.artifact_store import Store
     from kvgraftd.tiers.device_pool import DevicePool
     from kvgraftd.tiers.host_cache import HostCache

@@ -261,7 +261,7 @@ def llamacpp_peer(records: int, turns: int) -> dict | str:
         import llama_cpp.server.app  # noqa: F401  (only to know the server is there)
     except ImportError as exc:
         return f"llama-cpp-python[server] is not installed ({exc}); peer skipped"
-    from kvgraftd.engine.model_adapter import default_model_path
+    from kvgraftd.engine.model.model_adapter import default_model_path
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

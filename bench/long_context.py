@@ -4,7 +4,7 @@ What: synthetic KV of one layer of the default model as the engine keeps it on
 CPU (3 KV heads x head dim 64, float32: 1,536 bytes per token for K and V) is
 written into a real store as artifacts of 4,096-token pages (6 MiB each, one
 attention block per page). A context of N stored tokens is then attended by
-one new query token exactly as the engine does it (kvgraftd.engine.kv_context:
+one new query token exactly as the engine does it (kvgraftd.engine.attention.kv_context:
 stored blocks stream from the store through the host tier into a device pool
 of `--device-budget` bytes, the next block is fetched on a background thread
 while the current one is attended, an online softmax merges blocks in a fixed
@@ -59,8 +59,8 @@ import torch
 
 from kvgraft.artifact import FORMAT_VERSION
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.engine.kv_context import KvContext
-from kvgraftd.engine.model_adapter import ModelGeometry
+from kvgraftd.engine.attention.kv_context import KvContext
+from kvgraftd.engine.model.geometry import ModelGeometry
 from kvgraftd.server.status import rss_anon_bytes
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.page_records import page_records_of

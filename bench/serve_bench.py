@@ -104,7 +104,7 @@ def hf_batched(prompts: list[list[int]]) -> float:
     """transformers generate, the prompts batched: generated tokens per second."""
     import torch
 
-    from kvgraftd.engine.model_adapter import ModelAdapter
+    from kvgraftd.engine.model.model_adapter import ModelAdapter
 
     torch.set_num_threads(len(__import__("os").sched_getaffinity(0)))
     model = ModelAdapter.load(None, MODEL_CACHE).model

@@ -54,7 +54,7 @@ MODEL_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "models"
 @pytest.fixture(scope="session")
 def real_model():
     """The default model's adapter, loaded in-process (once per session)."""
-    from kvgraftd.engine.model_adapter import ModelAdapter
+    from kvgraftd.engine.model.model_adapter import ModelAdapter
 
     return ModelAdapter.load(None, MODEL_CACHE)
 

@@ -35,7 +35,7 @@ from kvgraft import __version__
 from kvgraft.errors import KvgraftError
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.config import ConfigError, DaemonConfig, check_model
-from kvgraftd.engine.service import EngineService
+from kvgraftd.engine.requests.service import EngineService
 from kvgraftd.http.http_server import HttpServer
 from kvgraftd.http.openai_app import OpenAiApp
 from kvgraftd.library.service import LibraryService
@@ -59,7 +59,7 @@ from kvgraftd.store.service import ServiceLimits, StoreService
 from kvgraftd.store.signing import Signer, TrustPolicy
 
 if TYPE_CHECKING:
-    from kvgraftd.engine.engine import Engine
+    from kvgraftd.engine.requests.engine import Engine
 
 log = logging.getLogger("kvgraftd")
 
@@ -142,9 +142,9 @@ def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engi
     """
     import torch
 
-    from kvgraftd.engine import compute_thread
-    from kvgraftd.engine.engine import Engine
-    from kvgraftd.engine.model_adapter import ModelAdapter
+    from kvgraftd.engine.model.model_adapter import ModelAdapter
+    from kvgraftd.engine.requests.engine import Engine
+    from kvgraftd.engine.scheduling.compute_thread import ComputeThread
     from kvgraftd.tiers.device_pool import DevicePool
     from kvgraftd.tiers.host_cache import HostCache
     from kvgraftd.tiers.stack import Tiers
@@ -153,8 +153,9 @@ def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engi
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     cache = Path(config.model_cache) if config.model_cache else config.data / "models"
-    # Loaded on the thread that runs every forward pass (kvgraftd.engine.compute_thread).
-    adapter = compute_thread.run(ModelAdapter.load, config.model or None, cache, device=device)
+    # Loaded on the thread that runs every forward pass (kvgraftd.engine.scheduling.compute_thread).
+    compute = ComputeThread()
+    adapter = compute.run(ModelAdapter.load, config.model or None, cache, device=device)
     geometry = adapter.geometry
     pool = DevicePool(
         config.device_budget_bytes,
@@ -182,6 +183,7 @@ def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engi
         max_queued_requests=queued,
         max_live_kv_bytes=config.max_live_kv_bytes,
         auto_cache=config.cache == "auto",
+        compute=compute,
     )
     log.info(
         "engine ready: %s on %s, fingerprint %s, page_tokens %d, device pool %d slots of %d bytes",

@@ -9,7 +9,7 @@ import torch
 
 from kvgraft import Client
 from kvgraft.hf import from_kv, layer_tensors, to_dynamic_cache
-from kvgraftd.engine.model_adapter import ModelAdapter
+from kvgraftd.engine.model.model_adapter import ModelAdapter
 from kvgraftd.testing.daemon_process import wait_model_ready
 
 PAGE = 8

@@ -1,5 +1,5 @@
-"""Continuous batching (kvgraftd.engine.batcher): many requests share forward passes, and each
-gets the receipt and tokens it gets alone.
+"""Continuous batching (kvgraftd.engine.scheduling.batcher): many requests share forward
+passes, and each gets the receipt and tokens it gets alone.
 
 The exactness test runs the real default model in-process: eight concurrent generate calls
 (prompt lengths 5-300, some grafting a stored prefix, some without the cache, greedy and
@@ -22,16 +22,19 @@ import pytest
 from kvgraft.artifact import page_sizes
 from kvgraft.errors import Cancelled, DataLoss, ResourceExhausted
 from kvgraftd.config import DaemonConfig
-from kvgraftd.engine import linear
-from kvgraftd.engine.batcher import Admission, Batcher
-from kvgraftd.engine.decoding import DecodeOptions, ProgressEvent, ResultEvent, TokenEvent
-from kvgraftd.engine.engine import Engine
-from kvgraftd.engine.model_adapter import ModelAdapter
-from kvgraftd.engine.passes import Passes
+from kvgraftd.engine.model import linear
+from kvgraftd.engine.model.model_adapter import ModelAdapter
+from kvgraftd.engine.requests.decoding import DecodeOptions, ProgressEvent, ResultEvent, TokenEvent
+from kvgraftd.engine.requests.engine import Engine
+from kvgraftd.engine.requests.passes import Passes
+from kvgraftd.engine.scheduling.admission import Admission
+from kvgraftd.engine.scheduling.batcher import Batcher
 from kvgraftd.store.artifact_store import Store
+from tests.support import native_kernels
 from tests.support.on_disk import flip_stored_page
 
-pytestmark = pytest.mark.skipif(not linear.available(), reason="the native kernels are not built")
+if not linear.available():
+    native_kernels.missing("the native kernels are not built")
 
 
 def outcome(events) -> tuple[list[int], tuple]:
@@ -53,7 +56,7 @@ def outcome(events) -> tuple[list[int], tuple]:
 @pytest.fixture(scope="module")
 def real_engine(real_model, tmp_path_factory):
     if not real_model.row_invariant:
-        pytest.skip("the default model does not run on the row-invariant forward here")
+        native_kernels.missing("the default model does not run on the row-invariant forward here")
     store = Store(tmp_path_factory.mktemp("store"))
     try:
         yield Engine(real_model, store, page_tokens=64, block_tokens=256)
@@ -100,7 +103,7 @@ def test_concurrent_requests_get_the_receipts_they_get_alone(real_engine, rng) -
 def tiny() -> ModelAdapter:
     adapter = ModelAdapter.load("tiny:3", Path("/nonexistent"))
     if not adapter.row_invariant:
-        pytest.skip("the tiny model does not run on the row-invariant forward here")
+        native_kernels.missing("the tiny model does not run on the row-invariant forward here")
     return adapter
 
 

@@ -27,22 +27,22 @@ import xxhash
 from kvgraft.artifact import FORMAT_VERSION
 from kvgraft.errors import DataLoss
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.engine import decode_attention
-from kvgraftd.engine.decode_attention import CorruptBlock, DecodeSoftmax, OrderedPartials
-from kvgraftd.engine.kv_context import KvContext
-from kvgraftd.engine.model_adapter import ModelGeometry
-from kvgraftd.engine.online_softmax import OnlineSoftmax, softmax_for
-from kvgraftd.engine.receipts import compute_profile
+from kvgraftd.engine.attention.kv_context import KvContext
+from kvgraftd.engine.attention.online_softmax import OnlineSoftmax, softmax_for
+from kvgraftd.engine.model import decode_attention
+from kvgraftd.engine.model.decode_attention import CorruptBlock, DecodeSoftmax, OrderedPartials
+from kvgraftd.engine.model.geometry import ModelGeometry
+from kvgraftd.engine.requests.receipts import compute_profile
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.page_records import page_records_of
 from kvgraftd.tiers.device_pool import DevicePool
 from kvgraftd.tiers.host_cache import HostCache
 from kvgraftd.tiers.stack import Tiers
+from tests.support import native_kernels
 from tests.support.on_disk import flip_stored_page
 
-pytestmark = pytest.mark.skipif(
-    decode_attention._library is None, reason="the native kernel is not built"
-)
+if not decode_attention.available():
+    native_kernels.missing("the native attention kernel is not built")
 
 
 def _inputs(heads: int, kv_heads: int, dim: int, tokens: int, seed: int = 0):

@@ -18,11 +18,11 @@ import torch
 from kvgraft.artifact import page_sizes
 from kvgraft.errors import DataLoss, FailedPrecondition, InvalidArgument
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.engine import compute_thread
-from kvgraftd.engine.decoding import DecodeOptions, ResultEvent, TokenEvent
-from kvgraftd.engine.engine import Engine
-from kvgraftd.engine.model_adapter import ModelAdapter
-from kvgraftd.engine.online_softmax import blockwise_attention
+from kvgraftd.engine.attention.online_softmax import blockwise_attention
+from kvgraftd.engine.model.model_adapter import ModelAdapter
+from kvgraftd.engine.requests.decoding import DecodeOptions, ResultEvent, TokenEvent
+from kvgraftd.engine.requests.engine import Engine
+from kvgraftd.engine.scheduling.compute_thread import ComputeThread
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.chains import chain_pages
 from kvgraftd.store.page_records import page_record
@@ -331,8 +331,10 @@ def test_an_error_on_the_compute_thread_reaches_the_caller() -> None:
     def fail() -> None:
         raise InvalidArgument("raised on the compute thread")
 
+    compute = ComputeThread()
     with pytest.raises(InvalidArgument, match="compute thread"):
-        compute_thread.run(fail)
-    assert compute_thread.run(lambda: threading.current_thread().name).startswith("compute")
+        compute.run(fail)
+    assert compute.run(lambda: threading.current_thread().name).startswith("compute")
     # A daemon thread: a daemon told to stop while its model loads does not wait for the load.
-    assert compute_thread.run(lambda: threading.current_thread().daemon)
+    assert compute.run(lambda: threading.current_thread().daemon)
+    assert compute.run(compute.here) and not compute.here()

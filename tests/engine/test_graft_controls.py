@@ -23,8 +23,8 @@ import torch
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from kvgraftd.engine.decoding import DecodeOptions, ResultEvent
-from kvgraftd.engine.engine import Engine
+from kvgraftd.engine.requests.decoding import DecodeOptions, ResultEvent
+from kvgraftd.engine.requests.engine import Engine
 from kvgraftd.store.artifact_store import Store
 
 

@@ -1,4 +1,4 @@
-"""The row-invariant linear kernel (kvgraftd.engine.linear): every build, every blocking and
+"""The row-invariant linear kernel (kvgraftd.engine.model.linear): every build, every blocking and
 thread count gives the bits of the scalar fmaf reference, row by row."""
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from kvgraftd.engine import linear
-from kvgraftd.engine.linear import PackedWeight
+from kvgraftd.engine.model import linear
+from kvgraftd.engine.model.linear import PackedWeight
+from tests.support import native_kernels
 
-pytestmark = pytest.mark.skipif(not linear.available(), reason="the native kernel is not built")
+if not linear.available():
+    native_kernels.missing("the native linear kernel is not built")
 
 SHAPES = 24  # random shapes per build
 
@@ -92,8 +94,8 @@ def test_shapes_are_checked() -> None:
 
 FOLLOWING_PRODUCTS = """
 import torch
-from kvgraftd.engine import linear
-from kvgraftd.engine.linear import PackedWeight
+from kvgraftd.engine.model import linear
+from kvgraftd.engine.model.linear import PackedWeight
 
 generator = torch.Generator().manual_seed(11)
 weights = [torch.randn(n, 64, generator=generator) for n in (16, 48, 80)]

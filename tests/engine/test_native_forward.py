@@ -2,7 +2,7 @@
 not on how the passes were cut.
 
 A prompt of the default model (SmolLM2-135M-Instruct, float32, CPU) runs through
-kvgraftd's own forward (kvgraftd.engine.native_forward) under several schedules:
+kvgraftd's own forward (kvgraftd.engine.model.native_forward) under several schedules:
 one pass, 64-token chunks, random chunkings (1-300 tokens a pass), token by token,
 and with 1 and 2 threads for the products. The logits at every position and the
 bytes of every KV page must be SHA-256-equal across them all. Separately, the
@@ -20,24 +20,26 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from kvgraftd.engine import linear, native_forward
-from kvgraftd.engine.engine import Engine
-from kvgraftd.engine.gguf_weights import GgufWeights
-from kvgraftd.engine.kv_context import KvContext
-from kvgraftd.engine.model_adapter import default_model_path
+from kvgraftd.engine.attention.kv_context import KvContext
+from kvgraftd.engine.model import linear, native_forward
+from kvgraftd.engine.model.gguf_weights import GgufWeights
+from kvgraftd.engine.model.model_adapter import default_model_path
+from kvgraftd.engine.requests.engine import Engine
 from kvgraftd.store.artifact_store import Store
+from tests.support import native_kernels
 
 PROMPT_TOKENS = 1000
 RANDOM_CHUNKINGS = 10
 PAGE = 64
 
-pytestmark = pytest.mark.skipif(not linear.available(), reason="the native kernels are not built")
+if not linear.available():
+    native_kernels.missing("the native kernels are not built")
 
 
 @pytest.fixture(scope="module")
 def engine(real_model, tmp_path_factory):
     if not real_model.row_invariant:
-        pytest.skip("the default model does not run on the row-invariant forward here")
+        native_kernels.missing("the default model does not run on the row-invariant forward here")
     store = Store(tmp_path_factory.mktemp("store"))
     try:
         yield Engine(real_model, store, page_tokens=PAGE, block_tokens=256)
@@ -153,7 +155,7 @@ def test_the_logits_agree_with_transformers(real_model, engine, prompt) -> None:
 def test_a_short_deposit_is_grafted_by_a_prompt_that_extends_it(engine, prompt) -> None:
     """14 tokens deposited (less than a page) are reused by a later generate that extends them,
     and the result is byte-identical to a fresh run."""
-    from kvgraftd.engine.decoding import DecodeOptions, ResultEvent
+    from kvgraftd.engine.requests.decoding import DecodeOptions, ResultEvent
 
     def result(ids, new_tokens=3, **options) -> ResultEvent:
         events = list(engine.generate(ids, DecodeOptions(max_new_tokens=new_tokens, **options)))
@@ -210,7 +212,7 @@ def test_verify_recomputes_an_artifact_in_full_passes(engine, prompt, monkeypatc
     """A deposit of a prompt and generated tokens (a segment each) is verified in passes of
     max_batch_tokens, whatever its segments (not a decode step per generated token), logits
     taken at the segments' ends only: every hash still equal."""
-    from kvgraftd.engine.decoding import DecodeOptions
+    from kvgraftd.engine.requests.decoding import DecodeOptions
 
     options = DecodeOptions(max_new_tokens=6, deposit=True, no_cache=True)
     result = list(engine.generate(prompt[:150], options))[-1]

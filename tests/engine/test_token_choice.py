@@ -7,8 +7,13 @@ import math
 import pytest
 import torch
 
-from kvgraftd.engine.decoding import DecodeOptions
-from kvgraftd.engine.token_choice import StopStrings, choose_token, sampling_of, token_logprobs
+from kvgraftd.engine.requests.decoding import DecodeOptions
+from kvgraftd.engine.requests.token_choice import (
+    StopStrings,
+    choose_token,
+    sampling_of,
+    token_logprobs,
+)
 
 # probabilities 0.5, 0.25, 0.125, 0.0625, 0.0625 (logits are their logs)
 PROBS = torch.tensor([0.0625, 0.5, 0.125, 0.25, 0.0625])

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvgraftd.engine.engine import Engine
-from kvgraftd.engine.model_adapter import ModelAdapter
+from kvgraftd.engine.model.model_adapter import ModelAdapter
+from kvgraftd.engine.requests.engine import Engine
 from kvgraftd.library.service import LibraryService
 from kvgraftd.store.artifact_store import Store
 from tests.support.toy_library import library_service, toy_adapter, toy_engine

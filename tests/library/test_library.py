@@ -21,10 +21,10 @@ import pytest
 from kvgraft.cli.library import read_jsonl
 from kvgraft.errors import FailedPrecondition, InvalidArgument, NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.engine.decoding import DecodeOptions, ResultEvent
-from kvgraftd.engine.engine import Engine
-from kvgraftd.engine.model_adapter import ModelAdapter
-from kvgraftd.engine.service import EngineService
+from kvgraftd.engine.model.model_adapter import ModelAdapter
+from kvgraftd.engine.requests.decoding import DecodeOptions, ResultEvent
+from kvgraftd.engine.requests.engine import Engine
+from kvgraftd.engine.requests.service import EngineService
 from kvgraftd.library import format as fmt
 from kvgraftd.library.service import LibraryService
 from kvgraftd.store.artifact_store import Store

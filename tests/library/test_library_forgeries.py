@@ -12,8 +12,8 @@ from kvgraft import Artifact
 from kvgraft.artifact import page_sizes
 from kvgraft.errors import InvalidArgument
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.engine.decoding import DecodeOptions
-from kvgraftd.engine.engine import Engine
+from kvgraftd.engine.requests.decoding import DecodeOptions
+from kvgraftd.engine.requests.engine import Engine
 from kvgraftd.library import format as fmt
 from kvgraftd.library.service import LibraryService
 from kvgraftd.store.page_records import page_records_of

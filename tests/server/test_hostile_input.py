@@ -37,9 +37,9 @@ from kvgraft.errors import (
 )
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraft.v1 import kvgraft_pb2_grpc as pb_grpc
-from kvgraftd.engine.decoding import DecodeOptions
-from kvgraftd.engine.engine import Engine
-from kvgraftd.engine.model_adapter import ModelAdapter
+from kvgraftd.engine.model.model_adapter import ModelAdapter
+from kvgraftd.engine.requests.decoding import DecodeOptions
+from kvgraftd.engine.requests.engine import Engine
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.testing.daemon_process import wait_model_ready
 from kvgraftd.testing.s3_server import s3_env

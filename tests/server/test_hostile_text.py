@@ -9,7 +9,7 @@
   the message at most MAX_MESSAGE_WIRE_BYTES encoded, its advice whole.
 * A 4 MB text prompt was tokenized (2-4 CPU-seconds) before the context limit refused
   it. Now a text that cannot fit max_context_tokens is refused by its length first
-  (kvgraftd.engine.token_floor: SmolLM2's tokens are at most 81 bytes of text, so B
+  (kvgraftd.engine.requests.token_floor: SmolLM2's tokens are at most 81 bytes of text, so B
   bytes are at least ceil(B / 82) tokens), by Generate, Graft, Deposit and Ask; a text
   at the bound is still tokenized; and the bound never exceeds a text's real count, for
   the texts that come nearest to it. Lookup, which has no context limit, answers about a
@@ -35,9 +35,9 @@ from transformers import PreTrainedTokenizerFast
 from kvgraft.errors import InvalidArgument
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraft.v1 import kvgraft_pb2_grpc as pb_grpc
-from kvgraftd.engine.engine import Engine
-from kvgraftd.engine.service import EngineService
-from kvgraftd.engine.token_floor import TokenFloor
+from kvgraftd.engine.requests.engine import Engine
+from kvgraftd.engine.requests.service import EngineService
+from kvgraftd.engine.requests.token_floor import TokenFloor
 from kvgraftd.server.grpc_server import MAX_MESSAGE_WIRE_BYTES
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.testing.daemon_process import DaemonProcess, wait_model_ready

@@ -144,12 +144,12 @@ def test_collections_scan_only_when_a_page_can_be_due(tmp_path, rng, monkeypatch
     store.stage_pages(page_records_of(orphans))
     assert store.collect_staged(older_than_s=3600) == 0  # after a start: one scan
     assert store.collect_staged(older_than_s=3600) == 0
-    assert store.staged_scans == 1
+    assert store._staging.staged_scans == 1
     store.stage_pages(page_records_of(_artifact(rng).pages))  # younger: still none due
-    assert store.collect_staged(older_than_s=3600) == 0 and store.staged_scans == 1
+    assert store.collect_staged(older_than_s=3600) == 0 and store._staging.staged_scans == 1
     assert store.collect_staged(older_than_s=-1) == 2 * len(orphans)  # 16 in 6 batches
-    assert (store.staged_scans, store.stats().staged_pages) == (2, 0)
-    assert store.collect_staged(older_than_s=-1) == 0 and store.staged_scans == 2
+    assert (store._staging.staged_scans, store.stats().staged_pages) == (2, 0)
+    assert store.collect_staged(older_than_s=-1) == 0 and store._staging.staged_scans == 2
     store.close()
 
 
@@ -165,12 +165,12 @@ def test_a_storm_of_refused_uploads_collects_once(tmp_path, rng) -> None:
     with PageIntake(store, bounds, "a") as holder:
         holder.add([wire.Chunk(d, 0, len(p), bytes(p)) for d, p in running.pages.items()])
         assert holder.keep() == ""  # 8 pages staged, due at once, kept while it runs
-        before = store.staged_scans
+        before = store._staging.staged_scans
         for other in others:
             with PageIntake(store, bounds, "b") as intake:
                 intake.add([wire.Chunk(d, 0, len(p), bytes(p)) for d, p in other.pages.items()])
                 assert "staged_max_bytes" in intake.keep()
-        assert store.staged_scans - before == 1
+        assert store._staging.staged_scans - before == 1
     store.close()
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.engine.engine import Engine
-from kvgraftd.engine.model_adapter import ModelAdapter
-from kvgraftd.engine.service import EngineService
+from kvgraftd.engine.model.model_adapter import ModelAdapter
+from kvgraftd.engine.requests.engine import Engine
+from kvgraftd.engine.requests.service import EngineService
 from kvgraftd.library.service import LibraryService
 
 PAGE = 8

@@ -4,13 +4,15 @@ One class over one connection (kvgraft.client.connection.Connection: the
 channel, the deadlines, gRPC errors mapped to kvgraft.errors), whose calls are
 grouped by what they serve: the store and its remote tier
 (kvgraft.client.store_calls), the engine (engine_calls), the knowledge library
-(library_calls) and replication (replication_calls). Use it as a context
-manager to close the channel.
+(library_calls) and replication (replication_calls). Each group is written
+against what it needs of a connection, declared once (the Protocol
+kvgraft.client.connection.Connected); the Client joins the groups with the
+Connection that implements it. Use it as a context manager to close the channel.
 """
 
 from __future__ import annotations
 
-from kvgraft.client.connection import DEFAULT_SERVER, default_server
+from kvgraft.client.connection import DEFAULT_SERVER, Connection, default_server
 from kvgraft.client.engine_calls import EngineCalls
 from kvgraft.client.library_calls import LibraryCalls
 from kvgraft.client.replication_calls import ReplicationCalls
@@ -19,7 +21,7 @@ from kvgraft.client.store_calls import StoreCalls
 __all__ = ["DEFAULT_SERVER", "Client", "default_server"]
 
 
-class Client(StoreCalls, EngineCalls, LibraryCalls, ReplicationCalls):
+class Client(StoreCalls, EngineCalls, LibraryCalls, ReplicationCalls, Connection):
     """A connection to one kvgraftd, and every call it answers.
 
         with Client("kv1.example:50551", tls_ca="ca.pem") as client:

@@ -16,9 +16,12 @@ words the failures of the connection itself (unreachable, TLS, a deadline).
 
 An address without a port gets the daemon's port, 50551 (`with_default_port`).
 
-The calls themselves are subclasses, one per group of RPCs
+The calls themselves are classes, one per group of RPCs
 (kvgraft.client.store_calls, engine_calls, library_calls, replication_calls),
-joined by kvgraft.client.client.Client.
+each written against `Connected`, the Protocol that declares what a group needs
+of the connection it runs on (the channel's calls, the deadlines, the error
+mapping), never against `Connection` itself. `Connection` implements `Connected`;
+kvgraft.client.client.Client joins the groups with a `Connection`.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from __future__ import annotations
 import ipaddress
 import os
 import threading
+from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from typing import Self, TypeVar
+from contextlib import AbstractContextManager, contextmanager
+from typing import Protocol, Self, TypeVar
 
 import grpc
 
@@ -84,7 +88,53 @@ def _deadline(value: float | None, default: float, name: str) -> float:
     return float(value)
 
 
-class Connection:
+class Connected(Protocol):
+    """What a group of calls needs of the connection it runs on. A group subclasses it
+    (its methods are abstract there: a class that joins groups without a Connection
+    cannot be made); `Connection` implements it."""
+
+    address: str  # "host:port", as the calls' errors name it
+    timeout_s: float  # the deadline of each kind of call (STORE, COMPUTE, TRANSFER)
+    compute_timeout_s: float
+    transfer_timeout_s: float
+
+    @property
+    @abstractmethod
+    def _stub(self) -> pb_grpc.KvgraftStub:
+        """The calls of the current connection (the generated stub)."""
+
+    @property
+    @abstractmethod
+    def _put(self) -> grpc.StreamUnaryMultiCallable:
+        """PutArtifact taking requests that are wire bytes already (kvgraft.wire)."""
+
+    @property
+    @abstractmethod
+    def _get(self) -> grpc.UnaryStreamMultiCallable:
+        """GetArtifact giving responses as bytes, for kvgraft.wire to parse."""
+
+    @abstractmethod
+    def _mapped(self, kind: str | None = None) -> AbstractContextManager[None]:
+        """Inside: grpc.RpcError becomes the kvgraft.errors class of its status code."""
+
+    @abstractmethod
+    def _unary(self, call: Callable[..., T], request, kind: str = STORE) -> T:
+        """call(request) under the deadline of its kind of call."""
+
+    @abstractmethod
+    def _open(self, call: Callable[..., T], request, kind: str | None) -> T:
+        """Start a server-streaming call under the deadline of its kind."""
+
+    @abstractmethod
+    def _stream(self, responses: Iterable[T], kind: str | None) -> Iterator[T]:
+        """The messages of a call opened with `_open`, its errors mapped."""
+
+    @abstractmethod
+    def _progress_stream(self, call: Callable[..., Iterable[T]], request, progress, total) -> T:
+        """The last message of a server-streamed progress, which must be `done`."""
+
+
+class Connection(Connected):
     """One daemon's channel, its deadlines, and the error mapping of every call (the
     arguments are documented on kvgraft.Client)."""
 

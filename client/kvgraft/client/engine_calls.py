@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from kvgraft.client.connection import COMPUTE, Connection
+from kvgraft.client.connection import COMPUTE, Connected
 from kvgraft.errors import InvalidArgument
 from kvgraft.results import (
     DepositResult,
@@ -53,7 +53,7 @@ GENERATE_OPTIONS = (
 Messages = Sequence[Mapping[str, str]]
 
 
-class EngineCalls(Connection):
+class EngineCalls(Connected):
     def lookup(
         self,
         token_ids: Iterable[int] | None = None,

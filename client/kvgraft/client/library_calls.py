@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvgraft.client.connection import COMPUTE, Connection
+from kvgraft.client.connection import COMPUTE, Connected
 from kvgraft.results import AskResult
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 
-class LibraryCalls(Connection):
+class LibraryCalls(Connected):
     def library_add(
         self,
         problem: str,

@@ -15,7 +15,7 @@ import ipaddress
 import logging
 from collections.abc import Iterable
 
-from kvgraft.client.connection import STORE, TRANSFER, Connection
+from kvgraft.client.connection import STORE, TRANSFER, Connected
 from kvgraft.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 PULL_OPTIONS = frozenset({"from_sequence", "progress"})
 
 
-class ReplicationCalls(Connection):
+class ReplicationCalls(Connected):
     def watch(self, from_sequence: int = 1, *, follow: bool = False) -> Stream[pb.ChangeRecord]:
         """The change feed from `from_sequence`; with `follow` it waits for new records
         until `cancel()` is called on the returned iterator."""

@@ -20,7 +20,7 @@ from kvgraft import wire
 from kvgraft.artifact import Artifact, page_sizes, parse_manifest
 from kvgraft.bundle import read_bundle, write_bundle
 from kvgraft.chunks import PageChunks
-from kvgraft.client.connection import TRANSFER, Connection
+from kvgraft.client.connection import TRANSFER, Connected
 from kvgraft.errors import DataLoss, InvalidArgument
 from kvgraft.page_buffers import page_slots
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -29,7 +29,7 @@ MISSING_QUERY_BATCH = 100_000
 PUT_ATTEMPTS = 3  # a put whose held pages a concurrent Delete freed is sent again
 
 
-class StoreCalls(Connection):
+class StoreCalls(Connected):
     def info(self) -> pb.InfoResponse:
         return self._unary(self._stub.Info, pb.InfoRequest())
 

@@ -98,7 +98,7 @@ class DaemonConfig:
     page_tokens: int = _opt(64, "tokens per KV page")
     block_tokens: int = _opt(4096, "keys per attention block (a multiple of page_tokens)")
     max_context_tokens: int = _opt(32768, "longest context one request may build")
-    # Continuous batching (kvgraftd.engine.batcher; the row-invariant forward only).
+    # Continuous batching (kvgraftd.engine.scheduling.batcher; the row-invariant forward only).
     max_batch_tokens: int = _opt(
         128,
         "tokens one forward pass holds: every decoding context's row, then prompt chunks "

@@ -1,7 +1,10 @@
-"""The inference engine: the model adapter, the canonical compute path, KV contexts
-attended block by block through the tiers, receipts, the native attention kernel
-(engine/native), and the engine service behind Generate, Graft, Deposit, Lookup and Verify.
+"""The inference engine, in rooms that import only those below them (import-linter holds it):
 
-May import kvgraftd.tiers and kvgraftd.store; only model_adapter and native_forward import
-transformers.
+    requests     the engine's calls (Generate, Graft, Lookup, Verify, deposits), receipts
+    scheduling   the batcher's step loop on the compute thread, admission
+    attention    the KV context, its blocks gathered through the tiers
+    model        the adapter, the row-invariant forward, its products and kernels
+
+and native/ (the C kernels, one folder per library). May import kvgraftd.tiers and
+kvgraftd.store; only model.model_adapter and model.native_forward import transformers.
 """

@@ -44,7 +44,7 @@ from kvgraft.errors import (
     printable,
 )
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.engine.service import EngineService
+from kvgraftd.engine.requests.service import EngineService
 from kvgraftd.http.openai_requests import Call, chat_request, completion_request
 from kvgraftd.http.openai_responses import Completion, TextDeltas
 from kvgraftd.server.limits import CallLimiter
@@ -261,7 +261,7 @@ class OpenAiApp:
     # ------------------------------------------------------------------
     def _caller(self, request: Request) -> EngineService:
         """The engine service of the caller its bearer token names (a tenant's own: its
-        reuse, deposits and share of the engine, kvgraftd.engine.tenant_engine)."""
+        reuse, deposits and share of the engine, kvgraftd.engine.requests.tenant_engine)."""
         if self._token_check is None:
             return self._engine
         given = request.headers.get("authorization")

@@ -77,7 +77,7 @@ _FRAME = " \t\"'`*_.,;:!?()[]{}"
 
 
 class ChatModel(Protocol):
-    """What the formats need of kvgraftd.engine.model_adapter.ModelAdapter."""
+    """What the formats need of kvgraftd.engine.model.model_adapter.ModelAdapter."""
 
     def encode(self, text: str, chat: bool = False) -> list[int]: ...
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str: ...

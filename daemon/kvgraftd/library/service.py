@@ -48,13 +48,13 @@ from typing import TYPE_CHECKING
 from kvgraft.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
 from kvgraft.tenancy import content_labels
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.engine.decoding import DecodeOptions, ResultEvent
+from kvgraftd.engine.requests.decoding import DecodeOptions, ResultEvent
 from kvgraftd.library import format as fmt
 from kvgraftd.library.index import IndexedEntry, LibraryIndex
 
 if TYPE_CHECKING:  # the engine imports torch; a store-only daemon never does
-    from kvgraftd.engine.engine import Engine
-    from kvgraftd.engine.service import EngineService
+    from kvgraftd.engine.requests.engine import Engine
+    from kvgraftd.engine.requests.service import EngineService
 
 log = logging.getLogger(__name__)
 

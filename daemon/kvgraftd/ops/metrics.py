@@ -49,7 +49,7 @@ from prometheus_client.registry import Collector
 from kvgraft.errors import KvgraftError
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.config import DaemonConfig
-from kvgraftd.engine.batcher import BatchFigures
+from kvgraftd.engine.scheduling.batcher import BatchFigures
 from kvgraftd.ops.metrics_endpoint import MetricsEndpoint, tls_context
 from kvgraftd.server.limits import CallLimiter
 from kvgraftd.server.telemetry import Telemetry

@@ -1,8 +1,10 @@
 """The local store seen through the remote tier: the seam between LMDB and the bucket.
 
-`RemoteBackedStore` wraps a kvgraftd.store.artifact_store.Store and offers the
-store's whole interface, each method spelled out (a test holds it to every
-public method of Store); it passes every call through, except these:
+`RemoteBackedStore` wraps a kvgraftd.store.artifact_store.Store and implements the
+store's declared interface, kvgraftd.store.interface.ArtifactStore (and so the
+engine's, EngineStore), each method spelled out with the Store's signature (a test
+holds both classes to every member of the Protocol); it passes every call through,
+except these:
 
 * `commit_artifact` commits locally first, then, in write-through mode,
   uploads the artifact before returning (kvgraftd.remote.transfer); an upload
@@ -38,6 +40,7 @@ nothing is asked while the breaker is open.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -52,9 +55,10 @@ from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.remote.push_queue import PushesUnderWay, WriteBackQueue
 from kvgraftd.remote.tier import RemoteTier
 from kvgraftd.remote.transfer import find_remote, import_artifact, push_through
-from kvgraftd.store.artifact_store import CommitResult, Store, StoreStats
+from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.catalog import ArtifactRecord, Visible
 from kvgraftd.store.chains import ChainEntry, chain_keys, manifest_entries
+from kvgraftd.store.interface import CommitResult, StoreStats
 from kvgraftd.store.page_records import Framer, PageRecord, page_records_of
 from kvgraftd.store.signing import TrustPolicy
 from kvgraftd.store.trust_index import NO_MATCH, UNRECORDED, ChainMatch, is_trusted
@@ -67,6 +71,8 @@ CHAIN_DEADLINE_FACTOR = 3  # a remote prefix match takes at most this many reque
 
 
 class RemoteBackedStore:
+    """`store` as the components see it through the remote tier (an ArtifactStore)."""
+
     def __init__(
         self,
         store: Store,
@@ -91,7 +97,7 @@ class RemoteBackedStore:
         self.evictor = store.evictor
 
     # ------------------------------------------------------------------
-    # the Store's interface, passed through
+    # the Store's interface (kvgraftd.store.interface.ArtifactStore), passed through
 
     def close(self) -> None:
         self._store.close()
@@ -105,10 +111,12 @@ class RemoteBackedStore:
     def read_pages_into(self, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:
         self._store.read_pages_into(digests, dests)
 
-    def verified_pages(self, digests: Sequence[bytes]) -> AbstractContextManager:
+    def verified_pages(self, digests: Sequence[bytes]) -> AbstractContextManager[list[np.ndarray]]:
         return self._store.verified_pages(digests)
 
-    def pages_to_check(self, digests: Sequence[bytes]) -> AbstractContextManager:
+    def pages_to_check(
+        self, digests: Sequence[bytes]
+    ) -> AbstractContextManager[list[tuple[bytes, np.ndarray]]]:
         return self._store.pages_to_check(digests)
 
     def read_page(self, digest: bytes) -> tuple[bytes, bytes]:
@@ -123,7 +131,9 @@ class RemoteBackedStore:
     def collect_staged(self, older_than_s: float) -> int:
         return self._store.collect_staged(older_than_s)
 
-    def uploading(self, staged: Mapping[bytes, object], for_s: float) -> AbstractContextManager:
+    def uploading(
+        self, staged: Mapping[bytes, object], for_s: float = math.inf
+    ) -> AbstractContextManager[None]:
         return self._store.uploading(staged, for_s)
 
     def provenance(self, artifact_id: str) -> pb.Provenance:
@@ -148,7 +158,7 @@ class RemoteBackedStore:
     def trust_artifact(self, artifact_id: str, provenance: pb.Provenance) -> pb.Provenance:
         return self._store.trust_artifact(artifact_id, provenance)
 
-    def delete_artifact(self, artifact_id: str, wait_s: float = 30.0) -> tuple[int, int]:
+    def delete_artifact(self, artifact_id: str, wait_s: float = 20.0) -> tuple[int, int]:
         return self._store.delete_artifact(artifact_id, wait_s)
 
     def set_pinned(self, artifact_id: str, pinned: bool, ttl_s: float = 0) -> ArtifactRecord:
@@ -156,7 +166,7 @@ class RemoteBackedStore:
 
     # the cache lifecycle (kvgraftd.store.lifecycle, kvgraftd.store.quarantine)
 
-    def reading(self, artifact_id: str, reused_tokens: int = 0) -> AbstractContextManager:
+    def reading(self, artifact_id: str, reused_tokens: int = 0) -> AbstractContextManager[None]:
         return self._store.reading(artifact_id, reused_tokens)
 
     def usage(self, artifact_id: str) -> Usage | None:

@@ -30,7 +30,7 @@ from grpc_reflection.v1alpha import reflection
 from kvgraft import wire
 from kvgraft.errors import InvalidArgument, KvgraftError, printable
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.engine.service import EngineService
+from kvgraftd.engine.requests.service import EngineService
 from kvgraftd.library.service import LibraryService
 from kvgraftd.remote.service import RemoteService
 from kvgraftd.replication.pulls import Pulls

@@ -11,7 +11,7 @@ same figures through `stats_response`.
 from __future__ import annotations
 
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.engine.service import EngineService
+from kvgraftd.engine.requests.service import EngineService
 from kvgraftd.remote.service import RemoteService
 from kvgraftd.server.telemetry import CallCounter
 from kvgraftd.store.service import StoreService

@@ -6,7 +6,7 @@ otherwise) and the token names its caller: the daemon's own token_file is the
 operator, each [tenants.NAME] token_file that tenant. `TenantRoute` hands each
 call the caller's `Services`; `tenant_services` (which kvgraftd.main calls) builds
 one set per tenant over its kvgraftd.store.tenant_view and
-kvgraftd.engine.tenant_engine. The RPCs that act on the whole store (its change
+kvgraftd.engine.requests.tenant_engine. The RPCs that act on the whole store (its change
 feed, replication, scrubs, the remote tier) are the operator's: a tenant calling
 one is refused with PermissionDenied.
 Without tenants the operator's services answer every call, as before.
@@ -24,7 +24,11 @@ import grpc
 from kvgraft.errors import PermissionDenied
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.config import DaemonConfig
-from kvgraftd.engine.tenant_engine import TenantAdmission, TenantEngineService, tenant_engine
+from kvgraftd.engine.requests.tenant_engine import (
+    TenantAdmission,
+    TenantEngineService,
+    tenant_engine,
+)
 from kvgraftd.library.service import LibraryService
 from kvgraftd.remote.service import RemoteService
 from kvgraftd.server.grpc_server import Services

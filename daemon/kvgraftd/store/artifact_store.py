@@ -37,82 +37,80 @@ Invariants:
   map growth, the disk reserve).
 
 This module keeps artifacts, references and the change log; the pages are
-kvgraftd.store.page_store's. The Store's other parts are mixins, each its own
-concept: staged pages (kvgraftd.store.staging), trust and prefix lookups
-(kvgraftd.store.trusted_prefixes), the cache lifecycle: readers' leases, removal,
-expiring pins (kvgraftd.store.lifecycle, its budget kvgraftd.store.eviction), and
-quarantine (kvgraftd.store.quarantine). Only modules of kvgraftd.store import
-lmdb; none of them knows about gRPC.
+kvgraftd.store.page_store's. The Store's other parts are objects it holds, each
+its own concept over the same environment and pages, whose public methods the
+Store offers as its own (each passed on below, under the part's name): staged
+pages (kvgraftd.store.staging), trust and prefix lookups
+(kvgraftd.store.trusted_prefixes), the cache lifecycle: readers' leases,
+removal, pins that expire (kvgraftd.store.lifecycle, its budget
+kvgraftd.store.eviction), and quarantine (kvgraftd.store.quarantine). The
+Store's interface is declared in kvgraftd.store.interface (`ArtifactStore`).
+Only modules of kvgraftd.store import lmdb; none of them knows about gRPC.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
+import math
 import shutil
 import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 
-import lmdb
 import numpy as np
 
-from kvgraft.artifact import canonical_bytes, page_sizes
 from kvgraft.errors import FailedPrecondition, NotFound, ResourceExhausted
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.store import catalog, page_records, staging, trust_index
+from kvgraftd.store import catalog, page_records, trust_index
 from kvgraftd.store import migration as store_migration
 from kvgraftd.store.catalog import (
     SEQUENCE_KEY,
     ArtifactRecord,
+    Visible,
     decode_record,
-    encode_record,
     now_ms,
 )
+from kvgraftd.store.commits import Commits
 from kvgraftd.store.eviction import NO_BUDGET, CacheBudget, Evictor
-from kvgraftd.store.lifecycle import LIFECYCLE_DATABASES, Lifecycle, usage_of_new
+from kvgraftd.store.interface import CommitResult, StoreStats
+from kvgraftd.store.lifecycle import LIFECYCLE_DATABASES, Lifecycle
 from kvgraftd.store.lmdb_env import LmdbEnv
-from kvgraftd.store.owned_pages import count_owned, owned_key
-from kvgraftd.store.page_records import PageRecord, write_needs
-from kvgraftd.store.page_store import PageStore
-from kvgraftd.store.quarantine import QUARANTINE_DATABASES, Quarantine, ReadQuarantine
-from kvgraftd.store.segments import DEFAULT_SEGMENT_BYTES, Location
+from kvgraftd.store.owned_pages import owned_key
+from kvgraftd.store.page_records import PageRecord
+from kvgraftd.store.page_store import PAGE_BYTES, PageStore
+from kvgraftd.store.quarantine import QUARANTINE_DATABASES, Quarantine
+from kvgraftd.store.segments import DEFAULT_SEGMENT_BYTES
+from kvgraftd.store.signing import TrustPolicy
 from kvgraftd.store.staging import Staging
+from kvgraftd.store.trust_index import ChainMatch
 from kvgraftd.store.trusted_prefixes import TrustedPrefixes
-from kvgraftd.store.usage import USAGE_FLUSH_S, UsageBook
+from kvgraftd.store.usage import USAGE_FLUSH_S, Usage, UsageBook
 
 log = logging.getLogger(__name__)
 
 _U64 = struct.Struct("<Q")
+_DATABASES = (
+    "page_locations",
+    "refs",
+    "staged",
+    "artifacts",
+    "log",
+    "chains",
+    "chain_children",
+    "meta",
+    "provenance",
+    "vouchers",
+    "untrusted_heads",
+    "owned_pages",
+    *LIFECYCLE_DATABASES,
+    *QUARANTINE_DATABASES,
+)
 
 
-@dataclass(frozen=True)
-class CommitResult:
-    artifact_id: str
-    already_present: bool
-    pages_written: int
-    bytes_written: int
-    sequence: int
-
-
-@dataclass(frozen=True)
-class StoreStats:
-    artifacts: int
-    pages: int
-    page_bytes: int
-    staged_pages: int
-    map_size_bytes: int
-    map_used_bytes: int
-    segment_disk_bytes: int
-    disk_free_bytes: int
-    last_sequence: int
-
-
-class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
+class Store:
     """A kvgraft store in directory `path` (created if missing). `clock`: unix ms, for
     last uses and pin expiries (tests move it)."""
 
@@ -130,44 +128,46 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
         self.path.mkdir(parents=True, exist_ok=True)
         self._lmdb = LmdbEnv(
             self.path,
-            (
-                "page_locations",
-                "refs",
-                "staged",
-                "artifacts",
-                "log",
-                "chains",
-                "chain_children",
-                "meta",
-                "provenance",
-                "vouchers",
-                "untrusted_heads",
-                "owned_pages",
-                *LIFECYCLE_DATABASES,
-                *QUARANTINE_DATABASES,
-            ),
+            _DATABASES,
             initial_map_bytes=initial_map_bytes,
             min_free_bytes=min_free_bytes,
         )
-        self._db = self._lmdb.db
-        self._read = self._lmdb.read
-        self._init_staging()
-        self._write = self._lmdb.write
+        self._db, self._read, self._write = self._lmdb.db, self._lmdb.read, self._lmdb.write
         self._pages = PageStore(self._lmdb, self.path / "segments", segment_bytes=segment_bytes)
         self._changed = threading.Condition()
         self._clock = clock
         self._usage = UsageBook()
         self.evictor = Evictor(self, budget)
-        self.read_quarantine = ReadQuarantine(self._quarantine_pages)  # corrupt pages reads found
-        # One commit at a time from making its room to using it (the usage book changes
-        # inside each transaction, so it follows the catalogue: kvgraftd.store.lifecycle).
-        self._admitting = threading.Lock()
+        self._staging = Staging(self._lmdb, self._pages)
+        self._quarantine = Quarantine(self._lmdb, self._pages)
+        self.read_quarantine = self._quarantine.reads  # corrupt pages reads found
+        self._lifecycle = Lifecycle(
+            self._lmdb,
+            self._pages,
+            self._usage,
+            clock,
+            evictor=self.evictor,
+            reads=self.read_quarantine,
+            budgeted_bytes=self._staging.budgeted_bytes,
+            notify_change=self._notify_change,
+        )
+        self._trust = TrustedPrefixes(self._lmdb, self.reading)
+        self._commits = Commits(
+            self._lmdb,
+            self._pages,
+            self._usage,
+            clock,
+            evictor=self.evictor,
+            staging=self._staging,
+            quarantine=self._quarantine,
+            notify_change=self._notify_change,
+        )
         try:
             version = store_migration.check_format(self._lmdb, self.path)
             self._pages.open(version)
             if version < store_migration.STORE_FORMAT_VERSION:
                 store_migration.migrate_index(self._lmdb, max(version, 2))
-            self._load_usage()
+            self._lifecycle.load_usage()
         except BaseException:
             self.close()
             raise
@@ -205,20 +205,20 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
 
     def read_pages_into(self, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:
         """Read each page into its uint8 destination and verify it there."""
-        with self._quarantining_corrupt():
+        with self._quarantine.quarantining_corrupt():
             self._pages.read_into(digests, dests)
 
     @contextmanager
     def verified_pages(self, digests: Sequence[bytes]) -> Iterator[list[np.ndarray]]:
         """The pages, each read into an array of its own and verified there."""
-        with self._quarantining_corrupt():
+        with self._quarantine.quarantining_corrupt():
             yield self._pages.verified(digests)
 
     @contextmanager
     def pages_to_check(self, digests: Sequence[bytes]) -> Iterator[list[tuple[bytes, np.ndarray]]]:
         """(xxh3-128, unchecked copy) of each page: the caller checks each one, raising
         CorruptPage inside the `with` block for one that fails (it is quarantined)."""
-        with self._quarantining_corrupt():
+        with self._quarantine.quarantining_corrupt():
             yield self._pages.unchecked(digests)
 
     def read_page(self, digest: bytes) -> tuple[bytes, bytes]:
@@ -232,7 +232,7 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
     def read_pages_framed(self, digests: Sequence[bytes], frame: page_records.Framer) -> bytes:
         """frame(0, ...) + page 0 + frame(1, ...) + ..., every page verified: `frame(index,
         sha256, xxh3, size)` gives the bytes before page `index` (the wire)."""
-        with self._quarantining_corrupt():
+        with self._quarantine.quarantining_corrupt():
             return self._pages.read_framed(digests, frame)
 
     # ------------------------------------------------------------------
@@ -244,83 +244,9 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
         records: Mapping[bytes, PageRecord],
         provenance: pb.Provenance = trust_index.UNRECORDED,
     ) -> CommitResult:
-        """Store a validated manifest with the page records not yet stored.
-
-        Every page the manifest names must be stored, staged or in `records`
-        (whose sizes the caller checked); otherwise nothing is written. The
-        provenance is kept (merged with an earlier one for an artifact already
-        present); the artifact's pages enter the chain index only when trusted.
-        """
-        canonical = canonical_bytes(manifest)
-        aid = hashlib.sha256(canonical).digest()
-        sizes = page_sizes(manifest)
-        index_bytes, file_bytes = write_needs(records[d] for d in sizes if d in records)
-
-        def body(txn: lmdb.Transaction) -> CommitResult:
-            found = txn.get(aid, db=self._db["artifacts"])
-            if found is not None:
-                sequence = decode_record(found).sequence
-                repaired = (0, 0)
-                if txn.get(aid, db=self._db["quarantine"]) is not None:
-                    repaired = self._repair_in(txn, aid, manifest, records)
-                trust_index.record(txn, self._db, aid, manifest, provenance)
-                return CommitResult(aid.hex(), True, *repaired, sequence)
-            new = self._pages.new_pages(txn, sizes, records)
-            self._pages.append(txn, new)
-            for digest in sizes:
-                self._reference_page(txn, digest)
-            count_owned(txn, self._db["owned_pages"], manifest, +1)
-            written_bytes = sum(len(record.data) for record in new.values())
-            self._add_page_bytes(txn, written_bytes)
-            written = len(new)
-            trust_index.record(txn, self._db, aid, manifest, provenance)
-            sequence = catalog.append_change(txn, self._db["log"], pb.ChangeRecord.KIND_ADDED, aid)
-            record = ArtifactRecord(now_ms(), sequence, False, canonical)
-            txn.put(aid, encode_record(record), db=self._db["artifacts"])
-            self._usage.added(aid, usage_of_new(manifest, self._clock()))  # see _admitting
-            added.append(aid)
-            return CommitResult(aid.hex(), False, written, written_bytes, sequence)
-
-        added: list[bytes] = []
-
-        with self._admitting:
-            if self._usage.get(aid) is None:  # an artifact present takes no room
-                # the staged pages it claims enter the budget too (kvgraftd.store.staging)
-                claimed = self._staged_disk_of(d for d in sizes if d not in records)
-                self.evictor.make_room(file_bytes + claimed)
-            try:
-                result = self._pages.write(index_bytes + len(canonical), file_bytes, body)
-            except BaseException:
-                self._usage.removed(added)  # its transaction failed: not stored
-                raise
-        if not result.already_present:
-            self._notify_change()
-            log.info(  # one logfmt line per artifact written: machines read it
-                "event=artifact_written artifact_id=%s sequence=%d pages_written=%d "
-                "bytes_written=%d tokens=%d",
-                result.artifact_id,
-                result.sequence,
-                result.pages_written,
-                result.bytes_written,
-                len(manifest.token_ids),
-            )
-        return result
-
-    def _reference_page(self, txn, digest: bytes) -> None:
-        """Add one reference to a stored page (a staged page is staged no more)."""
-        refs = self._db["refs"]
-        count = txn.get(digest, db=refs)
-        if count is None:
-            staging.unstage(txn, self._db, digest)
-        txn.put(digest, _U64.pack(1 if count is None else _U64.unpack(count)[0] + 1), db=refs)
-
-    def _drop_pages(self, txn, digests: Iterable[bytes]) -> list[Location]:
-        """Remove pages' records (the page-bytes counter updated once); the locations of
-        those that had one, for the segments to free after the commit."""
-        locations = [self._pages.drop(txn, digest) for digest in digests]
-        locations = [location for location in locations if location is not None]
-        self._add_page_bytes(txn, -sum(location.length for location in locations))
-        return locations
+        """Store a validated manifest with the page records not yet stored
+        (kvgraftd.store.commits)."""
+        return self._commits.commit_artifact(manifest, records, provenance)
 
     def meta_time(self, name: bytes) -> int:
         """A unix-ms time kept in `meta` (0 when never set)."""
@@ -330,27 +256,7 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
     def set_meta_time(self, name: bytes, unix_ms: int) -> None:
         self._write(0, lambda txn: txn.put(name, _U64.pack(unix_ms), db=self._db["meta"]))
 
-    def _add_page_bytes(self, txn, delta: int) -> None:
-        catalog.add_counter(txn, self._db["meta"], b"page_bytes", delta)
-
-    def set_pinned(self, artifact_id: str, pinned: bool, ttl_s: float = 0) -> ArtifactRecord:
-        """Pin or unpin; a pin with `ttl_s` expires then (the artifact is deleted)."""
-        aid = catalog.parse_full_id(self.resolve(artifact_id))
-
-        def body(txn: lmdb.Transaction) -> ArtifactRecord:
-            found = txn.get(aid, db=self._db["artifacts"])
-            if found is None:  # deleted since resolve()
-                raise NotFound(f"artifact {artifact_id} was deleted")
-            record = dataclasses.replace(decode_record(found), pinned=pinned)
-            self._set_expiry_in(txn, aid, pinned, ttl_s)
-            txn.put(aid, encode_record(record), db=self._db["artifacts"])
-            return record
-
-        record = self._write(0, body)
-        self._usage.set_pinned(aid, pinned)
-        return record
-
-    def resolve(self, id_or_prefix: str, visible: catalog.Visible | None = None) -> str:
+    def resolve(self, id_or_prefix: str, visible: Visible | None = None) -> str:
         """The full id of the one artifact whose id starts with `id_or_prefix` (of those
         `visible` accepts)."""
         with self._read() as txn:
@@ -365,7 +271,7 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
             return decode_record(found)
 
     def list_records(
-        self, after: bytes, limit: int, visible: catalog.Visible | None = None
+        self, after: bytes, limit: int, visible: Visible | None = None
     ) -> list[tuple[str, ArtifactRecord]]:
         """Up to `limit` artifacts with ids greater than `after`, in id order (of those
         `visible` accepts)."""
@@ -395,11 +301,10 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
     def stats(self) -> StoreStats:
         with self._read() as txn:
             last = txn.cursor(db=self._db["log"])
-            page_bytes = txn.get(b"page_bytes", db=self._db["meta"])
             stats = StoreStats(
                 artifacts=txn.stat(self._db["artifacts"])["entries"],
                 pages=self._pages.count(txn),
-                page_bytes=_U64.unpack(page_bytes)[0] if page_bytes is not None else 0,
+                page_bytes=catalog.counter(txn, self._db["meta"], PAGE_BYTES),
                 staged_pages=txn.stat(self._db["staged"])["entries"],
                 map_size_bytes=0,
                 map_used_bytes=0,
@@ -409,3 +314,116 @@ class Store(Lifecycle, Quarantine, TrustedPrefixes, Staging):
             )
         map_size, map_used = self._lmdb.map_bytes()
         return dataclasses.replace(stats, map_size_bytes=map_size, map_used_bytes=map_used)
+
+    # ------------------------------------------------------------------
+    # staged pages: kvgraftd.store.staging
+
+    def stage_pages(self, records: Mapping[bytes, PageRecord], limit_bytes: int = 0) -> int:
+        return self._staging.stage_pages(records, limit_bytes)
+
+    def uploading(
+        self, staged: Mapping[bytes, object], for_s: float = math.inf
+    ) -> AbstractContextManager[None]:
+        return self._staging.uploading(staged, for_s)
+
+    def collect_staged(self, older_than_s: float) -> int:
+        return self._staging.collect_staged(older_than_s)
+
+    # ------------------------------------------------------------------
+    # trust and prefix lookups: kvgraftd.store.trusted_prefixes
+
+    def longest_chain(
+        self,
+        fingerprint: bytes,
+        profile: pb.ComputeProfile,
+        layout: pb.KvLayout,
+        token_ids: Sequence[int],
+        hold: ExitStack | None = None,
+        namespace: str = "",
+    ) -> ChainMatch:
+        return self._trust.longest_chain(fingerprint, profile, layout, token_ids, hold, namespace)
+
+    def longest_untrusted(
+        self,
+        fingerprint: bytes,
+        profile: pb.ComputeProfile,
+        layout: pb.KvLayout,
+        token_ids: Sequence[int],
+        visible: Visible | None = None,
+    ) -> tuple[int, str]:
+        return self._trust.longest_untrusted(fingerprint, profile, layout, token_ids, visible)
+
+    def reevaluate_trust(self, policy: TrustPolicy) -> tuple[int, int] | None:
+        return self._trust.reevaluate_trust(policy)
+
+    def signer_keys(self, artifact_ids: Iterable[str]) -> dict[str, frozenset[bytes]]:
+        return self._trust.signer_keys(artifact_ids)
+
+    def provenance(self, artifact_id: str) -> pb.Provenance:
+        return self._trust.provenance(artifact_id)
+
+    def trust_artifact(self, artifact_id: str, provenance: pb.Provenance) -> pb.Provenance:
+        return self._trust.trust_artifact(artifact_id, provenance)
+
+    # ------------------------------------------------------------------
+    # the cache lifecycle: kvgraftd.store.lifecycle
+
+    def reading(self, artifact_id: str, reused_tokens: int = 0) -> AbstractContextManager[None]:
+        return self._lifecycle.reading(artifact_id, reused_tokens)
+
+    def usage(self, artifact_id: str) -> Usage | None:
+        return self._lifecycle.usage(artifact_id)
+
+    def evictable(self) -> dict[bytes, Usage]:
+        return self._lifecycle.evictable()
+
+    def cache_totals(self) -> tuple[int, int]:
+        return self._lifecycle.cache_totals()
+
+    def cache_totals_of(self, tenant: str) -> tuple[int, int]:
+        return self._lifecycle.cache_totals_of(tenant)
+
+    def raise_inflation(self, priority: float) -> None:
+        self._lifecycle.raise_inflation(priority)
+
+    def remove(self, aids: Iterable[bytes], reason: int) -> tuple[int, int]:
+        return self._lifecycle.remove(aids, reason)
+
+    def delete_artifact(self, artifact_id: str, wait_s: float = 20.0) -> tuple[int, int]:
+        return self._lifecycle.delete_artifact(artifact_id, wait_s)
+
+    def give_back(self) -> None:
+        self._lifecycle.give_back()
+
+    def flush_usage(self) -> int:
+        return self._lifecycle.flush_usage()
+
+    def set_pinned(self, artifact_id: str, pinned: bool, ttl_s: float = 0) -> ArtifactRecord:
+        return self._lifecycle.set_pinned(artifact_id, pinned, ttl_s)
+
+    def pin_expiry(self, artifact_id: str) -> int:
+        return self._lifecycle.pin_expiry(artifact_id)
+
+    def due_expiries(self) -> list[bytes]:
+        return self._lifecycle.due_expiries()
+
+    def expire_due(self) -> int:
+        return self._lifecycle.expire_due()
+
+    # ------------------------------------------------------------------
+    # quarantine: kvgraftd.store.quarantine
+
+    def hash_batch(self, after: bytes, limit: int) -> tuple[bytes, int, int, list[bytes]]:
+        return self._quarantine.hash_batch(after, limit)
+
+    def quarantine(self, digests: list[bytes]) -> list[str]:
+        return self._quarantine.quarantine(digests)
+
+    def is_quarantined(self, artifact_id: str) -> bool:
+        return self._quarantine.is_quarantined(artifact_id)
+
+    def quarantined_ids(self) -> list[str]:
+        return self._quarantine.quarantined_ids()
+
+    def check_servable(self, artifact_id: str) -> None:
+        self._quarantine.check_servable(artifact_id)

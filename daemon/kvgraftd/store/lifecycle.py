@@ -1,8 +1,9 @@
 """The store as a cache: readers, use, removal in batches, pins that expire.
 
-`Lifecycle` is a part of kvgraftd.store.artifact_store.Store (a mixin over its
-LMDB environment, pages and usage book); kvgraftd.store.eviction decides what
-to remove, this module removes it safely.
+`Lifecycle` is a part the Store holds (kvgraftd.store.artifact_store: it offers
+the public methods below as its own) over the store's LMDB environment, pages,
+usage book and evictor; kvgraftd.store.eviction decides what to remove, this
+module removes it safely.
 
 Contract:
 * `reading(artifact_id)` holds a lease for a graft or an export: the artifact
@@ -22,7 +23,7 @@ Contract:
   transactions are serialized, so the book follows the catalogue, and no lease
   starts on an artifact whose records are going.
 * Pins with a TTL: `pin_expiry` (artifact id -> unix ms) is written in the
-  pin's own transaction, so an expiry survives a restart exactly; `expire_due`
+  pin's own transaction (`set_pinned`), so an expiry survives a restart exactly; `expire_due`
   deletes what is due by the store's clock.
 * Last use and reused tokens (kvgraftd.store.usage) are written to `usage` by
   `flush_usage` (every 30 s by the maintenance loop, and at close).
@@ -30,6 +31,7 @@ Contract:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import struct
 from collections.abc import Callable, Iterable, Iterator
@@ -42,8 +44,11 @@ from kvgraft.errors import FailedPrecondition, NotFound
 from kvgraft.tenancy import owner_of
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import catalog, chains, trust_index
-from kvgraftd.store.catalog import decode_record
+from kvgraftd.store.catalog import ArtifactRecord, decode_record, encode_record
+from kvgraftd.store.eviction import Evictor
+from kvgraftd.store.lmdb_env import LmdbEnv
 from kvgraftd.store.owned_pages import count_owned
+from kvgraftd.store.page_store import PageStore
 from kvgraftd.store.quarantine import ReadQuarantine
 from kvgraftd.store.segments import Location
 from kvgraftd.store.usage import USAGE_RECORD, Usage, UsageBook
@@ -57,14 +62,33 @@ _PINNED = "artifact {} is pinned; unpin it first (kvgraft pin --off ID)"
 
 
 class Lifecycle:
-    """Mixin of Store: needs `_db`, `_read`, `_write`, `_pages`, `_drop_pages`, `_notify_change`,
-    `read_quarantine`, `evictor`, `_budgeted_bytes`."""
+    """The cache lifecycle of the store whose environment is `env` and pages `pages`.
+    `reads`: the quarantine of pages reads found corrupt (a lease waits for it);
+    `budgeted_bytes()`: what the budget counts (kvgraftd.store.staging);
+    `notify_change()`: wakes the change feed's waiters (an artifact is gone)."""
 
-    _usage: UsageBook
-    _clock: Callable[[], int]
-    read_quarantine: ReadQuarantine
+    def __init__(
+        self,
+        env: LmdbEnv,
+        pages: PageStore,
+        usage: UsageBook,
+        clock: Callable[[], int],
+        *,
+        evictor: Evictor,
+        reads: ReadQuarantine,
+        budgeted_bytes: Callable[[], int],
+        notify_change: Callable[[], None],
+    ) -> None:
+        self._db, self._read, self._write = env.db, env.read, env.write
+        self._pages = pages
+        self._usage = usage
+        self._clock = clock
+        self._evictor = evictor
+        self._reads = reads
+        self._budgeted_bytes = budgeted_bytes
+        self._notify_change = notify_change
 
-    def _load_usage(self) -> None:
+    def load_usage(self) -> None:
         """Fill the usage book from the catalogue and the `usage` sub-database."""
         with self._read() as txn:
             usage_db, artifacts = self._db["usage"], self._db["artifacts"]
@@ -99,7 +123,7 @@ class Lifecycle:
     def reading(self, artifact_id: str, reused_tokens: int = 0) -> Iterator[None]:
         """Hold the artifact for a reader (see the module's contract); counts as a use."""
         aid = catalog.parse_full_id(artifact_id)
-        self.read_quarantine.settled()
+        self._reads.settled()
         with self._read() as txn:
             if txn.get(aid, db=self._db["quarantine"]) is not None:
                 raise NotFound(f"artifact {artifact_id[:16]} is quarantined (a page was corrupt)")
@@ -141,7 +165,7 @@ class Lifecycle:
             return 0, 0
         expiring = reason == pb.ChangeRecord.REASON_EXPIRED
         evicting = reason == pb.ChangeRecord.REASON_EVICTED
-        keep = self.evictor.keep
+        keep = self._evictor.keep
         now = self._clock()
 
         def body(txn: lmdb.Transaction, take_out) -> tuple[list[bytes], list[Location], dict]:
@@ -174,7 +198,7 @@ class Lifecycle:
             self._usage.used(heir, 0, tokens)
         # Under a byte budget the space goes back at once, so that the disk holds the
         # budget; without one, holes are punched in batches (SegmentFiles.give_back).
-        self._pages.free(freed, defer=not self.evictor.budget.bytes)
+        self._pages.free(freed, defer=not self._evictor.budget.bytes)
         if gone:
             self._notify_change()
         freed_bytes = sum(location.length for location in freed)
@@ -245,7 +269,7 @@ class Lifecycle:
                 continue
             txn.delete(digest, db=refs)
             unreferenced.append(digest)
-        locations = self._drop_pages(txn, unreferenced)
+        locations = self._pages.drop(txn, unreferenced)
         count_owned(txn, self._db["owned_pages"], manifest, -1)
         trust_index.forget(txn, self._db, aid, manifest, entries)
         txn.delete(aid, db=self._db["artifacts"])
@@ -257,6 +281,25 @@ class Lifecycle:
 
     # ------------------------------------------------------------------
     # pins that expire
+
+    def set_pinned(self, artifact_id: str, pinned: bool, ttl_s: float = 0) -> ArtifactRecord:
+        """Pin or unpin; a pin with `ttl_s` expires then (the artifact is deleted)."""
+        with self._read() as txn:
+            full_id = catalog.resolve(txn, self._db["artifacts"], artifact_id)
+        aid = catalog.parse_full_id(full_id)
+
+        def body(txn: lmdb.Transaction) -> ArtifactRecord:
+            found = txn.get(aid, db=self._db["artifacts"])
+            if found is None:  # deleted since it was resolved
+                raise NotFound(f"artifact {artifact_id} was deleted")
+            record = dataclasses.replace(decode_record(found), pinned=pinned)
+            self._set_expiry_in(txn, aid, pinned, ttl_s)
+            txn.put(aid, encode_record(record), db=self._db["artifacts"])
+            return record
+
+        record = self._write(0, body)
+        self._usage.set_pinned(aid, pinned)
+        return record
 
     def pin_expiry(self, artifact_id: str) -> int:
         """When the artifact's pin expires (unix ms), 0 for none."""

@@ -3,7 +3,7 @@
 kvgraftd.store.artifact_store owns artifacts, references and the change log and calls this
 module for pages. It owns the `page_locations` sub-database (record format:
 kvgraftd.store.page_records), the segment files (kvgraftd.store.segments) and the
-`segment_tail` meta key.
+`segment_tail` and `page_bytes` meta keys.
 
 Contract:
 * `write(needed_bytes, file_bytes, body)` runs `body(txn)` in one LMDB write
@@ -14,15 +14,17 @@ Contract:
 * `new_pages(txn, sizes, records)`: which of a manifest's pages need writing;
   a page neither stored nor sent, or stored at another size, is refused
   (InvalidArgument) before anything is written.
-* `drop(txn, digest)` removes a page's record and returns its location;
+* `drop(txn, digests)` removes pages' records and returns their locations;
   once that transaction has committed, `free(locations)` gives the space
-  back (when no read that could still see the bytes is running).
+  back (when no read that could still see the bytes is running). The
+  `page_bytes` counter follows what is dropped, and what is appended
+  (`count_bytes`: the caller counts the pages it wrote, staged ones too).
 * Reads (`read_into`, `verified`, `read_framed`) read the pages into memory
   of the caller's or of their own (pread, never a mapping:
   kvgraftd.store.segments) and check every page's xxh3-128, raising CorruptPage
   rather than hand out a corrupt byte; `unchecked` hands out each page's
   xxh3-128 with a copy of its bytes, for a reader that checks them as it reads
-  them (kvgraftd.engine.decode_attention). The copies are the caller's: no
+  them (kvgraftd.engine.model.decode_attention). The copies are the caller's: no
   transaction or read of the store is held while it uses them.
 * `open(format_version)` moves a format-1 store's pages into segments
   (kvgraftd.store.migration) and makes the segment files agree with the
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -44,11 +46,13 @@ import numpy as np
 from kvgraft.errors import InvalidArgument
 from kvgraftd.store import migration as store_migration
 from kvgraftd.store import page_records
+from kvgraftd.store.catalog import add_counter
 from kvgraftd.store.lmdb_env import LmdbEnv
 from kvgraftd.store.page_records import PageRecord, StoredPages, location_of
 from kvgraftd.store.segments import Location, SegmentFiles, Tail
 
 _TAIL = struct.Struct("<IQ")  # meta segment_tail: the committed end of the segments
+PAGE_BYTES = b"page_bytes"  # meta: the bytes of every stored page (staged ones too)
 T = TypeVar("T")
 
 
@@ -131,10 +135,17 @@ class PageStore:
                 )
         return new
 
-    def drop(self, txn: lmdb.Transaction, digest: bytes) -> Location | None:
-        """Remove a page's record; its location (for `free` after the commit), if it had one."""
-        record = txn.pop(digest, db=self._db)
-        return None if record is None else location_of(record)
+    def drop(self, txn: lmdb.Transaction, digests: Iterable[bytes]) -> list[Location]:
+        """Remove pages' records (`page_bytes` counted down once); the locations of those
+        that had one, for `free` after the commit."""
+        records = (txn.pop(digest, db=self._db) for digest in digests)
+        locations = [location_of(record) for record in records if record is not None]
+        self.count_bytes(txn, -sum(location.length for location in locations))
+        return locations
+
+    def count_bytes(self, txn: lmdb.Transaction, delta: int) -> None:
+        """Pages of `delta` bytes were appended (or, negative, dropped) inside `txn`."""
+        add_counter(txn, self._meta, PAGE_BYTES, delta)
 
     def free(self, locations: list[Location], defer: bool = False) -> None:
         self._segments.free(locations, defer)

@@ -1,9 +1,10 @@
 """Pages that no longer hash to their names, and the artifacts holding them.
 
-`Quarantine` is a part of kvgraftd.store.artifact_store.Store (a mixin, like
-kvgraftd.store.lifecycle). kvgraftd.store.scrub reads every page with
-`hash_batch` and hands the corrupt ones to `quarantine`; so does every read
-that finds one (`ReadQuarantine`, below).
+`Quarantine` is a part the Store holds (kvgraftd.store.artifact_store: it offers the
+public methods below as its own) over the store's LMDB environment and pages.
+kvgraftd.store.scrub reads every page with `hash_batch` and hands the corrupt ones
+to `quarantine`; so does every read that finds one (`ReadQuarantine`, below: the
+Store's `read_quarantine`).
 
 Contract:
 * `hash_batch(after, limit)` recomputes the SHA-256 of up to `limit` stored
@@ -20,9 +21,9 @@ Contract:
   writes the pages it brings; every quarantined artifact whose pages are all
   stored again leaves the quarantine and, if trusted, re-enters the chain index.
 * A read that finds a page corrupt or unreadable (CorruptPage, inside
-  `_quarantining_corrupt`) reports it: the quarantine is written on a thread
+  `quarantining_corrupt`) reports it: the quarantine is written on a thread
   of its own (the reader may be the compute thread, and the write may wait
-  behind a commit), and `settled()` waits for every report so far.
+  behind a commit), and `reads.settled()` waits for every report so far.
   `check_servable` and a lease (Store.reading) wait for it, and refuse an
   artifact quarantined by then, so a request that starts once a read failed
   never grafts the same pages.
@@ -45,7 +46,9 @@ from kvgraft.errors import DataLoss
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import catalog, staging, trust_index
 from kvgraftd.store.catalog import decode_record
+from kvgraftd.store.lmdb_env import LmdbEnv
 from kvgraftd.store.page_records import INDEX_RECORD, CorruptPage
+from kvgraftd.store.page_store import PageStore
 from kvgraftd.store.segments import Location
 
 log = logging.getLogger(__name__)
@@ -104,18 +107,21 @@ class ReadQuarantine:
 
 
 class Quarantine:
-    """Mixin of Store: needs `_db`, `_read`, `_write`, `_pages`, `_drop_pages`,
-    `read_quarantine` (a ReadQuarantine of `_quarantine_pages`)."""
+    """The quarantine of the store whose environment is `env` and pages `pages`; `reads`
+    quarantines what reads find corrupt."""
 
-    read_quarantine: ReadQuarantine
+    def __init__(self, env: LmdbEnv, pages: PageStore) -> None:
+        self._db, self._read, self._write = env.db, env.read, env.write
+        self._pages = pages
+        self.reads = ReadQuarantine(self.quarantine_pages)
 
     @contextmanager
-    def _quarantining_corrupt(self) -> Iterator[None]:
+    def quarantining_corrupt(self) -> Iterator[None]:
         """Around a read: a page found corrupt inside is reported (see the contract)."""
         try:
             yield
         except CorruptPage as corrupt:
-            self.read_quarantine.report(corrupt.digest)
+            self.reads.report(corrupt.digest)
             raise
 
     def hash_batch(self, after: bytes, limit: int) -> tuple[bytes, int, int, list[bytes]]:
@@ -148,9 +154,9 @@ class Quarantine:
 
     def quarantine(self, digests: list[bytes]) -> list[str]:
         """Quarantine the artifacts holding `digests` (see the contract); their ids."""
-        return self._quarantine_pages(digests)[0]
+        return self.quarantine_pages(digests)[0]
 
-    def _quarantine_pages(self, digests: list[bytes]) -> tuple[list[str], list[str]]:
+    def quarantine_pages(self, digests: list[bytes]) -> tuple[list[str], list[str]]:
         """`quarantine`: (ids of the artifacts holding `digests`, those quarantined now)."""
         bad = set(digests)
         if not bad:
@@ -173,7 +179,7 @@ class Quarantine:
                     trust_index.withdraw_vouchers(txn, self._db, aid, manifest)
                     txn.put(aid, _WHEN.pack(catalog.now_ms()), db=self._db["quarantine"])
                     new.append(aid.hex())
-            freed = self._drop_pages(txn, bad)
+            freed = self._pages.drop(txn, bad)
             for digest in bad:
                 if txn.get(digest, db=self._db["refs"]) is None:
                     staging.unstage(txn, self._db, digest)  # a staged page: just gone
@@ -198,7 +204,7 @@ class Quarantine:
     def check_servable(self, artifact_id: str) -> None:
         """DataLoss for a quarantined artifact: its bytes are not all there (quarantines
         reads found under way are waited for)."""
-        self.read_quarantine.settled()
+        self.reads.settled()
         if self.is_quarantined(artifact_id):
             raise DataLoss(
                 f"artifact {artifact_id[:16]} is quarantined: a read or a scrub found a page "
@@ -206,7 +212,7 @@ class Quarantine:
                 "kvgraft remote sync --pull), or delete it"
             )
 
-    def _repair_in(self, txn, aid: bytes, manifest: pb.Manifest, records) -> tuple[int, int]:
+    def repair_in(self, txn, aid: bytes, manifest: pb.Manifest, records) -> tuple[int, int]:
         """Inside commit_artifact's transaction: write the pages a quarantined artifact's
         repair brings and lift every quarantine now whole. (pages, bytes) written."""
         sizes = page_sizes(manifest)
@@ -219,7 +225,7 @@ class Quarantine:
         for digest in sizes:  # pages of the repair staged by its upload: claimed now
             staging.unstage(txn, self._db, digest)
         written = sum(len(record.data) for record in new.values())
-        self._add_page_bytes(txn, written)
+        self._pages.count_bytes(txn, written)
         for key in list(txn.cursor(db=self._db["quarantine"]).iternext(values=False)):
             held = bytes(key)
             record = decode_record(txn.get(held, db=self._db["artifacts"]))

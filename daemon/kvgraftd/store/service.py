@@ -22,9 +22,10 @@ from kvgraft.tenancy import writable_by
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.config import FIELDS, DaemonConfig
 from kvgraftd.store import publishing
-from kvgraftd.store.artifact_store import Store, StoreStats
+from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.catalog import artifact_info
 from kvgraftd.store.intake import PageIntake
+from kvgraftd.store.interface import StoreStats
 from kvgraftd.store.lmdb_env import unreachable_store
 from kvgraftd.store.migration import STORE_FORMAT_VERSION
 from kvgraftd.store.read_ahead import read_ahead

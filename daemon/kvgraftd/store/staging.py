@@ -8,17 +8,21 @@ refuses, writing nothing, pages that would take it past the daemon's limit, so
 an upload of many tiny pages cannot fill the disk (a 4-byte page takes 4 KiB).
 
 Staged pages are outside the store's budget: what the budget counts is the
-segments' live bytes less the staged ones (`_budgeted_bytes`), so uploads that
+segments' live bytes less the staged ones (`budgeted_bytes`), so uploads that
 never send their manifest cannot make the store evict an artifact; they are
 bounded apart (`staged_max_bytes` here, per connection and in memory:
 kvgraftd.store.upload_limits). A commit that claims staged pages brings them
-into the budget, so it counts them as incoming (`_staged_disk_of`).
+into the budget, so it counts them as incoming (`staged_disk_of`).
 
 A staged page is staged no more when an artifact claims it (kvgraftd.store.artifact_store's
 reference count) or when it is collected, `staged_ttl_s` after it was staged,
 unless an upload still in progress staged it (`uploading`): a slow upload of a
 large artifact keeps its pages for as long as it may run (the daemon's max_call_s
 from its start), not longer.
+
+`Staging` is a part the Store holds (kvgraftd.store.artifact_store: it offers
+`stage_pages`, `uploading` and `collect_staged` as its own) over the store's LMDB
+environment and pages.
 
 Collecting must stay cheap: it takes `_staging_lock`, which every read of the budgeted
 bytes takes too. It skips the scan of `staged` while no page can be due (a lower bound of
@@ -40,6 +44,7 @@ import lmdb
 from kvgraft.errors import ResourceExhausted
 from kvgraft.page_buffers import block_aligned
 from kvgraftd.store.catalog import add_counter, counter, now_ms
+from kvgraftd.store.lmdb_env import LmdbEnv
 from kvgraftd.store.page_records import PageRecord, write_needs
 from kvgraftd.store.page_store import PageStore
 from kvgraftd.store.segments import Location
@@ -99,11 +104,11 @@ def staged_before(txn: lmdb.Transaction, dbs, unix_ms: int) -> tuple[list[bytes]
 
 
 class Staging:
-    """Mixin of kvgraftd.store.artifact_store.Store: staged pages persisted and collected.
-    Needs `_db`, `_read`, `_pages`, `_write`, `_drop_pages`, `_add_page_bytes`; the Store
-    calls `_init_staging` first."""
+    """The staged pages of the store whose environment is `env` and pages `pages`."""
 
-    def _init_staging(self) -> None:
+    def __init__(self, env: LmdbEnv, pages: PageStore) -> None:
+        self._db, self._read, self._write = env.db, env.read, env.write
+        self._pages = pages
         # Held by a collection from its commit until its pages' space is freed, and by
         # every read of the budgeted bytes: in between, the staged count no longer holds
         # those pages while the live bytes still do (the budget would see an artifact's).
@@ -126,7 +131,7 @@ class Staging:
 
         def body(txn: lmdb.Transaction) -> int:
             new = stage(txn, self._db, self._pages, records, limit_bytes)
-            self._add_page_bytes(txn, sum(len(record.data) for record in new.values()))
+            self._pages.count_bytes(txn, sum(len(record.data) for record in new.values()))
             return len(new)
 
         written = self._pages.write(*write_needs(records.values()), body)
@@ -198,7 +203,7 @@ class Staging:
                     doomed.append(digest)
             # one claimed by an artifact since is kept
             unclaimed = [d for d in doomed if txn.get(d, db=self._db["refs"]) is None]
-            return len(doomed), self._drop_pages(txn, unclaimed)
+            return len(doomed), self._pages.drop(txn, unclaimed)
 
         with self._staging_lock:
             try:
@@ -209,7 +214,7 @@ class Staging:
             self._pages.free(freed)
         return collected
 
-    def _budgeted_bytes(self) -> int:
+    def budgeted_bytes(self) -> int:
         """What the store's budget counts: the bytes of the segments' live pages less the
         staged ones (kvgraftd.store.eviction)."""
         with self._staging_lock:
@@ -218,7 +223,7 @@ class Staging:
                 staged = counter(txn, self._db["meta"], STAGED_BYTES)
         return max(0, live - staged)
 
-    def _staged_disk_of(self, digests: Iterable[bytes]) -> int:
+    def staged_disk_of(self, digests: Iterable[bytes]) -> int:
         """The disk those of `digests` that are staged take: a commit claiming them brings
         them into the budget."""
         with self._read() as txn:

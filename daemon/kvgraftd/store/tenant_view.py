@@ -52,9 +52,9 @@ from kvgraft.tenancy import (
     writable_by,
 )
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.store.artifact_store import CommitResult, StoreStats
 from kvgraftd.store.catalog import ArtifactRecord
 from kvgraftd.store.eviction import CacheBudget, Evictor
+from kvgraftd.store.interface import CommitResult, StoreStats
 from kvgraftd.store.page_records import Framer, PageRecord
 from kvgraftd.store.trust_index import UNRECORDED, ChainMatch
 from kvgraftd.store.usage import Usage

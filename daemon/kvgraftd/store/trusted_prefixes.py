@@ -1,8 +1,9 @@
 """The store's trust: provenance kept, trust upgraded or withdrawn, trusted prefixes found.
 
-`TrustedPrefixes` is a part of kvgraftd.store.artifact_store.Store (a mixin over its
-LMDB environment, like kvgraftd.store.lifecycle); the records and the chain index they
-keep are kvgraftd.store.trust_index's. `longest_chain` with `hold` also leases the
+`TrustedPrefixes` is a part the Store holds (kvgraftd.store.artifact_store: it offers
+these methods as its own) over the store's LMDB environment and its leases (`reading`,
+kvgraftd.store.lifecycle); the records and the chain index they keep are
+kvgraftd.store.trust_index's. `longest_chain` with `hold` also leases the
 artifact vouching for the match (kvgraftd.store.usage): a Generate reads its pages
 with the artifact held, and one evicted between the lookup and the lease is looked up
 again, so what is gone is computed, never half-read.
@@ -14,8 +15,8 @@ again; when they are, it reads one meta value and writes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, ExitStack
 
 import lmdb
 
@@ -23,6 +24,7 @@ from kvgraft.errors import NotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store import catalog, trust_index
 from kvgraftd.store.catalog import Visible, decode_record
+from kvgraftd.store.lmdb_env import LmdbEnv
 from kvgraftd.store.signing import TrustPolicy
 from kvgraftd.store.trust_index import NO_MATCH, ChainMatch
 
@@ -32,7 +34,14 @@ TRUST_KEYS_META = b"trust_keys_sha256"
 
 
 class TrustedPrefixes:
-    """Mixin of Store: needs `_db`, `_read`, `_write`, `reading`."""
+    """The trust records of the store whose environment is `env`; `reading(artifact_id,
+    reused_tokens)` leases an artifact (the Store's `reading`)."""
+
+    def __init__(
+        self, env: LmdbEnv, reading: Callable[[str, int], AbstractContextManager[None]]
+    ) -> None:
+        self._db, self._read, self._write = env.db, env.read, env.write
+        self._reading = reading
 
     def longest_chain(
         self,
@@ -56,7 +65,7 @@ class TrustedPrefixes:
             if hold is None or not match.entries:
                 return match
             try:
-                hold.enter_context(self.reading(match.grafted[0].artifact_id, match.tokens))
+                hold.enter_context(self._reading(match.grafted[0].artifact_id, match.tokens))
                 return match
             except NotFound:
                 continue

@@ -3,7 +3,7 @@ it), the live buffers, and the threads that move and attend blocks.
 
 Contract: one Tiers per engine; every context of the engine attends through
 it. `prefetch` brings a block into the pool on the background thread (None
-when prefetching is off). Decode-step attention (kvgraftd.engine.decode_attention)
+when prefetching is off). Decode-step attention (kvgraftd.engine.model.decode_attention)
 runs on `attention_workers`, one per core, `attention_window` batches in flight
 per attention; `attention_batch` sizes the batches so the
 workers finish together and, for batches of pool slots, so the batches in
@@ -37,7 +37,7 @@ class Tiers:
         self._prefetcher = (
             ThreadPoolExecutor(1, thread_name_prefix="prefetch") if prefetch else None
         )
-        # decode-step block partials, one thread per core (kvgraftd.engine.decode_attention)
+        # decode-step block partials, one thread per core (kvgraftd.engine.model.decode_attention)
         self.attention_workers = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="attend")
         self.attention_window = 2 * CHECK_THREADS  # batches in flight per attention
         self._staging = threading.local()  # per-thread buffer for one block of pages

@@ -9,7 +9,8 @@
  * implementation would compute it: the tests compare every digest with
  * hashlib's).
  *
- * kvg_sha256_lanes_supported(): 1 where this CPU has AVX-512F and BW, else 0
+ * kvg_sha256_lanes_supported(): 1 where this CPU runs the kernels' AVX-512 build
+ *   (engine/native/cpu_features.h: one detection for every native kernel), else 0
  *   (then nothing else here may be called).
  * kvg_sha256_x16(messages, copies, count, len, out): the SHA-256 of
  *   messages[0..count) (1 <= count <= 16), each `len` bytes, to
@@ -22,16 +23,14 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__x86_64__)
+#include "cpu_features.h"
+
+#if KVG_X86_BUILDS
 #include <immintrin.h>
 
-int kvg_sha256_lanes_supported(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-}
+int kvg_sha256_lanes_supported(void) { return kvg_cpu_has_avx512(); }
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw")
+KVG_TARGET_AVX512
 
 static const uint32_t K[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
@@ -151,7 +150,7 @@ void kvg_sha256_x16(const uint8_t *const *messages, uint8_t *const *copies, int3
         }
 }
 
-#pragma GCC pop_options
+KVG_TARGET_END
 
 #else /* not x86-64: hashlib does the work */
 

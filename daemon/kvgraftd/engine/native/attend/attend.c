@@ -1,0 +1,219 @@
+/*
+ * kvgraftd's native decode-step attention (loaded with ctypes by
+ * kvgraftd.engine.model.decode_attention): the portable build of the kernel, the AVX-512
+ * one where the CPU has it, and the merge of per-block partial results.
+ *
+ * kvg_block_partial: see attend_kernel.h.
+ * kvg_blocks_partial(n, q, blocks, checksums, checked, H, R, D, scores, out_max, out_sum,
+ *   out_acc, failed): kvg_block_partial over n blocks in one call. Block i is
+ *   blocks[4i..4i+3] = {address of K, address of V, head_stride, tokens}; it is
+ *   checked against checksums[16i..16i+15] where checked[i] is nonzero. Its
+ *   partial goes to out_max + i*H*R, out_sum + i*H*R, out_acc + i*H*R*D; scores
+ *   holds H*R*(the most tokens of a block) floats. Stops at the first block that
+ *   does not return 0: its index goes to *failed and its status is returned.
+ * kvg_merge(rows, D, max, sum, acc, pmax, psum, pacc): folds one block's
+ *   partial into the running state (the online softmax), row by row:
+ *   m = max(max, pmax); sum = sum e^(max-m) + psum e^(pmax-m); the same for acc.
+ *   A state with max = -inf holds nothing yet.
+ * kvg_merge_blocks(n, rows, D, max, sum, acc, pmax, psum, pacc): kvg_merge of n
+ *   partials laid out as kvg_blocks_partial writes them, in index order.
+ * kvg_rows_partial(n, q, blocks, first, count, t0, t1, checksums, checked, H, R, D,
+ *   scores, out_max, out_sum, out_acc, used, failed): the partials of tokens [t0, t1) of
+ *   `count` query tokens at
+ *   positions first, first + 1, ... (q: [count][H][R][D]) over n blocks, each token's
+ *   exactly the one a decode step at its position computes: block i is
+ *   blocks[5i..5i+4] = {K, V, head_stride, tokens, first position}, and token t sees
+ *   its first min(tokens, first + t + 1 - block's first position) keys. used[i*count + t]
+ *   says whether it saw any (a token before the block has no partial there). Partial
+ *   (i, t) goes to out_max + (i*count + t)*H*R, ... A checked block (a whole stored
+ *   page, before every token) is hashed once, with token t0's pass. Calls for disjoint
+ *   token ranges may run at once (each with its own scores).
+ * kvg_rows_merge(n, count, rows, D, max, sum, acc, pmax, psum, pacc, used): kvg_merge of
+ *   each token's partials in block order, into its state (max + t*rows, ...).
+ * kvg_decode_live(q, k, v, head_stride, H, R, D, total, block, scaling, out): a whole
+ *   decode step over positions [0, total) that one buffer holds (head h, position j at
+ *   k + h * head_stride + j * D; v the same): q ([H][R][D], unscaled) times `scaling`,
+ *   kvg_block_partial of each block of `block` positions, kvg_merge of them in order
+ *   from an empty state, out [H][R][D] = acc / sum. The bits of those calls made one
+ *   by one (what the blocks' own path does), without a round trip each. Returns 0, or
+ *   the first failing status (KVG_BAD_ARGS; -1 when memory runs out).
+ * kvg_kernel_name(): which build kvg_block_partial runs ("avx512", "generic").
+ * kvg_decode_live_rows(n, layer, layers, qkv, qkv_stride, H, R, D, keys, values, head_strides,
+ *   positions, rows, block, scaling, out, out_stride): the decode steps of n contexts in one
+ *   call. Context i's row of the pass is qkv + rows[i] * qkv_stride: its queries [H][R][D],
+ *   then its keys [H][D] and values [H][D] (H the KV heads). Its K and V go to position
+ *   positions[i] of its live buffers, keys[i * layers + layer] and values[...] (head h,
+ *   position j at + h * head_strides[i] + j * D), then kvg_decode_live over positions
+ *   [0, positions[i] + 1) writes its output to out + rows[i] * out_stride: what the
+ *   context's own write and kvg_decode_live call would do, context by context.
+ */
+#include <stdlib.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu_features.h"
+#define KVG_SUFFIX generic
+#include "attend_kernel.h"
+#undef KVG_SUFFIX
+
+#if KVG_X86_BUILDS
+int kvg_block_partial_avx512(const float *, const float *, const float *, int64_t, int32_t,
+                             int32_t, int32_t, int32_t, float *, float *, float *, float *,
+                             const uint8_t *);
+#endif
+
+const char *kvg_kernel_name(void) { return kvg_cpu_has_avx512() ? "avx512" : "generic"; }
+
+int kvg_block_partial(const float *q, const float *k, const float *v, int64_t head_stride,
+                      int32_t H, int32_t R, int32_t D, int32_t T, float *scores, float *out_max,
+                      float *out_sum, float *out_acc, const uint8_t *expected) {
+    static int avx512 = -1;
+    if (avx512 < 0) avx512 = kvg_cpu_has_avx512();
+#if KVG_X86_BUILDS
+    if (avx512)
+        return kvg_block_partial_avx512(q, k, v, head_stride, H, R, D, T, scores, out_max,
+                                        out_sum, out_acc, expected);
+#endif
+    return kvg_block_partial_generic(q, k, v, head_stride, H, R, D, T, scores, out_max, out_sum,
+                                     out_acc, expected);
+}
+
+int kvg_blocks_partial(int32_t n, const float *q, const int64_t *blocks, const uint8_t *checksums,
+                       const uint8_t *checked, int32_t H, int32_t R, int32_t D, float *scores,
+                       float *out_max, float *out_sum, float *out_acc, int32_t *failed) {
+    for (int32_t i = 0; i < n; i++) {
+        const int64_t *block = blocks + 4 * (int64_t)i;
+        if (block[3] < 1 || block[3] > INT32_MAX) {
+            *failed = i;
+            return KVG_BAD_ARGS;
+        }
+        int64_t rows = (int64_t)i * H * R;
+        int status = kvg_block_partial(q, (const float *)(uintptr_t)block[0],
+                                       (const float *)(uintptr_t)block[1], block[2], H, R, D,
+                                       (int32_t)block[3], scores, out_max + rows, out_sum + rows,
+                                       out_acc + rows * D, checked[i] ? checksums + 16 * i : NULL);
+        if (status) {
+            *failed = i;
+            return status;
+        }
+    }
+    return 0;
+}
+
+void kvg_merge(int32_t rows, int32_t D, float *max, float *sum, float *acc, const float *pmax,
+               const float *psum, const float *pacc) {
+    for (int32_t r = 0; r < rows; r++) {
+        float m = pmax[r] > max[r] ? pmax[r] : max[r];
+        float old = max[r] == -INFINITY ? 0.0f : expf(max[r] - m);
+        float new = expf(pmax[r] - m);
+        sum[r] = sum[r] * old + psum[r] * new;
+        for (int32_t d = 0; d < D; d++)
+            acc[(int64_t)r * D + d] = acc[(int64_t)r * D + d] * old + pacc[(int64_t)r * D + d] * new;
+        max[r] = m;
+    }
+}
+
+void kvg_merge_blocks(int32_t n, int32_t rows, int32_t D, float *max, float *sum, float *acc,
+                      const float *pmax, const float *psum, const float *pacc) {
+    for (int32_t i = 0; i < n; i++)
+        kvg_merge(rows, D, max, sum, acc, pmax + (int64_t)i * rows, psum + (int64_t)i * rows,
+                  pacc + (int64_t)i * rows * D);
+}
+
+int kvg_rows_partial(int32_t n, const float *q, const int64_t *blocks, int64_t first,
+                     int32_t count, int32_t t0, int32_t t1, const uint8_t *checksums,
+                     const uint8_t *checked, int32_t H, int32_t R, int32_t D, float *scores,
+                     float *out_max, float *out_sum, float *out_acc, uint8_t *used,
+                     int32_t *failed) {
+    const int64_t rows = (int64_t)H * R;
+    for (int32_t i = 0; i < n; i++) {
+        const int64_t *block = blocks + 5 * (int64_t)i;
+        const int64_t tokens = block[3], begin = block[4];
+        if (tokens < 1 || tokens > INT32_MAX || (checked[i] && begin + tokens > first + 1)) {
+            *failed = i;
+            return KVG_BAD_ARGS;
+        }
+        for (int32_t t = t0; t < t1; t++) {
+            const int64_t seen = first + t + 1 - begin;
+            const int64_t T = seen < tokens ? seen : tokens;
+            const int64_t at = (int64_t)i * count + t;
+            used[at] = T >= 1;
+            if (T < 1) continue;
+            int status = kvg_block_partial(
+                q + (int64_t)t * rows * D, (const float *)(uintptr_t)block[0],
+                (const float *)(uintptr_t)block[1], block[2], H, R, D, (int32_t)T, scores,
+                out_max + at * rows, out_sum + at * rows, out_acc + at * rows * D,
+                checked[i] && t == t0 ? checksums + 16 * (int64_t)i : NULL);
+            if (status) {
+                *failed = i;
+                return status;
+            }
+        }
+    }
+    return 0;
+}
+
+void kvg_rows_merge(int32_t n, int32_t count, int32_t rows, int32_t D, float *max, float *sum,
+                    float *acc, const float *pmax, const float *psum, const float *pacc,
+                    const uint8_t *used) {
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t t = 0; t < count; t++) {
+            const int64_t at = (int64_t)i * count + t;
+            if (!used[at]) continue;
+            kvg_merge(rows, D, max + (int64_t)t * rows, sum + (int64_t)t * rows,
+                      acc + (int64_t)t * rows * D, pmax + at * rows, psum + at * rows,
+                      pacc + at * rows * D);
+        }
+}
+
+int kvg_decode_live(const float *q, const float *k, const float *v, int64_t head_stride,
+                    int32_t H, int32_t R, int32_t D, int64_t total, int64_t block, float scaling,
+                    float *out) {
+    if (total < 1 || block < 1 || block > INT32_MAX || H < 1 || R < 1 || D < 1) return KVG_BAD_ARGS;
+    const int64_t rows = (int64_t)H * R, span = total < block ? total : block;
+    float *scaled = malloc(sizeof(float) * (size_t)(rows * D));
+    float *scores = malloc(sizeof(float) * (size_t)(rows * span));
+    float *state = malloc(sizeof(float) * (size_t)(2 * rows * (D + 2)));
+    int status = scaled && scores && state ? 0 : -1;
+    if (!status) {
+        for (int64_t i = 0; i < rows * D; i++) scaled[i] = q[i] * scaling;
+        float *max = state, *sum = max + rows, *acc = sum + rows;
+        float *pmax = acc + rows * D, *psum = pmax + rows, *pacc = psum + rows;
+        for (int64_t r = 0; r < rows; r++) max[r] = -INFINITY, sum[r] = 0.0f;
+        for (int64_t i = 0; i < rows * D; i++) acc[i] = 0.0f;
+        for (int64_t begin = 0; begin < total && !status; begin += block) {
+            const int32_t T = (int32_t)(total - begin < block ? total - begin : block);
+            status = kvg_block_partial(scaled, k + begin * D, v + begin * D, head_stride, H, R, D,
+                                       T, scores, pmax, psum, pacc, NULL);
+            if (!status) kvg_merge((int32_t)rows, D, max, sum, acc, pmax, psum, pacc);
+        }
+        for (int64_t r = 0; !status && r < rows; r++)
+            for (int32_t d = 0; d < D; d++) out[r * D + d] = acc[r * D + d] / sum[r];
+    }
+    free(scaled);
+    free(scores);
+    free(state);
+    return status;
+}
+
+int kvg_decode_live_rows(int32_t n, int32_t layer, int32_t layers, const float *qkv,
+                         int64_t qkv_stride, int32_t H, int32_t R, int32_t D, const int64_t *keys,
+                         const int64_t *values, const int64_t *head_strides,
+                         const int64_t *positions, const int64_t *rows, int64_t block,
+                         float scaling, float *out, int64_t out_stride) {
+    int status = 0;
+    for (int32_t i = 0; i < n && !status; i++) {
+        const float *q = qkv + rows[i] * qkv_stride, *k = q + (int64_t)H * R * D, *v = k + H * D;
+        float *K = (float *)(intptr_t)keys[(int64_t)i * layers + layer];
+        float *V = (float *)(intptr_t)values[(int64_t)i * layers + layer];
+        const int64_t at = positions[i] * D;
+        for (int32_t h = 0; h < H; h++) {
+            memcpy(K + h * head_strides[i] + at, k + h * D, sizeof(float) * (size_t)D);
+            memcpy(V + h * head_strides[i] + at, v + h * D, sizeof(float) * (size_t)D);
+        }
+        status = kvg_decode_live(q, K, V, head_strides[i], H, R, D, positions[i] + 1, block,
+                                 scaling, out + rows[i] * out_stride);
+    }
+    return status;
+}

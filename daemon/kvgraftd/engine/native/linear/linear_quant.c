@@ -1,0 +1,117 @@
+/*
+ * GGUF's quantized blocks for the row-invariant linear product (linear_formats.h has
+ * the packed layout): packing from the GGUF file's rows, unpacking to the float32
+ * weights they stand for, and the portable kernel.
+ *
+ * kvg_quant_pack(format, blocks, row_bytes, order, N, K, packed): output column n is
+ *   the GGUF row order[n] (transformers permutes some rows of q and k when it reads a
+ *   GGUF; the caller gives that permutation). blocks holds the file's rows, row_bytes
+ *   apart. Returns 0, or -1 when K is not a multiple of 32 or the format is unknown.
+ * kvg_quant_unpack(format, packed, N, K, W): W [N x K] as float32, each weight the
+ *   float the kernels compute (the engine checks them against the model's own).
+ * kvg_linear_quant_generic(...): the contract of linear.c as a plain fmaf loop over
+ *   weights dequantized one at a time.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "linear_formats.h"
+
+static float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    const uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+    uint32_t bits;
+    if (exponent == 0) { /* zero or subnormal: mantissa * 2^-24, exact in float */
+        const float magnitude = ldexpf((float)mantissa, -24);
+        return sign ? -magnitude : magnitude;
+    }
+    if (exponent == 31)
+        bits = sign | 0x7f800000u | (mantissa << 13);
+    else
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static uint16_t read_half(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+static int block_bytes(int format) {
+    return format == KVG_Q4_1 ? QUANT_BLOCK_Q4 : format == KVG_Q8_0 ? QUANT_BLOCK_Q8 : 0;
+}
+
+/* q of GGUF row `row` at k (its raw block bytes: Q4_1 d, m, 16 bytes; Q8_0 d, 32 bytes) */
+static int gguf_q(int format, const uint8_t *row, int64_t k) {
+    const int64_t b = k / QK, i = k % QK;
+    if (format == KVG_Q4_1) {
+        const uint8_t byte = row[b * GGUF_BLOCK_Q4 + 4 + i % 16];
+        return i < 16 ? byte & 15 : byte >> 4;
+    }
+    return (int8_t)row[b * GGUF_BLOCK_Q8 + 2 + i];
+}
+
+int kvg_quant_pack(int format, const uint8_t *blocks, int64_t row_bytes, const int64_t *order,
+                   int64_t N, int64_t K, uint8_t *packed) {
+    const int bytes = block_bytes(format);
+    if (!bytes || K % QK) return -1;
+    const int64_t panels = (N + PANEL - 1) / PANEL, per_panel = kvg_panel_bytes(format, K);
+    memset(packed, 0, (size_t)(panels * per_panel));
+    const int64_t source_block = format == KVG_Q4_1 ? GGUF_BLOCK_Q4 : GGUF_BLOCK_Q8;
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *row = blocks + order[n] * row_bytes;
+        const int j = (int)(n % PANEL);
+        for (int64_t b = 0; b < K / QK; b++) {
+            uint8_t *blk = packed + (n / PANEL) * per_panel + b * bytes;
+            const float d = half_to_float(read_half(row + b * source_block));
+            memcpy(blk + j * sizeof(float), &d, sizeof d);
+            if (format == KVG_Q4_1) {
+                const float m = half_to_float(read_half(row + b * source_block + 2));
+                memcpy(blk + (PANEL + j) * sizeof(float), &m, sizeof m);
+                for (int i = 0; i < QK; i += 2) {
+                    const int even = gguf_q(format, row, b * QK + i);
+                    const int odd = gguf_q(format, row, b * QK + i + 1);
+                    blk[QUANT_SCALES_Q4 + i / 2 * PANEL + j] = (uint8_t)(even | odd << 4);
+                }
+            } else {
+                for (int i = 0; i < QK; i++)
+                    blk[QUANT_SCALES_Q8 + i * PANEL + j] = (uint8_t)(int8_t)gguf_q(format, row, b * QK + i);
+            }
+        }
+    }
+    return 0;
+}
+
+/* The weight of column n at k, as every kernel computes it. */
+static float packed_weight(int format, const uint8_t *packed, int64_t K, int64_t n, int64_t k) {
+    const int j = (int)(n % PANEL);
+    const int64_t i = k % QK;
+    const uint8_t *blk = packed + (n / PANEL) * kvg_panel_bytes(format, K) + k / QK * block_bytes(format);
+    float d, m;
+    memcpy(&d, blk + j * sizeof(float), sizeof d);
+    if (format == KVG_Q4_1) {
+        memcpy(&m, blk + (PANEL + j) * sizeof(float), sizeof m);
+        const uint8_t byte = blk[QUANT_SCALES_Q4 + i / 2 * PANEL + j];
+        const float q = (float)(i % 2 ? byte >> 4 : byte & 15);
+        const float scaled = q * d; /* rounded: -ffp-contract=off keeps this from fusing */
+        return scaled + m;
+    }
+    return (float)(int8_t)blk[QUANT_SCALES_Q8 + i * PANEL + j] * d;
+}
+
+void kvg_quant_unpack(int format, const uint8_t *packed, int64_t N, int64_t K, float *W) {
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++) W[n * K + k] = packed_weight(format, packed, K, n, k);
+}
+
+void kvg_linear_quant_generic(int format, const float *x, int64_t M, int64_t K, int64_t ldx,
+                              const uint8_t *packed, int64_t N, int64_t p_begin, int64_t p_end,
+                              float *y, int64_t ldy) {
+    for (int64_t n = p_begin * PANEL; n < p_end * PANEL && n < N; n++)
+        for (int64_t m = 0; m < M; m++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; k++)
+                acc = fmaf(x[m * ldx + k], packed_weight(format, packed, K, n, k), acc);
+            y[m * ldy + n] = acc;
+        }
+}
