@@ -1,52 +1,55 @@
-"""A decoder layer in three native calls: the products and row-wise operations before and
-after attention (native/layer.c), and the decode steps of many contexts (native/attend.c).
+"""A decoder layer in three native calls, and a decode step's every layer in one
+(native/linear/layer.c; the decode steps of many contexts: native/attend/attend.c).
 
 Contract: each call makes the calls the row-invariant forward made one at a time
-(kvgraftd.engine.model.linear, kvgraftd.engine.model.rowwise, and each context's own K/V write and
+(kvgraftd.engine.model.linear, .rowwise, and each context's own K/V write and
 `attend_live_step`), in the same order on the same bytes, so every output has the bits
-it had; what changes is the interpreter's time between them, paid once a layer instead of
-about ten times, and once a layer for all the decoding contexts of a step instead of once
-each.
+it had; what changes is the interpreter's time between them: paid once a layer for all
+of a step's contexts instead of about ten times a layer and once a context, or, for a
+step of decode rows over live positions only (the common step), once a step.
 
-* `qkv(normed, weight, table, heads, head_dim)`: the q, k and v product, the queries'
-  and keys' heads rotated: [rows, n].
-* `mlp(attended, hidden, weights, post_norm, inter, eps, next_norm)`: out product,
-  residual add and norm, gated MLP, residual add, the next norm: the next layer's input
-  [rows, dim] (hidden updated in place).
-* `LiveRows`: the decoding contexts of a step whose KV is all live on CPU, attended in one
-  call a layer (`attend(layer, qkv, out, ...)`); each context's buffers are read once a
-  step (`KvContext.live_buffers`).
+* `Layers.of(layers, model)`: the packed weights, norms and scalings of every layer as
+  the native calls take them (addresses in one table), built once at load.
+* `Layers.qkv(layer, normed, table)`: the q, k and v product, the queries' and keys'
+  heads rotated: [rows, n].
+* `Layers.mlp(layer, attended, hidden)`: out product, residual add and norm, gated MLP,
+  residual add, the next norm: the next layer's input [rows, dim] (hidden in place).
+* `LiveRows`: the step's decoding contexts whose KV is all live on CPU, attended in one
+  call a layer (`attend`), or, when they are all of the step's rows, computed through
+  every layer in one call (`Layers.decode`).
 """
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from kvgraftd.engine.model import decode_attention, linear
-from kvgraftd.engine.model.linear import PackedWeight
 
-_I64, _I32, _P = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
+_I64, _I32, _P, _F = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_float
+LAYER_ENTRIES = 10  # layer.c's table: qkv, out, gate-up, down (format, address), 2 norms
 
 
-def _load() -> tuple[ctypes.CDLL, ctypes.CDLL] | None:
+def _load() -> tuple[ctypes.CDLL, ctypes.CDLL, int] | None:
     products, attend = linear.native_library(), decode_attention.native_library()
-    if products is None or attend is None or not hasattr(products, "kvg_layer_mlp"):
+    if products is None or attend is None:
         return None
     products.kvg_layer_qkv.argtypes = [ctypes.c_int, _P, _I64, _I64, _P, _I64, _P, _P]
     products.kvg_layer_qkv.argtypes += [_I64, _I64, _P, ctypes.c_int]
     products.kvg_layer_qkv.restype = ctypes.c_int
-    products.kvg_layer_mlp.argtypes = [_P, _I64, _I64, _P, _I64, _P, _P, _I64, ctypes.c_float]
+    products.kvg_layer_mlp.argtypes = [_P, _I64, _I64, _P, _I64, _P, _P, _I64, _F]
     products.kvg_layer_mlp.argtypes += [_P, _P, ctypes.c_int]
     products.kvg_layer_mlp.restype = ctypes.c_int
+    products.kvg_decode_layers.argtypes = [_P, _I32, _P, _P, _F, _P, _P, _P, _P, _P, _P]
+    products.kvg_decode_layers.restype = ctypes.c_int
     attend.kvg_decode_live_rows.argtypes = [_I32] * 3 + [_P, _I64] + [_I32] * 3 + [_P] * 5
-    attend.kvg_decode_live_rows.argtypes += [_I64, ctypes.c_float, _P, _I64]
+    attend.kvg_decode_live_rows.argtypes += [_I64, _F, _P, _I64]
     attend.kvg_decode_live_rows.restype = ctypes.c_int
-    return products, attend
+    # kvg_decode_layers calls the attention library's step by address
+    return products, attend, ctypes.cast(attend.kvg_decode_live_rows, _P).value
 
 
 _libraries = _load()
@@ -63,69 +66,25 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"the native {what} refused its arguments ({status})")
 
 
-def qkv(
-    normed: torch.Tensor, weight: PackedWeight, table, heads: int, head_dim: int
-) -> torch.Tensor:
-    """normed [rows, dim] times the q, k, v weights, the first `heads` heads rotated."""
-    rows, dim = normed.shape
-    out = torch.empty(rows, weight.n, dtype=torch.float32)
-    status = _libraries[0].kvg_layer_qkv(
-        weight.code, normed.data_ptr(), rows, dim, weight.address, weight.n,
-        table.cos.data_ptr(), table.sin.data_ptr(), heads, head_dim, out.data_ptr(),
-        linear.THREADS,
-    )  # fmt: skip
-    _check(status, "q, k, v product")
-    return out
-
-
-@dataclass(frozen=True)
-class MlpWeights:
-    """The packed products after attention, as kvg_layer_mlp takes them: (format, address)
-    of the out, gate-and-up and down weights."""
-
-    table: np.ndarray  # int64 [6]
-    packed: tuple[PackedWeight, ...]  # kept alive: the table holds their addresses
-
-    @classmethod
-    def of(cls, out: PackedWeight, gate_up: PackedWeight, down: PackedWeight) -> MlpWeights:
-        table = [value for w in (out, gate_up, down) for value in (w.code, w.address)]
-        return cls(np.array(table, dtype=np.int64), (out, gate_up, down))
-
-
-def mlp(
-    attended: torch.Tensor,
-    hidden: torch.Tensor,
-    weights: MlpWeights,
-    post_norm: torch.Tensor,
-    inter: int,
-    eps: float,
-    next_norm: torch.Tensor,
-) -> torch.Tensor:
-    """Attention's output [rows, width] into the residual stream `hidden` [rows, dim] (in
-    place) and through the MLP; returns the next layer's normed input [rows, dim]."""
-    rows, dim = hidden.shape
-    normed = torch.empty(rows, dim, dtype=torch.float32)
-    status = _libraries[0].kvg_layer_mlp(
-        attended.data_ptr(), rows, attended.shape[1], hidden.data_ptr(), dim,
-        weights.table.ctypes.data, post_norm.data_ptr(), inter, eps, next_norm.data_ptr(),
-        normed.data_ptr(), linear.THREADS,
-    )  # fmt: skip
-    _check(status, "MLP")
-    return normed
-
-
 class LiveRows:
     """The step's decoding contexts attended in one call a layer: row `rows[i]` of the pass
     is context i's one token, at position `positions[i]` of its live buffers."""
 
     def __init__(self, contexts: Sequence, rows: Sequence[int], layers: int, block: int) -> None:
         buffers = [context.live_buffers() for context in contexts]
-        self.count, self.layers, self.block = len(rows), layers, block
-        self.keys = np.concatenate([keys for keys, _, _ in buffers]).astype(np.int64)
-        self.values = np.concatenate([values for _, values, _ in buffers]).astype(np.int64)
-        self.strides = np.array([stride for _, _, stride in buffers], dtype=np.int64)
-        self.positions = np.array([c.length for c in contexts], dtype=np.int64)
-        self.rows = np.array(rows, dtype=np.int64)
+        self.count, self.layers = len(rows), layers
+        # kept alive: `arguments` holds their addresses
+        self._arrays = [
+            np.concatenate([keys for keys, _, _ in buffers]).astype(np.int64),
+            np.concatenate([values for _, values, _ in buffers]).astype(np.int64),
+            np.array([stride for _, _, stride in buffers], dtype=np.int64),
+            np.array([c.length for c in contexts], dtype=np.int64),
+            np.array(rows, dtype=np.int64),
+        ]
+        self.addresses = [array.ctypes.data for array in self._arrays]
+        self.block = block
+        # kvg_decode_layers' rows_of: the addresses above, then the block
+        self.arguments = np.array([*self.addresses, block], dtype=np.int64)
 
     def attend(
         self, layer: int, qkv: torch.Tensor, out: torch.Tensor, geometry: tuple[int, int, int],
@@ -136,8 +95,77 @@ class LiveRows:
         kv_heads, group, dim = geometry
         status = _libraries[1].kvg_decode_live_rows(
             self.count, layer, self.layers, qkv.data_ptr(), qkv.shape[1], kv_heads, group, dim,
-            self.keys.ctypes.data, self.values.ctypes.data, self.strides.ctypes.data,
-            self.positions.ctypes.data, self.rows.ctypes.data, self.block, scaling,
-            out.data_ptr(), out.shape[1],
+            *self.addresses, self.block, scaling, out.data_ptr(), out.shape[1],
         )  # fmt: skip
         _check(status, "decode attention")
+
+
+class Layers:
+    """Every layer's weights, norms and scaling as the native calls take them."""
+
+    def __init__(self, table: np.ndarray, scalings: np.ndarray, keep: list, shape: dict) -> None:
+        self.table, self.scalings, self._keep = table, scalings, keep
+        self.heads, self.kv_heads, self.head_dim = shape["heads"], shape["kv_heads"], shape["dim"]
+        self.inter, self.qkv_n, self.eps = shape["inter"], shape["qkv_n"], shape["eps"]
+        self._row_bytes = LAYER_ENTRIES * table.itemsize
+
+    @classmethod
+    def of(cls, layers: Sequence, final_norm: torch.Tensor, shape: dict) -> Layers:
+        """`layers`: each with qkv, out, gate_up, down (PackedWeight), input_norm, post_norm,
+        scaling; `shape`: heads, kv_heads, dim (a head's), inter, qkv_n, eps."""
+        rows, keep = [], [final_norm]
+        for index, layer in enumerate(layers):
+            after = layers[index + 1].input_norm if index + 1 < len(layers) else final_norm
+            products = (layer.qkv, layer.out, layer.gate_up, layer.down)
+            rows.append([v for w in products for v in (w.code, w.address)])
+            rows[-1] += [layer.post_norm.data_ptr(), after.data_ptr()]
+            keep += [*products, layer.post_norm, after]
+        table = np.array(rows, dtype=np.int64).reshape(len(layers), LAYER_ENTRIES)
+        scalings = np.array([layer.scaling for layer in layers], dtype=np.float32)
+        return cls(table, scalings, keep, shape)
+
+    def qkv(self, layer: int, normed: torch.Tensor, rope) -> torch.Tensor:
+        """normed [rows, dim] times the layer's q, k, v weights, q's and k's heads rotated."""
+        rows, dim = normed.shape
+        out = torch.empty(rows, self.qkv_n, dtype=torch.float32)
+        code, address = self.table[layer, 0], self.table[layer, 1]
+        status = _libraries[0].kvg_layer_qkv(
+            int(code), normed.data_ptr(), rows, dim, int(address), self.qkv_n,
+            rope.cos.data_ptr(), rope.sin.data_ptr(), self.heads + self.kv_heads, self.head_dim,
+            out.data_ptr(), linear.THREADS,
+        )  # fmt: skip
+        _check(status, "q, k, v product")
+        return out
+
+    def mlp(self, layer: int, attended: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Attention's output [rows, width] into the residual stream `hidden` [rows, dim] (in
+        place) and through the MLP; returns the next layer's normed input [rows, dim]."""
+        rows, dim = hidden.shape
+        normed = torch.empty(rows, dim, dtype=torch.float32)
+        entries = self.table.ctypes.data + layer * self._row_bytes
+        status = _libraries[0].kvg_layer_mlp(
+            attended.data_ptr(), rows, attended.shape[1], hidden.data_ptr(), dim,
+            entries + 2 * self.table.itemsize, int(self.table[layer, 8]), self.inter, self.eps,
+            int(self.table[layer, 9]), normed.data_ptr(), linear.THREADS,
+        )  # fmt: skip
+        _check(status, "MLP")
+        return normed
+
+    def decode(
+        self, live: LiveRows, hidden: torch.Tensor, normed: torch.Tensor, rope
+    ) -> torch.Tensor:
+        """Every layer of a step whose rows are all `live`'s: from layer 0's normed input to
+        the final norm's output [rows, dim] (both in place, in `hidden` and `normed`)."""
+        rows, dim = hidden.shape
+        shape = np.array(
+            [rows, dim, self.heads, self.kv_heads, self.head_dim, self.inter, self.qkv_n,
+             linear.THREADS],
+            dtype=np.int64,
+        )  # fmt: skip
+        status = _libraries[0].kvg_decode_layers(
+            shape.ctypes.data, len(self.table), self.table.ctypes.data, self.scalings.ctypes.data,
+            self.eps, hidden.data_ptr(), normed.data_ptr(), rope.cos.data_ptr(),
+            rope.sin.data_ptr(), _libraries[2], live.arguments.ctypes.data,
+        )  # fmt: skip
+        _check(status, "decode step")
+        return normed

@@ -73,6 +73,7 @@ def _load() -> ctypes.CDLL | None:
     library.kvg_linear_parallel.argtypes += [_I64, _PTR, _I64]
     library.kvg_linear_parallel.argtypes += [ctypes.c_int]
     library.kvg_linear_parallel.restype = ctypes.c_int
+    library.kvg_linear_rest.argtypes, library.kvg_linear_rest.restype = [], None
     library.kvg_linear_pack.argtypes = [_PTR, _I64, _I64, _PTR]
     library.kvg_linear_pack.restype = None
     # format, blocks, row_bytes, order, N, K, packed
@@ -106,6 +107,13 @@ def available() -> bool:
 def native_library() -> ctypes.CDLL | None:
     """The loaded library (kvgraftd.engine.model.rowwise takes its other functions from it)."""
     return _library
+
+
+def rest() -> None:
+    """The products' workers sleep until the next product instead of spinning for it (a
+    step is done: its cores serve the request threads meanwhile)."""
+    if _library is not None:
+        _library.kvg_linear_rest()
 
 
 def builds() -> list[str]:

@@ -89,7 +89,6 @@ class _Layer:
         )
         self.intermediate = mlp.gate_proj.out_features
         self.down = weights.pack(prefix, [mlp.down_proj], ["mlp.down_proj"])
-        self.after_attention = layer_kernels.MlpWeights.of(self.out, self.gate_up, self.down)
         self.scaling = attention.scaling
 
 
@@ -130,6 +129,12 @@ class NativeForward:
         weights = _Weights(GgufWeights.open(gguf_path, model) if gguf_path else None)
         self.layers = [_Layer(index, layer, weights) for index, layer in enumerate(decoder.layers)]
         self.logits = weights.pack("", [model.lm_head], ["lm_head"])
+        first = self.layers[0]
+        shape = {
+            "heads": self.heads, "kv_heads": self.kv_heads, "dim": self.head_dim,
+            "inter": first.intermediate, "qkv_n": first.qkv.n, "eps": self.eps,
+        }  # fmt: skip
+        self.native_layers = layer_kernels.Layers.of(self.layers, self.norm, shape)
         # products by weight format, e.g. {"q4_1": 120, "q8_0": 1}: what the kernels stream
         self.weight_formats = dict(sorted(weights.formats.items()))
 
@@ -172,17 +177,20 @@ class NativeForward:
         one_call = [c.decodes_in_one_call(size) for c, size in zip(contexts, sizes, strict=True)]
         live = self._live_rows(contexts, sizes, one_call)
         normed = rowwise.add_rmsnorm(hidden, None, self.layers[0].input_norm, self.eps)
-        for index, layer in enumerate(self.layers):
-            attended = self._attention(index, layer, normed, table, parts, one_call, live)
-            after = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.norm
-            normed = layer_kernels.mlp(
-                attended, hidden, layer.after_attention, layer.post_norm, layer.intermediate,
-                self.eps, after,
-            )  # fmt: skip
+        layers = self.native_layers
+        if live is not None and live.count == len(parts):  # decode rows only: one call
+            normed = layers.decode(live, hidden, normed, table)
+        else:
+            for index, layer in enumerate(self.layers):
+                attended = self._attention(index, layer, normed, table, parts, one_call, live)
+                normed = layers.mlp(index, attended, hidden)
         if rows is not None:
-            return [linear.linear(normed[torch.tensor(rows, dtype=torch.long)], self.logits)]
+            logits = linear.linear(normed[torch.tensor(rows, dtype=torch.long)], self.logits)
+            linear.rest()  # the pass is done: its cores serve the request threads meanwhile
+            return [logits]
         ends = torch.tensor(sizes).cumsum(0)
         logits = linear.linear(normed if every_row else normed[ends - 1], self.logits)
+        linear.rest()
         return list(logits.split(sizes)) if every_row else list(logits)
 
     def _live_rows(
@@ -205,13 +213,11 @@ class NativeForward:
         """Each context's attention of this layer, its K and V kept: [rows, heads * D]
         (those of `live` in one call, the others each through its own `attend`)."""
         n, dim = normed.shape[0], self.head_dim
-        qkv = layer_kernels.qkv(normed, layer.qkv, table, self.heads + self.kv_heads, dim)
+        qkv = self.native_layers.qkv(index, normed, table)
         out = torch.empty(n, self.heads * dim, dtype=torch.float32)
         geometry = (self.kv_heads, self.heads // self.kv_heads, dim)
         if live is not None:
             live.attend(index, qkv, out, geometry, layer.scaling)
-        if live is not None and live.count == len(parts):
-            return out
         start = 0
         for (context, ids, _), in_live in zip(parts, one_call, strict=True):
             size = len(ids)

@@ -47,11 +47,12 @@ from kvgraftd.engine.requests.receipts import (
     input_sha256,
     logits_bytes,
     logits_sha256,
+    logits_view,
     pin_determinism,
 )
 from kvgraftd.engine.requests.recompute import Recompute
 from kvgraftd.engine.requests.token_choice import StopStrings, sampling_of, token_logprobs
-from kvgraftd.engine.requests.token_stream import Chosen, TokenStream
+from kvgraftd.engine.requests.token_stream import TokenStream
 from kvgraftd.engine.scheduling.admission import Admission
 from kvgraftd.engine.scheduling.batcher import Batcher
 from kvgraftd.engine.scheduling.compute_thread import ComputeThread
@@ -96,6 +97,7 @@ class Engine(Passes, Recompute, Deposits):
         )
         # cache = "auto": every Generate keeps its finished context (never failing for it)
         self.auto_cache = auto_cache
+        self._token_texts: dict[int, str] = {}  # each token's text alone, as TokenEvents say it
         self.page_tokens = page_tokens
         self.block_tokens = block_tokens
         self.max_context_tokens = max_context_tokens
@@ -309,18 +311,17 @@ class Engine(Passes, Recompute, Deposits):
         item.future.add_done_callback(stream.ended)
         end = len(context.token_ids)
         try:
-            for event in stream.events():
-                if isinstance(event, Chosen):
-                    receipt.generated_token_ids.append(event.token)
-                    yield self._token_event(event.token, event.logits, options)
-                    continue
-                end += 1  # each generated token a segment of its own
-                context.segment_ends.append(end)
-                step = logits_bytes(event.logits)
-                generated_digest.update(step)
-                if options.return_logits:
-                    generated_logits.append(step)
-                computed += 1
+            for step in stream.events():
+                if step.computed is not None:  # the last token chosen, computed
+                    end += 1  # each generated token a segment of its own
+                    context.segment_ends.append(end)
+                    generated_digest.update(logits_view(step.computed))
+                    if options.return_logits:
+                        generated_logits.append(logits_bytes(step.computed))
+                    computed += 1
+                if step.token is not None:
+                    receipt.generated_token_ids.append(step.token)
+                    yield self._token_event(step.token, step.logits, options)
         finally:
             if not item.future.done():  # closed at a token: its request is leaving
                 self.batcher.withdraw(item)
@@ -344,7 +345,10 @@ class Engine(Passes, Recompute, Deposits):
         return self.adapter.decode(token_ids, skip_special=True)
 
     def _token_event(self, token: int, logits: torch.Tensor, options: DecodeOptions) -> TokenEvent:
+        text = self._token_texts.get(token)
+        if text is None:  # a token's own text, decoded once
+            text = self._token_texts[token] = self._text([token])
         if not options.logprobs:
-            return TokenEvent(token, self._text([token]))
+            return TokenEvent(token, text)
         logprob, top = token_logprobs(logits, token, options.top_logprobs, self._text)
-        return TokenEvent(token, self._text([token]), logprob, tuple(top))
+        return TokenEvent(token, text, logprob, tuple(top))

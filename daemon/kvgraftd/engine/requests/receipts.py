@@ -94,5 +94,10 @@ def logits_bytes(logits: torch.Tensor) -> bytes:
     return logits.detach().to(torch.float32).numpy().astype("<f4", copy=False).tobytes()
 
 
+def logits_view(logits: torch.Tensor) -> memoryview:
+    """The bytes of `logits_bytes`, without a copy (float32 CPU logits, as the forward gives)."""
+    return memoryview(logits.detach().to(torch.float32).numpy().astype("<f4", copy=False)).cast("B")
+
+
 def logits_sha256(logits: torch.Tensor) -> bytes:
     return hashlib.sha256(logits_bytes(logits)).digest()

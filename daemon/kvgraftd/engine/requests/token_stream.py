@@ -6,10 +6,10 @@ last token, ends the request where its last token was an end of turn, a stop tok
 completed a stop string or was the last it asked for, and otherwise chooses the next
 token (kvgraftd.engine.requests.token_choice: argmax, or seeded sampling from the request's own
 generator, so the choice depends on the logits and the seed alone). Each step hands
-the request's thread what it needs for its events and receipt, in order: `chosen`
-(a token and the logits it was chosen from), then `computed` (the logits after it).
-The request's thread reads them with `events()`, which ends when the pass does (and
-raises its error: Cancelled, DataLoss...).
+the request's thread one `Step`: the logits the step computed at the last token chosen
+(none before the first), and the token chosen from them (none at the end). The request's
+thread reads them with `events()`, which ends when the pass does (and raises its error:
+Cancelled, DataLoss...).
 """
 
 from __future__ import annotations
@@ -26,17 +26,13 @@ from kvgraftd.engine.requests.token_choice import StopStrings, choose_token
 
 
 @dataclass(frozen=True)
-class Chosen:
-    """A token, chosen from `logits` (those of the position before it)."""
+class Step:
+    """What a step gave a decoding request: `computed`, the logits at the token chosen last
+    (None at the first: the prompt's were known), and `token`, the next one, chosen from
+    `logits` (None: the request has its tokens)."""
 
-    token: int
-    logits: torch.Tensor
-
-
-@dataclass(frozen=True)
-class Computed:
-    """The logits at the last token chosen, computed."""
-
+    computed: torch.Tensor | None
+    token: int | None
     logits: torch.Tensor
 
 
@@ -55,16 +51,15 @@ class TokenStream:
     # on the compute thread ------------------------------------------------
     def advance(self, logits: torch.Tensor) -> int | None:
         """The next token from the logits at the last one, or None: no more."""
-        if self._tokens:
-            self._events.put(Computed(logits))
-            if self._tokens[-1] in self._ends or self._stops.reached(self._tokens):
-                self.finish_reason = "stop"
-                return None
-        if len(self._tokens) >= self._options.max_new_tokens:
-            return None
-        token = choose_token(logits, self._options, self._generator)
-        self._tokens.append(token)
-        self._events.put(Chosen(token, logits))
+        computed = logits if self._tokens else None
+        token = None
+        if self._tokens and (self._tokens[-1] in self._ends or self._stops.reached(self._tokens)):
+            self.finish_reason = "stop"
+        elif len(self._tokens) < self._options.max_new_tokens:
+            token = choose_token(logits, self._options, self._generator)
+            self._tokens.append(token)
+        if computed is not None or token is not None:
+            self._events.put(Step(computed, token, logits))
         return token
 
     def ended(self, future: Future) -> None:
@@ -72,8 +67,8 @@ class TokenStream:
         self._events.put(future)
 
     # on the request's thread ----------------------------------------------
-    def events(self) -> Iterator[Chosen | Computed]:
-        """Each step's Chosen and Computed as they come; raises the pass's error at its end."""
+    def events(self) -> Iterator[Step]:
+        """Each step's Step as it comes; raises the pass's error at its end."""
         while True:
             event = self._events.get()
             if isinstance(event, Future):

@@ -1,27 +1,39 @@
 /*
- * A decoder layer's work between its attentions, one call each (loaded with ctypes by
- * kvgraftd.engine.model.layer_kernels): the sequence of products (kvg_linear_parallel, best
- * build) and row-wise operations (rowwise.c) that the row-invariant forward made one
- * Python call at a time, made here in the same order on the same bytes, so every output
- * has the bits it had, without the interpreter's microseconds between the calls (a
- * decode step made about 270 of them).
+ * A decoder layer's work between its attentions, and a whole decode step's layers, each in
+ * one call (loaded with ctypes by kvgraftd.engine.model.layer_kernels): the sequence of
+ * products (kvg_linear_parallel, best build) and row-wise operations (rowwise.c) that the
+ * row-invariant forward made one Python call at a time, made here in the same order on the
+ * same bytes, so every output has the bits it had, without the interpreter's microseconds
+ * between the calls (a decode step made about 270 of them).
  *
  * kvg_layer_qkv(format, normed, rows, dim, packed, n, cos, sin, heads, head_dim, qkv,
  *   threads): qkv [rows][n] = normed [rows][dim] times the packed q, k and v weights
  *   (n columns), then the first `heads` heads of each row (the queries' and the keys')
  *   rotated in place by the table cos/sin [rows][head_dim / 2] (kvg_rope).
- * kvg_layer_mlp(attended, rows, width, hidden, dim, w, post_norm, gate_up_inter, eps,
- *   next_norm, normed, threads): the attention's output product, the residual add and
- *   RMS norm, the gated MLP and its residual add, then the next norm:
+ * kvg_layer_mlp(attended, rows, width, hidden, dim, w, post_norm, inter, eps, next_norm,
+ *   normed, threads): the attention's output product, the residual add and RMS norm, the
+ *   gated MLP and its residual add, then the next norm:
  *     o = attended [rows][width] x out^T              (w[0]: format, w[1]: packed out)
  *     h = hidden += o; x = rmsnorm(h) * post_norm
  *     a = silu(x gate^T) * (x up^T)                   (w[2], w[3]: gate and up, 2 * inter)
  *     hidden += a down^T; normed = rmsnorm(hidden) * next_norm   (w[4], w[5]: down)
  *   hidden [rows][dim] is updated in place, as the residual stream is.
- * Both return 0, -1 when memory runs out, or kvg_linear_parallel's failure.
+ * kvg_decode_layers(shape, layers, table, scalings, hidden, normed, cos, sin, attend, rows_of,
+ *   threads): every layer of a step whose rows are all decode steps over live positions
+ *   (normed: layer 0's normed input; on return, the final norm's output): for each layer,
+ *   kvg_layer_qkv, then `attend` (attend.c's kvg_decode_live_rows, handed over by address)
+ *   with that layer's index, then kvg_layer_mlp. shape = {rows, dim, heads, kv_heads,
+ *   head_dim, inter, qkv columns, threads}; table [layers][LAYER_ENTRIES] = {qkv format,
+ *   qkv packed, out format, out packed, gate-up format, gate-up packed, down format, down
+ *   packed, post norm, next norm} (addresses as integers; the last layer's next norm is the
+ *   model's final one); scalings [layers] and eps[0]; rows_of = the attend call's own
+ *   arguments for the rows: {keys, values, head strides, positions, row index, block}.
+ * All return 0, -1 when memory runs out, or the failing call's status.
  */
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "linear_formats.h"
 
 int kvg_linear_parallel(int build, int format, const float *x, int64_t M, int64_t K,
                         int64_t ldx, const void *packed, int64_t N, float *y, int64_t ldy,
@@ -32,11 +44,18 @@ void kvg_rope(float *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t
               const float *cos, const float *sin);
 void kvg_silu_mul(const float *gate_up, int64_t rows, int64_t width, float *out);
 
-#define BEST_BUILD 0
+typedef int (*attend_rows)(int32_t n, int32_t layer, int32_t layers, const float *qkv,
+                           int64_t qkv_stride, int32_t H, int32_t R, int32_t D,
+                           const int64_t *keys, const int64_t *values,
+                           const int64_t *head_strides, const int64_t *positions,
+                           const int64_t *rows, int64_t block, float scaling, float *out,
+                           int64_t out_stride);
+
+enum { LAYER_ENTRIES = 10 };
 
 static int product(int format, const float *x, int64_t rows, int64_t k, const void *packed,
                    int64_t n, float *y, int threads) {
-    return kvg_linear_parallel(BEST_BUILD, format, x, rows, k, k, packed, n, y, n, threads);
+    return kvg_linear_parallel(KVG_BUILD_BEST, format, x, rows, k, k, packed, n, y, n, threads);
 }
 
 int kvg_layer_qkv(int format, const float *normed, int64_t rows, int64_t dim, const void *packed,
@@ -47,28 +66,89 @@ int kvg_layer_qkv(int format, const float *normed, int64_t rows, int64_t dim, co
     return status;
 }
 
+/* the MLP's scratch: o (or the down product), x, gate_up, act */
+struct scratch {
+    float *delta, *x, *gate_up, *act;
+};
+
+static int scratch_take(struct scratch *s, int64_t rows, int64_t dim, int64_t inter) {
+    s->delta = malloc(sizeof(float) * (size_t)(rows * dim));
+    s->x = malloc(sizeof(float) * (size_t)(rows * dim));
+    s->gate_up = malloc(sizeof(float) * (size_t)(rows * 2 * inter));
+    s->act = malloc(sizeof(float) * (size_t)(rows * inter));
+    return s->delta && s->x && s->gate_up && s->act ? 0 : -1;
+}
+
+static void scratch_give(struct scratch *s) {
+    free(s->delta);
+    free(s->x);
+    free(s->gate_up);
+    free(s->act);
+}
+
+static int mlp(const struct scratch *s, const float *attended, int64_t rows, int64_t width,
+               float *hidden, int64_t dim, const int64_t *w, const float *post_norm,
+               int64_t inter, float eps, const float *next_norm, float *normed, int threads) {
+    int status = product((int)w[0], attended, rows, width, (const void *)(intptr_t)w[1], dim,
+                         s->delta, threads);
+    if (!status) {
+        kvg_add_rmsnorm(hidden, s->delta, post_norm, rows, dim, eps, s->x);
+        status = product((int)w[2], s->x, rows, dim, (const void *)(intptr_t)w[3], 2 * inter,
+                         s->gate_up, threads);
+    }
+    if (!status) {
+        kvg_silu_mul(s->gate_up, rows, inter, s->act);
+        status = product((int)w[4], s->act, rows, inter, (const void *)(intptr_t)w[5], dim,
+                         s->delta, threads);
+    }
+    if (!status) kvg_add_rmsnorm(hidden, s->delta, next_norm, rows, dim, eps, normed);
+    return status;
+}
+
 int kvg_layer_mlp(const float *attended, int64_t rows, int64_t width, float *hidden, int64_t dim,
                   const int64_t *w, const float *post_norm, int64_t inter, float eps,
                   const float *next_norm, float *normed, int threads) {
-    float *delta = malloc(sizeof(float) * (size_t)(rows * dim));
-    float *x = malloc(sizeof(float) * (size_t)(rows * dim));
-    float *gate_up = malloc(sizeof(float) * (size_t)(rows * 2 * inter));
-    float *act = malloc(sizeof(float) * (size_t)(rows * inter));
-    int status = delta && x && gate_up && act ? 0 : -1;
-    if (!status) status = product((int)w[0], attended, rows, width, (const void *)w[1], dim, delta,
-                                  threads);
-    if (!status) {
-        kvg_add_rmsnorm(hidden, delta, post_norm, rows, dim, eps, x);
-        status = product((int)w[2], x, rows, dim, (const void *)w[3], 2 * inter, gate_up, threads);
+    struct scratch s;
+    int status = scratch_take(&s, rows, dim, inter);
+    if (!status)
+        status = mlp(&s, attended, rows, width, hidden, dim, w, post_norm, inter, eps, next_norm,
+                     normed, threads);
+    scratch_give(&s);
+    return status;
+}
+
+int kvg_decode_layers(const int64_t *shape, int32_t layers, const int64_t *table,
+                      const float *scalings, float eps, float *hidden, float *normed,
+                      const float *cos, const float *sin, attend_rows attend,
+                      const int64_t *rows_of) {
+    const int64_t rows = shape[0], dim = shape[1], heads = shape[2], kv_heads = shape[3];
+    const int64_t head_dim = shape[4], inter = shape[5], n = shape[6];
+    const int threads = (int)shape[7];
+    const int64_t width = heads * head_dim;
+    struct scratch s;
+    float *qkv = malloc(sizeof(float) * (size_t)(rows * n));
+    float *out = malloc(sizeof(float) * (size_t)(rows * width));
+    int status = scratch_take(&s, rows, dim, inter) || !qkv || !out ? -1 : 0;
+    for (int32_t layer = 0; layer < layers && !status; layer++) {
+        const int64_t *t = table + (int64_t)layer * LAYER_ENTRIES;
+        status = kvg_layer_qkv((int)t[0], normed, rows, dim, (const void *)(intptr_t)t[1], n, cos,
+                               sin, heads + kv_heads, head_dim, qkv, threads);
+        if (!status)
+            status = attend((int32_t)rows, layer, layers, qkv, n, (int32_t)kv_heads,
+                            (int32_t)(heads / kv_heads), (int32_t)head_dim,
+                            (const int64_t *)(intptr_t)rows_of[0],
+                            (const int64_t *)(intptr_t)rows_of[1],
+                            (const int64_t *)(intptr_t)rows_of[2],
+                            (const int64_t *)(intptr_t)rows_of[3],
+                            (const int64_t *)(intptr_t)rows_of[4], rows_of[5], scalings[layer],
+                            out, width);
+        if (!status)
+            status = mlp(&s, out, rows, width, hidden, dim, t + 2,
+                         (const float *)(intptr_t)t[8], inter, eps,
+                         (const float *)(intptr_t)t[9], normed, threads);
     }
-    if (!status) {
-        kvg_silu_mul(gate_up, rows, inter, act);
-        status = product((int)w[4], act, rows, inter, (const void *)w[5], dim, delta, threads);
-    }
-    if (!status) kvg_add_rmsnorm(hidden, delta, next_norm, rows, dim, eps, normed);
-    free(delta);
-    free(x);
-    free(gate_up);
-    free(act);
+    scratch_give(&s);
+    free(qkv);
+    free(out);
     return status;
 }

@@ -25,6 +25,9 @@
  *   library's own workers the others (started on first use; they spin briefly for
  *   the next product, then sleep). Returns as kvg_linear. One product at a time
  *   uses the workers; a call that finds them busy computes alone (the same bits).
+ * kvg_linear_rest(): the workers sleep now instead of spinning for the next product (the
+ *   caller has no product for a while: the cores are the other threads' meanwhile); the
+ *   next kvg_linear_parallel wakes them.
  * kvg_linear_reference(x, M, K, W, N, y): the contract as a plain loop over the
  *   unpacked W (the tests' reference).
  * kvg_linear_builds(): a bit per build this CPU runs (1 << build; cpu_features.h asks it).
@@ -174,6 +177,7 @@ static struct product job;
 static atomic_uint generation;  /* bumped for each product handed to the workers */
 static atomic_int unfinished;   /* parts the workers have yet to finish */
 static atomic_int status;       /* nonzero when a part failed */
+static atomic_int resting;      /* the workers sleep instead of spinning (kvg_linear_rest) */
 static int workers;             /* started so far */
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;   /* one product at a time */
 static pthread_mutex_t sleep_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -196,7 +200,7 @@ static void *worker(void *arg) {
         unsigned now;
         int spins = 0;
         while ((now = atomic_load_explicit(&generation, memory_order_acquire)) == seen) {
-            if (++spins < SPIN_ROUNDS) {
+            if (++spins < SPIN_ROUNDS && !atomic_load_explicit(&resting, memory_order_relaxed)) {
                 CPU_RELAX();
                 continue;
             }
@@ -230,6 +234,8 @@ static int start_workers(int wanted) {
     return workers;
 }
 
+void kvg_linear_rest(void) { atomic_store(&resting, 1); }
+
 int kvg_linear_parallel(int build, int format, const float *x, int64_t M, int64_t K,
                         int64_t ldx, const void *packed, int64_t N, float *y, int64_t ldy,
                         int threads) {
@@ -244,6 +250,7 @@ int kvg_linear_parallel(int build, int format, const float *x, int64_t M, int64_
     /* every worker wakes for every product; those past the parts only acknowledge */
     atomic_store(&unfinished, workers);
     pthread_mutex_lock(&sleep_lock);
+    atomic_store(&resting, 0);
     atomic_fetch_add_explicit(&generation, 1, memory_order_release);
     pthread_cond_broadcast(&wake);
     pthread_mutex_unlock(&sleep_lock);
