@@ -140,10 +140,10 @@ class KernelClock:
         return call
 
 
-def decode_overhead(engine: Engine, prompts: list[list[int]], steps: int) -> float:
-    """Milliseconds a decode step spends outside the native kernels, `len(prompts)` contexts
-    decoding together (one thread each, as requests): measured from the moment the last
-    prompt is done to the moment the first context has its last token."""
+def decode_overhead(engine: Engine, prompts: list[list[int]], steps: int) -> tuple[float, float]:
+    """Milliseconds a decode step takes, and spends outside the native kernels,
+    `len(prompts)` contexts decoding together (one thread each, as requests): measured from
+    the moment the last prompt is done to the moment the first context has its last token."""
     count = len(prompts)
     tokens = [0] * count
     marks: dict[str, tuple[float, int, int]] = {}
@@ -171,7 +171,8 @@ def decode_overhead(engine: Engine, prompts: list[list[int]], steps: int) -> flo
         for thread in threads:
             thread.join()
     (t0, k0, s0), (t1, k1, s1) = marks["all decoding"], marks["first done"]
-    return 1e3 * ((t1 - t0) - (k1 - k0) / 1e9) / max(1, s1 - s0)
+    count = max(1, s1 - s0)
+    return 1e3 * (t1 - t0) / count, 1e3 * ((t1 - t0) - (k1 - k0) / 1e9) / count
 
 
 def hf_prefill(model, prompt: list[int]) -> float:
@@ -263,11 +264,14 @@ def main(argv: list[str] | None = None) -> int:
                 )
         torch.set_num_threads(1)
         overheads: dict[int, list[float]] = {1: [], 8: []}
+        step_ms: dict[int, list[float]] = {1: [], 8: []}
         for _ in range(args.rounds):
             for count in overheads:
                 prompts = [long_prompt[i : i + args.decode_prompt] for i in range(0, 8 * count, 8)]
-                overheads[count].append(decode_overhead(engines["native"], prompts, args.decode))
-                print(f"decode overhead, {count} contexts: {overheads[count][-1]:.2f} ms a step")
+                step, outside = decode_overhead(engines["native"], prompts, args.decode)
+                step_ms[count].append(step)
+                overheads[count].append(outside)
+                print(f"decode, {count} contexts: a step {step:.1f} ms, {outside:.2f} ms outside")
         store.close()
     prefill = {name: statistics.median(values) for name, values in figures.items()}
     decode = {name: statistics.median(values) for name, values in rates.items()}
@@ -280,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         "decode_vs_llamacpp": round(decode["native"] / llamacpp, 2) if llamacpp else None,
         "decode_overhead_ms_1": round(statistics.median(overheads[1]), 2),
         "decode_overhead_ms_8": round(statistics.median(overheads[8]), 2),
+        "decode_step_ms": {c: round(statistics.median(v), 1) for c, v in step_ms.items()},
         "prefill_s": {name: round(value, 2) for name, value in prefill.items()},
         "decode_tokens_per_s": {name: round(value, 1) for name, value in decode.items()},
         "llamacpp_decode_tokens_per_s": round(llamacpp, 1) if llamacpp else None,

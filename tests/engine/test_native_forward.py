@@ -236,3 +236,34 @@ def test_the_profile_names_the_kernels_and_the_c_library(engine) -> None:
     under another one are another profile (refused, not grafted)."""
     name, version = platform.libc_ver()
     assert engine.profile.products == f"row-invariant-fma rowwise=1 libc={name}-{version}"
+
+
+def test_a_step_of_decode_rows_in_one_call_has_the_bits_of_the_layer_by_layer_path(
+    engine: Engine, prompt: list[int]
+) -> None:
+    """A step whose rows are all decode steps over live positions runs every layer in one
+    native call (kvg_decode_layers, its attention split between the threads); a step that
+    also holds a prompt's rows goes layer by layer. Three contexts' next tokens in both
+    kinds of step: their logits and the K, V written must be SHA-256-equal."""
+    step = engine.batcher._run_step
+    outcomes = []
+    for mixed in (False, True):
+        contexts = [engine._context() for _ in range(4)]
+        try:
+            for index, context in enumerate(contexts[:3]):  # three decoding contexts
+                step([(context, prompt[index * 50 : index * 50 + 100 + index])])
+            items = [(context, [prompt[500 + i]]) for i, context in enumerate(contexts[:3])]
+            if mixed:  # and a prompt's chunk in the same step
+                items.append((contexts[3], prompt[600:640]))
+            logits = step(items)[:3]
+            kv = hashlib.sha256()
+            for context in contexts[:3]:
+                for layer in range(engine.adapter.geometry.num_layers):
+                    kv.update(live_kv(context, layer, context.length))
+            outcomes.append(([hashlib.sha256(row.numpy()).hexdigest() for row in logits], kv))
+        finally:
+            for context in contexts:
+                context.close()
+    (alone, kv_alone), (mixed, kv_mixed) = outcomes
+    assert alone == mixed
+    assert kv_alone.hexdigest() == kv_mixed.hexdigest()

@@ -56,6 +56,7 @@ from kvgraftd.engine.requests.token_stream import TokenStream
 from kvgraftd.engine.scheduling.admission import Admission
 from kvgraftd.engine.scheduling.batcher import Batcher
 from kvgraftd.engine.scheduling.compute_thread import ComputeThread
+from kvgraftd.engine.scheduling.forward_step import ForwardStep
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.signing import Signer, TrustPolicy
 from kvgraftd.store.trust_index import NO_MATCH, ChainMatch, is_trusted
@@ -107,10 +108,11 @@ class Engine(Passes, Recompute, Deposits):
         self.live_bytes_per_token = 2 * g.num_layers * g.kv_heads * g.head_dim * 4
         self.admission = Admission(max_running_contexts, max_queued_requests, max_live_kv_bytes)
         compute = compute or ComputeThread()
+        step = ForwardStep(adapter, page_tokens)
         if adapter.row_invariant:
-            self.batcher = Batcher(self._step, max_batch_tokens, max_batch_rows, compute)
+            self.batcher = Batcher(step, max_batch_tokens, max_batch_rows, compute)
         else:
-            self.batcher = Batcher(self._step, page_tokens, 1, compute, self._fixed_chunk)
+            self.batcher = Batcher(step, page_tokens, 1, compute, step.page_room)
         self.fingerprint = adapter.fingerprint
         self.profile = compute_profile(
             page_tokens, block_tokens, g, self.tiers.pool.device, adapter.row_invariant

@@ -4,10 +4,10 @@
 request's tokens. `_serving` admits the request (kvgraftd.engine.scheduling.admission) with
 the live KV it will hold reserved (its prompt's positions not grafted whole, and max_new_tokens) and
 gives it a context whose buffers are sized for that once. `_appending` appends one
-segment as a pass handed to the batcher, whose loop computes it with `_step` on the
-compute thread: on the row-invariant forward in steps that hold other contexts' rows too,
-elsewhere one context a step in forward passes up to each page boundary (the fixed
-schedule: `_fixed_chunk`). A request whose
+segment as a pass handed to the batcher, whose loop computes it on the compute thread
+(kvgraftd.engine.scheduling.forward_step): on the row-invariant forward in steps that hold
+other contexts' rows too, elsewhere one context a step in forward passes up to each page
+boundary (the fixed schedule). A request whose
 client has left (`context.wanted()` false) stops before its next step with Cancelled; one
 closed while a pass is in the batcher (at a progress report) withdraws the pass and waits for
 the step computing it, so no step writes a context after its request gave it back.
@@ -43,28 +43,6 @@ class Passes:
             rows=self.adapter.row_invariant,
             live_tokens=live_tokens,
         )
-
-    def _step(self, items: Sequence[tuple[KvContext, list[int]]]) -> list[torch.Tensor]:
-        """The batcher's step (on the compute thread): each context's chunk appended at its
-        own length; each context's logits at its last token. On the row-invariant forward
-        one pass over the rows of all (each row the bits it would have alone); else one
-        context, its chunk ending at a page boundary at the latest (`_fixed_chunk`)."""
-        assert torch.are_deterministic_algorithms_enabled()
-        for context, chunk in items:
-            context.begin_chunk(context.length, chunk)
-        if self.adapter.row_invariant:
-            parts = [(context, chunk, context.length) for context, chunk in items]
-            logits = self.adapter.native.forward_many(parts)
-        else:
-            ((context, chunk),) = items
-            logits = [self.adapter.forward(chunk, context.length, context)]
-        for context, chunk in items:
-            context.end_chunk(chunk)
-        return logits
-
-    def _fixed_chunk(self, context: KvContext) -> int:
-        """The fixed schedule: a pass ends at the next page boundary at the latest."""
-        return self.page_tokens - context.length % self.page_tokens
 
     @contextmanager
     def _serving(

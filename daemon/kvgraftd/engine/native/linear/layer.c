@@ -22,7 +22,8 @@
  *   threads): every layer of a step whose rows are all decode steps over live positions
  *   (normed: layer 0's normed input; on return, the final norm's output): for each layer,
  *   kvg_layer_qkv, then `attend` (attend.c's kvg_decode_live_rows, handed over by address)
- *   with that layer's index, then kvg_layer_mlp. shape = {rows, dim, heads, kv_heads,
+ *   with that layer's index, its rows split between the products' threads (kvg_parallel:
+ *   each row's bits are its own), then kvg_layer_mlp. shape = {rows, dim, heads, kv_heads,
  *   head_dim, inter, qkv columns, threads}; table [layers][LAYER_ENTRIES] = {qkv format,
  *   qkv packed, out format, out packed, gate-up format, gate-up packed, down format, down
  *   packed, post norm, next norm} (addresses as integers; the last layer's next norm is the
@@ -43,6 +44,7 @@ void kvg_add_rmsnorm(float *hidden, const float *delta, const float *weight, int
 void kvg_rope(float *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t dim,
               const float *cos, const float *sin);
 void kvg_silu_mul(const float *gate_up, int64_t rows, int64_t width, float *out);
+int kvg_parallel(int (*run)(const void *arg, int part, int parts), const void *arg, int parts);
 
 typedef int (*attend_rows)(int32_t n, int32_t layer, int32_t layers, const float *qkv,
                            int64_t qkv_stride, int32_t H, int32_t R, int32_t D,
@@ -52,6 +54,28 @@ typedef int (*attend_rows)(int32_t n, int32_t layer, int32_t layers, const float
                            int64_t out_stride);
 
 enum { LAYER_ENTRIES = 10 };
+
+/* a layer's attention of a step's rows, split by rows between the pool's threads (each
+ * row's bits are its own: the split changes none) */
+struct attention {
+    attend_rows attend;
+    int32_t rows, layer, layers, H, R, D;
+    const float *qkv;
+    int64_t qkv_stride, block, out_stride;
+    const int64_t *keys, *values, *head_strides, *positions, *row_index;
+    float scaling;
+    float *out;
+};
+
+static int attention_part(const void *arg, int part, int parts) {
+    const struct attention *a = arg;
+    const int32_t begin = a->rows * part / parts, end = a->rows * (part + 1) / parts;
+    if (begin >= end) return 0;
+    const int64_t at = (int64_t)begin * a->layers;
+    return a->attend(end - begin, a->layer, a->layers, a->qkv, a->qkv_stride, a->H, a->R, a->D,
+                     a->keys + at, a->values + at, a->head_strides + begin, a->positions + begin,
+                     a->row_index + begin, a->block, a->scaling, a->out, a->out_stride);
+}
 
 static int product(int format, const float *x, int64_t rows, int64_t k, const void *packed,
                    int64_t n, float *y, int threads) {
@@ -133,15 +157,15 @@ int kvg_decode_layers(const int64_t *shape, int32_t layers, const int64_t *table
         const int64_t *t = table + (int64_t)layer * LAYER_ENTRIES;
         status = kvg_layer_qkv((int)t[0], normed, rows, dim, (const void *)(intptr_t)t[1], n, cos,
                                sin, heads + kv_heads, head_dim, qkv, threads);
-        if (!status)
-            status = attend((int32_t)rows, layer, layers, qkv, n, (int32_t)kv_heads,
-                            (int32_t)(heads / kv_heads), (int32_t)head_dim,
-                            (const int64_t *)(intptr_t)rows_of[0],
-                            (const int64_t *)(intptr_t)rows_of[1],
-                            (const int64_t *)(intptr_t)rows_of[2],
-                            (const int64_t *)(intptr_t)rows_of[3],
-                            (const int64_t *)(intptr_t)rows_of[4], rows_of[5], scalings[layer],
-                            out, width);
+        if (!status) {
+            const struct attention a = {
+                attend, (int32_t)rows, layer, layers, (int32_t)kv_heads,
+                (int32_t)(heads / kv_heads), (int32_t)head_dim, qkv, n, rows_of[5], width,
+                (const int64_t *)(intptr_t)rows_of[0], (const int64_t *)(intptr_t)rows_of[1],
+                (const int64_t *)(intptr_t)rows_of[2], (const int64_t *)(intptr_t)rows_of[3],
+                (const int64_t *)(intptr_t)rows_of[4], scalings[layer], out};
+            status = kvg_parallel(attention_part, &a, rows < threads ? (int)rows : threads);
+        }
         if (!status)
             status = mlp(&s, out, rows, width, hidden, dim, t + 2,
                          (const float *)(intptr_t)t[8], inter, eps,

@@ -25,6 +25,10 @@
  *   library's own workers the others (started on first use; they spin briefly for
  *   the next product, then sleep). Returns as kvg_linear. One product at a time
  *   uses the workers; a call that finds them busy computes alone (the same bits).
+ * kvg_parallel(run, arg, parts): run(arg, part, parts) for every part, the caller taking
+ *   part 0 and the workers (the products' pool, one for the whole library) the others;
+ *   parts run on the caller alone where the workers are busy. Returns 0, or -1 when a part
+ *   returned nonzero. kvg_decode_layers (layer.c) splits a step's attention with it.
  * kvg_linear_rest(): the workers sleep now instead of spinning for the next product (the
  *   caller has no product for a while: the cores are the other threads' meanwhile); the
  *   next kvg_linear_parallel wakes them.
@@ -159,41 +163,34 @@ void kvg_linear_reference(const float *x, int64_t M, int64_t K, const float *W, 
         }
 }
 
-/* ---- the workers of kvg_linear_parallel ---- */
+/* ---- the workers: the compute pool of the products, and of whatever else splits in parts ---- */
 
 #define MAX_WORKERS 63
-#define SPIN_ROUNDS 50000 /* pauses (~1-5 ms) a worker waits for the next product, then sleeps */
+#define SPIN_ROUNDS 50000 /* pauses (~1-5 ms) a worker waits for the next task, then sleeps */
 
-struct product {
-    int build, format;
-    const float *x;
-    const void *packed;
-    float *y;
-    int64_t M, K, ldx, N, ldy, panels;
+struct task {
+    int (*run)(const void *arg, int part, int parts); /* nonzero: the part failed */
+    const void *arg;
     int parts;
 };
 
-static struct product job;
-static atomic_uint generation;  /* bumped for each product handed to the workers */
+static struct task job;
+static atomic_uint generation;  /* bumped for each task handed to the workers */
 static atomic_int unfinished;   /* parts the workers have yet to finish */
 static atomic_int status;       /* nonzero when a part failed */
 static atomic_int resting;      /* the workers sleep instead of spinning (kvg_linear_rest) */
 static int workers;             /* started so far */
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;   /* one product at a time */
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;   /* one task at a time */
 static pthread_mutex_t sleep_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
 
-static void run_part(const struct product *p, int part) {
-    const int64_t begin = p->panels * part / p->parts, end = p->panels * (part + 1) / p->parts;
-    if (begin < end &&
-        kvg_linear(p->build, p->format, p->x, p->M, p->K, p->ldx, p->packed, p->N, begin, end,
-                   p->y, p->ldy))
-        atomic_store(&status, 1);
+static void run_part(const struct task *t, int part) {
+    if (t->run(t->arg, part, t->parts)) atomic_store(&status, 1);
 }
 
 static void *worker(void *arg) {
     /* the part it computes is index + 1; `seen` is the generation before it started, so a
-     * product handed out while the thread was starting is not missed */
+     * task handed out while the thread was starting is not missed */
     const int index = (int)((uintptr_t)arg & 0xff);
     unsigned seen = (unsigned)((uintptr_t)arg >> 8);
     for (;;) {
@@ -210,9 +207,9 @@ static void *worker(void *arg) {
             break;
         }
         seen = now;
-        const struct product p = job;
-        if (index + 1 < p.parts) run_part(&p, index + 1);
-        /* every worker acknowledges every product, part or none: the caller hands out the
+        const struct task t = job;
+        if (index + 1 < t.parts) run_part(&t, index + 1);
+        /* every worker acknowledges every task, part or none: the caller hands out the
          * next one (and overwrites `job`) only once all of them are done with this one */
         atomic_fetch_sub_explicit(&unfinished, 1, memory_order_release);
     }
@@ -236,18 +233,17 @@ static int start_workers(int wanted) {
 
 void kvg_linear_rest(void) { atomic_store(&resting, 1); }
 
-int kvg_linear_parallel(int build, int format, const float *x, int64_t M, int64_t K,
-                        int64_t ldx, const void *packed, int64_t N, float *y, int64_t ldy,
-                        int threads) {
-    const int64_t panels = (N + PANEL - 1) / PANEL;
-    if (threads > panels) threads = (int)panels;
-    if (threads > MAX_WORKERS + 1) threads = MAX_WORKERS + 1;
-    if (threads <= 1 || pthread_mutex_trylock(&pool_lock) != 0)
-        return kvg_linear(build, format, x, M, K, ldx, packed, N, 0, panels, y, ldy);
-    if (start_workers(threads - 1) + 1 < threads) threads = workers + 1; /* as many as started */
-    job = (struct product){build, format, x, packed, y, M, K, ldx, N, ldy, panels, threads};
+int kvg_parallel(int (*run)(const void *arg, int part, int parts), const void *arg, int parts) {
+    if (parts > MAX_WORKERS + 1) parts = MAX_WORKERS + 1;
+    if (parts <= 1 || pthread_mutex_trylock(&pool_lock) != 0) {
+        int failed = 0;
+        for (int part = 0; part < parts; part++) failed |= run(arg, part, parts);
+        return failed ? -1 : 0;
+    }
+    if (start_workers(parts - 1) + 1 < parts) parts = workers + 1; /* as many as started */
+    job = (struct task){run, arg, parts};
     atomic_store(&status, 0);
-    /* every worker wakes for every product; those past the parts only acknowledge */
+    /* every worker wakes for every task; those past the parts only acknowledge */
     atomic_store(&unfinished, workers);
     pthread_mutex_lock(&sleep_lock);
     atomic_store(&resting, 0);
@@ -259,4 +255,29 @@ int kvg_linear_parallel(int build, int format, const float *x, int64_t M, int64_
     const int failed = atomic_load(&status);
     pthread_mutex_unlock(&pool_lock);
     return failed ? -1 : 0;
+}
+
+struct product {
+    int build, format;
+    const float *x;
+    const void *packed;
+    float *y;
+    int64_t M, K, ldx, N, ldy, panels;
+};
+
+static int product_part(const void *arg, int part, int parts) {
+    const struct product *p = arg;
+    const int64_t begin = p->panels * part / parts, end = p->panels * (part + 1) / parts;
+    return begin < end && kvg_linear(p->build, p->format, p->x, p->M, p->K, p->ldx, p->packed,
+                                     p->N, begin, end, p->y, p->ldy);
+}
+
+int kvg_linear_parallel(int build, int format, const float *x, int64_t M, int64_t K,
+                        int64_t ldx, const void *packed, int64_t N, float *y, int64_t ldy,
+                        int threads) {
+    const int64_t panels = (N + PANEL - 1) / PANEL;
+    if (threads > panels) threads = (int)panels;
+    if (threads <= 1) return kvg_linear(build, format, x, M, K, ldx, packed, N, 0, panels, y, ldy);
+    const struct product p = {build, format, x, packed, y, M, K, ldx, N, ldy, panels};
+    return kvg_parallel(product_part, &p, threads);
 }
