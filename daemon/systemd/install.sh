@@ -16,6 +16,12 @@ root=$(cd "$here/../.." && pwd)
 
 if [ -z "$DESTDIR" ] && [ "${SKIP_VENV:-0}" != 1 ]; then
     echo "installing kvgraft into $PREFIX"
+    # the native kernels (the exact forward) need a C compiler and xxHash's header
+    if command -v apt-get >/dev/null && { ! command -v cc >/dev/null ||
+        ! echo '#include <xxhash.h>' | cc -E -x c - >/dev/null 2>&1; }; then
+        apt-get install -y -qq --no-install-recommends gcc libxxhash-dev >/dev/null ||
+            echo "could not install gcc and libxxhash-dev: the daemon will run without its native kernels"
+    fi
     test -x "$PREFIX/bin/python" || "$PYTHON" -m venv "$PREFIX"
     pip="$PREFIX/bin/pip install -q --disable-pip-version-check -c $root/constraints.txt"
     $pip torch==2.13.0
