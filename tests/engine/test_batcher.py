@@ -284,15 +284,6 @@ def test_a_pass_whose_client_left_stops_before_its_next_step() -> None:
     assert batcher.forward("next", [1, 2]) == "logits of next"  # the batcher goes on
 
 
-class _Prompts(Passes):
-    """Passes over a batcher of Steps (no model): what `_prompt` does with a pass."""
-
-    page_tokens = 8
-
-    def __init__(self, batcher: Batcher) -> None:
-        self.batcher = batcher
-
-
 def test_a_prompt_closed_mid_step_outlives_that_step_and_computes_nothing_more() -> None:
     """Regression: a prompt reporting progress, closed between two reports (its client went
     away) while a batcher step computed its pass, returned at once: its request gave the
@@ -302,9 +293,9 @@ def test_a_prompt_closed_mid_step_outlives_that_step_and_computes_nothing_more()
     batcher = Batcher(steps, max_batch_tokens=8, max_batch_rows=4)
     context = SimpleNamespace(wanted=lambda: True, segment_ends=[])
     steps.release.clear()
-    prompt = _Prompts(batcher)._prompt(
-        context, list(range(100)), DecodeOptions(progress=True), reused=0
-    )
+    # a batcher of Steps (no model): the prompt's pass only, no request admitted, no context made
+    passes = Passes(batcher, Admission(1, 1), new_context=None, live_bytes_per_token=0)
+    prompt = passes.prompt(context, list(range(100)), DecodeOptions(progress=True), reused=0)
     assert next(prompt) == ProgressEvent(0, 100, 0)
     assert next(prompt) == ProgressEvent(0, 100, 0)  # a report while its first step holds
     assert steps.entered.is_set()

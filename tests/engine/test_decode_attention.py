@@ -27,6 +27,7 @@ import xxhash
 from kvgraft.artifact import FORMAT_VERSION
 from kvgraft.errors import DataLoss
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.engine.attention.block_gather import GatheredContext
 from kvgraftd.engine.attention.kv_context import KvContext
 from kvgraftd.engine.attention.online_softmax import OnlineSoftmax, softmax_for
 from kvgraftd.engine.model import decode_attention
@@ -40,6 +41,7 @@ from kvgraftd.tiers.host_cache import HostCache
 from kvgraftd.tiers.stack import Tiers
 from tests.support import native_kernels
 from tests.support.on_disk import flip_stored_page
+from tests.support.protocols import mismatches
 
 if not decode_attention.available():
     native_kernels.missing("the native attention kernel is not built")
@@ -367,3 +369,15 @@ def test_the_profile_names_the_decode_kernel(monkeypatch) -> None:
     assert isinstance(softmax_for(q, 3, 10, 0.125), OnlineSoftmax)
     other = compute_profile(64, 64, ModelGeometry(1, 9, 3, 64, 1)).attention
     assert other != native  # other last bits, another profile
+
+
+def test_a_context_gives_its_block_gather_all_it_declares(tmp_path: Path) -> None:
+    """BlockGather reads a context only through GatheredContext: KvContext implements it."""
+    store = Store(tmp_path / "store")
+    tiers = Tiers(DevicePool(0, (2, KV_HEADS, PAGE, DIM)), HostCache(store, 0))
+    try:
+        context, _ = _stored_context(store, 2, tiers)
+        assert mismatches(KvContext, GatheredContext, context) == []
+        context.close()
+    finally:
+        store.close()

@@ -1,5 +1,5 @@
 """The KV of one inference context (`kv_context`) and how its attention gathers blocks from
-wherever they live (`native_decode`: the host cache, the store, the device pool, the live
+wherever they live (`block_gather`: the host cache, the store, the device pool, the live
 buffers; `online_softmax`: torch's blockwise softmax where the native kernel does not take
 the geometry).
 

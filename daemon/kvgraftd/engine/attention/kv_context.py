@@ -20,8 +20,9 @@ immutable one is brought into the pool on a background thread. On CPU, a
 scan of stored blocks that are one page each skips the pool: each is attended
 in the host cache's copy, or in the copy the store reads for it (pread, then
 its check), without a slot; and blocks of live positions only are read in the
-live buffers. How the native
-kernel's partials are gathered from each place is kvgraftd.engine.attention.native_decode.
+live buffers. How the native kernel's partials are gathered from each place is
+the context's BlockGather (kvgraftd.engine.attention.block_gather), which reads
+the context through the public members its GatheredContext interface names.
 
 Pages are the unit of storage: page p of layer l holds positions
 [p * page_tokens, (p + 1) * page_tokens) as K then V, each [kv_heads, t, D].
@@ -39,7 +40,7 @@ import numpy as np
 import torch
 
 from kvgraft.errors import DataLoss
-from kvgraftd.engine.attention.native_decode import NativeDecode
+from kvgraftd.engine.attention.block_gather import BlockGather
 from kvgraftd.engine.attention.online_softmax import OnlineSoftmax, softmax_for
 from kvgraftd.engine.model.decode_attention import DecodeSoftmax, attend_live_step
 from kvgraftd.engine.model.geometry import ModelGeometry
@@ -59,7 +60,7 @@ def _always() -> bool:
 warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
 
 
-class KvContext(NativeDecode):
+class KvContext:
     """Token ids, segments and per-layer KV of one context."""
 
     def __init__(
@@ -81,7 +82,7 @@ class KvContext(NativeDecode):
         self.block_tokens = block_tokens
         self.tiers = tiers
         self._page_shape = (2, geometry.kv_heads, page_tokens, geometry.head_dim)  # K then V
-        self._stored_page_bytes = 2 * geometry.kv_heads * page_tokens * geometry.head_dim * 4
+        self.stored_page_bytes = 2 * geometry.kv_heads * page_tokens * geometry.head_dim * 4
         self.uid = next(_uids)
         self.token_ids = array("I")  # compact: a context may hold millions
         self.segment_ends: list[int] = []
@@ -94,6 +95,7 @@ class KvContext(NativeDecode):
         self._live_pointers: tuple[np.ndarray, np.ndarray, int] | None = None
         # whether the request computing it still wants it (false once its client left)
         self.wanted: Callable[[], bool] = _always
+        self._gather = BlockGather(self)  # the native kernel's blocks, wherever they live
 
     def _empty(self, capacity: int) -> torch.Tensor:
         # Unspecified contents (new or recycled): only positions already written are read.
@@ -160,7 +162,7 @@ class KvContext(NativeDecode):
         """Whether this pass (begun, of `tokens`) is a decode step over live positions only
         that one kernel call attends: its row may go to layer_kernels.LiveRows (model), which
         writes its K, V where `attend` would and computes the same bits."""
-        return tokens == 1 and self._one_call_step(self.length + 1)
+        return tokens == 1 and self._gather.one_call_step(self.length + 1)
 
     def live_buffers(self) -> tuple[np.ndarray, np.ndarray, int]:
         """The addresses of the live keys and values of each layer, and the floats between
@@ -180,7 +182,8 @@ class KvContext(NativeDecode):
         self._keys[layer][:, live : live + n] = k.to(self._keys[layer].device)
         self._values[layer][:, live : live + n] = v.to(self._values[layer].device)
         total = start + n
-        if n == 1 and self._one_call_step(total) and DecodeSoftmax.takes(q, self.geometry.kv_heads):
+        one_call = n == 1 and self._gather.one_call_step(total)
+        if one_call and DecodeSoftmax.takes(q, self.geometry.kv_heads):
             keys, values = self._keys[layer], self._values[layer]
             return attend_live_step(q, keys, values, total, self.block_tokens, scaling)
         softmax = softmax_for(q, self.geometry.kv_heads, start, scaling, self.rows)
@@ -189,24 +192,20 @@ class KvContext(NativeDecode):
         cache = self._stored_blocks < (self.tiers.pool.capacity or 1 << 62)
         in_place = 0 if cache else self._stored_blocks_read_in_place()
         if isinstance(softmax, DecodeSoftmax):
-            live_from = self._live_blocks_read_in_place_from(total)
-            slots_end = min(total, live_from * self.block_tokens)
-            with self._ordered_partials(softmax.merge, total) as partials:
-                self._decode_in_place(layer, in_place, softmax, partials)
-                self._decode_slots(layer, in_place, slots_end, cache, softmax, partials)
-                self._decode_live_blocks(layer, live_from, total, softmax, partials)
+            self._gather.decode(layer, softmax, in_place, total, cache)
         else:
             for index in range(in_place):
                 self._attend_in_place(layer, index, softmax)
-            for slot, needed, begin in self._slots(layer, in_place, total, cache):
+            for slot, needed, begin in self.block_slots(layer, in_place, total, cache):
                 try:
                     softmax.add(slot.tensor[0, :, :needed], slot.tensor[1, :, :needed], begin)
                 finally:
                     self.tiers.pool.release(slot)
         return softmax.result()
 
-    def _slots(self, layer: int, in_place: int, total: int, cache: bool, ahead: bool = True,
-               before_wait: Callable[[], None] | None = None) -> Iterator:  # fmt: skip
+    def block_slots(self, layer: int, in_place: int, total: int, cache: bool, ahead: bool = True,
+                    before_wait: Callable[[], None] | None = None,
+                    ) -> Iterator[tuple[Slot, int, int]]:  # fmt: skip
         """(pinned slot, positions, first position) of each block after the first `in_place`
         up to `total`, in order (the next one fetched `ahead` on the prefetch thread); the
         caller releases each slot (`before_wait`: see DevicePool.acquire)."""
@@ -240,15 +239,16 @@ class KvContext(NativeDecode):
         Its bytes are the same, so the result is (contract 5).
         """
         one_page = self.block_tokens == self.page_tokens
-        return self._stored_blocks if one_page and self._on_cpu else 0
+        return self._stored_blocks if one_page and self.on_cpu else 0
 
     @property
-    def _on_cpu(self) -> bool:
+    def on_cpu(self) -> bool:
+        """Whether the pool, and so attention, is on CPU."""
         return self.tiers.pool.device.type == "cpu"
 
     def _attend_in_place(self, layer: int, index: int, softmax: OnlineSoftmax) -> None:
         digest = self._stored_pages[index][layer]  # block `index` is page `index`
-        with self.tiers.host.verified([digest], self._cache_stored_pages()) as (page,):
+        with self.tiers.host.verified([digest], self.cache_stored_pages()) as (page,):
             block = torch.from_numpy(page).view(torch.float32).view(self._page_shape)
             softmax.add(block[0], block[1], index * self.block_tokens)
 
@@ -262,13 +262,19 @@ class KvContext(NativeDecode):
         needed = min(self.block_tokens, total - begin)
         if begin + self.block_tokens <= self.stored_tokens:
             first = begin // self.page_tokens
-            digests = [
-                self._stored_pages[p][layer]
-                for p in range(first, first + needed // self.page_tokens)
-            ]
+            digests = self.stored_digests(layer, first, first + needed // self.page_tokens)
             return ("stored", layer, *digests), needed, self._stored_fill(digests), True
         immutable = begin + needed <= self._chunk_start  # whole, and before this chunk
         return self._live_key(layer, begin), needed, self._live_fill(layer, begin), immutable
+
+    def stored_digests(self, layer: int, first: int, last: int) -> list[bytes]:
+        """The hashes of stored pages [first, last) of `layer`."""
+        return [self._stored_pages[page][layer] for page in range(first, last)]
+
+    def live_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The live keys and values of `layer`, [kv_heads, capacity, D], position
+        stored_tokens first (valid until the buffers grow or the context closes)."""
+        return self._keys[layer], self._values[layer]
 
     def _live_key(self, layer: int, begin: int) -> tuple:
         return ("live", self.uid, layer, begin // self.block_tokens)
@@ -289,7 +295,7 @@ class KvContext(NativeDecode):
 
         return fill
 
-    def _cache_stored_pages(self) -> bool:
+    def cache_stored_pages(self) -> bool:
         """Whether stored pages read for attention go into the host cache.
 
         Yes when all of this context's stored pages fit in it (they will be
@@ -297,14 +303,14 @@ class KvContext(NativeDecode):
         a scan, and caching it would only evict what would have been hit.
         """
         pages = len(self._stored_pages) * self.geometry.num_layers
-        return pages * self._stored_page_bytes <= self.tiers.host.budget_bytes
+        return pages * self.stored_page_bytes <= self.tiers.host.budget_bytes
 
     def _staged(self, digests: list[bytes]) -> torch.Tensor:
         """Pages read (and checked) into this thread's staging buffer: [pages, 2, kv, t, D]."""
-        size = self._stored_page_bytes
+        size = self.stored_page_bytes
         staging = self.tiers.staging(len(digests) * size)
         views = [staging[i * size : (i + 1) * size] for i in range(len(digests))]
-        self.tiers.host.read_into(digests, views, self._cache_stored_pages())
+        self.tiers.host.read_into(digests, views, self.cache_stored_pages())
         return torch.from_numpy(staging).view(torch.float32).view(len(digests), *self._page_shape)
 
     def _stored_fill(self, digests: list[bytes]):
@@ -312,9 +318,9 @@ class KvContext(NativeDecode):
 
         def fill(slot: torch.Tensor, start: int, end: int) -> None:
             if len(digests) == 1 and slot.device.type == "cpu":  # a page is a block:
-                size = self._stored_page_bytes  # same layout
+                size = self.stored_page_bytes  # same layout
                 target = slot.view(-1).view(torch.uint8).numpy()[:size]
-                self.tiers.host.read_into(digests, [target], self._cache_stored_pages())
+                self.tiers.host.read_into(digests, [target], self.cache_stored_pages())
                 return
             pages = self._staged(digests)
             # [pages, 2, kv_heads, page, D] -> [2, kv_heads, pages * page, D]
@@ -363,11 +369,11 @@ class KvContext(NativeDecode):
         """Copy stored positions [lo, hi) of `layer` into `slot`, whose first position is `at`."""
         page = self.page_tokens
         first, last = lo // page, -(-hi // page)
-        digests = [self._stored_pages[p][layer] for p in range(first, last)]
+        digests = self.stored_digests(layer, first, last)
         spans = [(max(lo, p * page), min(hi, (p + 1) * page), p * page) for p in range(first, last)]
         if slot.device.type == "cpu":  # straight from where each page is checked
             target = slot.numpy()
-            with self.tiers.host.verified(digests, self._cache_stored_pages()) as data:
+            with self.tiers.host.verified(digests, self.cache_stored_pages()) as data:
                 for (a, b, p0), data_page in zip(spans, data, strict=True):
                     raw = data_page.view(np.float32).reshape(self._page_shape)
                     target[:, :, a - at : b - at] = raw[:, :, a - p0 : b - p0]

@@ -1,11 +1,13 @@
 """Keeping a finished context: Deposit, Generate with deposit, and cache = "auto".
 
-`Deposits` is the part of the Engine (kvgraftd.engine.requests.engine) that turns a context
-into an artifact and commits it. `_keep` deposits when the request asked to, or, with
-`auto_cache` (cache = "auto"), every Generate's context: then a deposit that fails (the
-store's budget has no room: everything pinned or being read) is logged and counted in
-`auto_deposits_skipped`, never an error of the request. It reads the engine's state
-(store, trust, fingerprint, profile, layout) and owns the two counters.
+`Deposits` is the part the Engine (kvgraftd.engine.requests.engine) holds to turn a
+context into an artifact and commit it; it is built from what it uses: the store (the
+daemon's, or a tenant's view), the trust policy that signs, the engine's fingerprint,
+profile and layout, and the tenant whose contexts it keeps ("": the operator's). `keep`
+deposits when the request asked to, or, with cache = "auto" (`auto`), every Generate's
+context: then a deposit that fails (the store's budget has no room: everything pinned or
+being read) is logged and counted in `auto_deposits_skipped`, never an error of the
+request. It owns the two counters.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from kvgraft.tenancy import owned_labels
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine.attention.kv_context import KvContext
 from kvgraftd.engine.requests.decoding import DecodeOptions
+from kvgraftd.store.interface import EngineStore
 from kvgraftd.store.page_records import page_records_of
+from kvgraftd.store.signing import TrustPolicy
 from kvgraftd.store.trust_index import is_trusted
 
 log = logging.getLogger(__name__)
@@ -29,11 +33,25 @@ COMMIT_ATTEMPTS = 3
 
 
 class Deposits:
-    auto_deposits = 0
-    auto_deposits_skipped = 0
-    tenant = ""  # whose contexts it keeps: labelled so (kvgraft.tenancy; "": the operator's)
+    def __init__(
+        self,
+        store: EngineStore,
+        trust: TrustPolicy,
+        fingerprint: bytes,
+        profile: pb.ComputeProfile,
+        layout: pb.KvLayout,
+        tenant: str = "",
+    ) -> None:
+        self.store = store
+        self.trust = trust
+        self.fingerprint = fingerprint
+        self.profile = profile
+        self.layout = layout
+        self.tenant = tenant  # whose contexts it keeps: labelled so (kvgraft.tenancy)
+        self.auto_deposits = 0
+        self.auto_deposits_skipped = 0
 
-    def _keep(
+    def keep(
         self,
         context: KvContext,
         receipt: pb.Receipt,

@@ -17,6 +17,11 @@ fresh run and a grafted run give the same bits:
 * Verify recomputes an artifact from nothing and compares every page hash and
   every receipt hash with what is stored (kvgraftd.engine.requests.recompute).
 
+The Engine holds three parts, each built from what it uses: `Passes` (a request admitted,
+its segments computed in the batcher's steps), `Recompute` (an artifact replayed fresh)
+and `Deposits` (a finished context kept). `for_tenant` gives the engine as one tenant uses
+it: the same model, batcher and tiers, its own store view, admission and labels.
+
 A model fingerprint, compute profile or layout mismatch fails closed with
 FailedPrecondition; a corrupt page fails with DataLoss (from the store).
 Forward passes and token choices run on the engine's compute thread
@@ -28,6 +33,7 @@ RESOURCE_EXHAUSTED) and stop when their client leaves (kvgraftd.engine.requests.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
@@ -41,7 +47,7 @@ from kvgraftd.engine.attention.kv_context import KvContext
 from kvgraftd.engine.model.model_adapter import ModelAdapter
 from kvgraftd.engine.requests.decoding import DecodeOptions, ResultEvent, TokenEvent
 from kvgraftd.engine.requests.deposits import Deposits
-from kvgraftd.engine.requests.passes import Passes
+from kvgraftd.engine.requests.passes import Admitting, Passes
 from kvgraftd.engine.requests.receipts import (
     compute_profile,
     input_sha256,
@@ -57,19 +63,21 @@ from kvgraftd.engine.scheduling.admission import Admission
 from kvgraftd.engine.scheduling.batcher import Batcher
 from kvgraftd.engine.scheduling.compute_thread import ComputeThread
 from kvgraftd.engine.scheduling.forward_step import ForwardStep
-from kvgraftd.store.artifact_store import Store
+from kvgraftd.store.interface import EngineStore
 from kvgraftd.store.signing import Signer, TrustPolicy
 from kvgraftd.store.trust_index import NO_MATCH, ChainMatch, is_trusted
 from kvgraftd.tiers.device_pool import DevicePool
 from kvgraftd.tiers.host_cache import HostCache
 from kvgraftd.tiers.stack import Tiers
 
+VERIFIED = pb.Provenance.TRUST_VERIFIED
 
-class Engine(Passes, Recompute, Deposits):
+
+class Engine:
     def __init__(
         self,
         adapter: ModelAdapter,
-        store: Store,
+        store: EngineStore,
         *,
         page_tokens: int = 64,
         block_tokens: int = 4096,
@@ -87,7 +95,6 @@ class Engine(Passes, Recompute, Deposits):
         """`compute`: the thread its passes run on (the one the model was loaded on)."""
         pin_determinism()
         self.adapter = adapter
-        self.store = store
         # What it computes or verifies, it signs. Without the daemon's policy (tests that
         # build an engine alone), a key made for this engine.
         self.trust = trust or TrustPolicy(Signer.generate())
@@ -104,9 +111,7 @@ class Engine(Passes, Recompute, Deposits):
         self.max_context_tokens = max_context_tokens
         # Requests in flight, and their passes in the batcher's steps: on the row-invariant
         # forward many contexts a step, else one a step up to each page boundary.
-        # live KV (computed here, in host buffers) a position of a context holds: K and V
-        self.live_bytes_per_token = 2 * g.num_layers * g.kv_heads * g.head_dim * 4
-        self.admission = Admission(max_running_contexts, max_queued_requests, max_live_kv_bytes)
+        admission = Admission(max_running_contexts, max_queued_requests, max_live_kv_bytes)
         compute = compute or ComputeThread()
         step = ForwardStep(adapter, page_tokens)
         if adapter.row_invariant:
@@ -122,6 +127,48 @@ class Engine(Passes, Recompute, Deposits):
             kv_heads=g.kv_heads,
             head_dim=g.head_dim,
             kv_dtype=pb.KV_DTYPE_FLOAT32,
+        )
+        self._assemble(store, admission, tenant="")
+
+    def _assemble(self, store: EngineStore, admission: Admitting, tenant: str) -> None:
+        """The parts over `store` and `admission`, depositing as `tenant`'s."""
+        self.store = store
+        self.admission = admission
+        g = self.adapter.geometry
+        # live KV (computed here, in host buffers) a position of a context holds: K and V
+        live_bytes_per_token = 2 * g.num_layers * g.kv_heads * g.head_dim * 4
+        self._passes = Passes(self.batcher, admission, self._context, live_bytes_per_token)
+        self._recompute = Recompute(
+            self.adapter, self.batcher, self._passes, self.fingerprint, self.profile
+        )
+        self._deposits = Deposits(
+            store, self.trust, self.fingerprint, self.profile, self.layout, tenant
+        )
+
+    def for_tenant(self, store: EngineStore, tenant: str, admission: Admitting) -> Engine:
+        """This engine as `tenant` uses it: every model, batcher and tier object shared, its
+        own store view, admission and deposit counters, its deposits labelled as its."""
+        scoped = copy.copy(self)
+        scoped._assemble(store, admission, tenant)
+        return scoped
+
+    @property
+    def auto_deposits(self) -> int:  # finished contexts kept by cache = "auto"
+        return self._deposits.auto_deposits
+
+    @property
+    def auto_deposits_skipped(self) -> int:  # not kept by cache = "auto": the store had no room
+        return self._deposits.auto_deposits_skipped
+
+    def _context(self, live_tokens: int = 0) -> KvContext:
+        """A fresh context whose live buffers hold `live_tokens` at once."""
+        return KvContext(
+            self.adapter.geometry,
+            self.page_tokens,
+            self.block_tokens,
+            self.tiers,
+            rows=self.adapter.row_invariant,
+            live_tokens=live_tokens,
         )
 
     def _check_length(self, tokens: int) -> None:
@@ -204,11 +251,11 @@ class Engine(Passes, Recompute, Deposits):
             match = NO_MATCH if options.no_cache else self._matched_pages(prompt[:-1], held)
             reused = match.tokens
             live = len(prompt) - reused // self.page_tokens * self.page_tokens
-            with self._serving(is_active, live + options.max_new_tokens) as context:
+            with self._passes.serving(is_active, live + options.max_new_tokens) as context:
                 if match.entries:
                     hashes = [digest for entry in match.entries for digest in entry.page_sha256]
                     context.attach(prompt[:reused], hashes)
-                logits = yield from self._prompt(context, prompt[reused:], options, reused)
+                logits = yield from self._passes.prompt(context, prompt[reused:], options, reused)
                 auto = (self.auto_cache or options.keep) and not options.deposit
                 yield from self._decode(
                     context,
@@ -219,6 +266,22 @@ class Engine(Passes, Recompute, Deposits):
                     match.grafted,
                     auto_deposit=auto,
                 )
+
+    def verify(
+        self, artifact_id: str, is_active: Callable[[], bool] | None = None
+    ) -> pb.VerifyResponse:
+        """Recompute an artifact fresh and compare every page and receipt hash (Cancelled
+        once `is_active` turns false: the client left); when all are equal this daemon
+        vouches for it (its trust becomes VERIFIED)."""
+        full_id = self.store.resolve(artifact_id)
+        manifest = self.store.get_record(full_id).manifest()
+        self._check_compatible(manifest, full_id)
+        self._check_tokens(manifest.token_ids)
+        self._check_length(len(manifest.token_ids))  # a recompute costs what a generate would
+        response = self._recompute.verify(manifest, is_active)
+        if response.ok:  # recomputed here, every hash equal: this daemon vouches for it
+            self.store.trust_artifact(full_id, self.trust.computed(full_id, VERIFIED))
+        return response
 
     def _lease(self, held: ExitStack, artifact_id: str, tokens: int) -> bool:
         """Lease a stored artifact for a graft; False if it was evicted meanwhile (DataLoss
@@ -271,15 +334,15 @@ class Engine(Passes, Recompute, Deposits):
             grafted = []
         stored = 0 if fresh else len(manifest.token_ids) // self.page_tokens * self.page_tokens
         live = len(manifest.token_ids) - stored + len(continuation) + options.max_new_tokens
-        with held, self._serving(is_active, live) as context:
+        with held, self._passes.serving(is_active, live) as context:
             if fresh:  # asked for, or evicted since it was found: recomputed, same receipt
-                self._recompute(context, manifest)
+                self._recompute.recompute(context, manifest)
                 reused, computed = 0, len(manifest.token_ids)
             else:
                 context.attach(manifest.token_ids, manifest.page_sha256)
                 context.segment_ends = list(manifest.segment_ends)
                 reused, computed = len(manifest.token_ids), 0
-            logits = yield from self._prompt(context, continuation, options, reused)
+            logits = yield from self._passes.prompt(context, continuation, options, reused)
             computed += len(continuation)
             auto = options.keep and not options.deposit  # cache = "auto" is Generate's
             whole = full_id if reused else ""
@@ -332,7 +395,7 @@ class Engine(Passes, Recompute, Deposits):
         sampling = sampling_of(options)
         if sampling is not None:
             receipt.sampling.CopyFrom(sampling)
-        artifact_id = self._keep(context, receipt, options, grafted, auto_deposit)
+        artifact_id = self._deposits.keep(context, receipt, options, grafted, auto_deposit)
         receipt.reused_tokens, receipt.computed_tokens = reused, computed
         receipt.grafted.extend(grafted)
         receipt.grafted_artifact_id = whole_artifact

@@ -1,15 +1,16 @@
 """Recomputing a stored artifact from nothing: Verify, and Graft's fresh equivalent.
 
-`Recompute` is the part of the Engine (kvgraftd.engine.requests.engine) that replays an
-artifact's tokens into a fresh context. On the row-invariant forward the tokens run in
-passes of max_batch_tokens whatever the segments, between the batcher's steps, logits
-taken at the segments' ends only (a position's bits do not depend on the passes);
-elsewhere segment by segment on the fixed schedule, as they were computed.
+`Recompute` is the part the Engine (kvgraftd.engine.requests.engine) holds to replay an
+artifact's tokens into a fresh context; it is built from what it uses: the model adapter,
+the batcher, the request's `Passes` (kvgraftd.engine.requests.passes) and the engine's
+fingerprint and profile, which a recomputed receipt carries. On the row-invariant forward
+the tokens run in passes of max_batch_tokens whatever the segments, between the batcher's
+steps, logits taken at the segments' ends only (a position's bits do not depend on the
+passes); elsewhere segment by segment on the fixed schedule, as they were computed.
 
-`verify(artifact_id)` recomputes and compares every page hash and the receipt's hashes
-with what is stored; when all are equal this daemon vouches for the artifact (its trust
-becomes VERIFIED). It reads the engine's state (adapter, batcher, admission, store,
-trust, profile) and owns none.
+`verify(manifest)` recomputes and compares every page hash and the receipt's hashes with
+what the manifest holds; the engine checks the artifact is compatible before, and vouches
+for it (its trust becomes VERIFIED) when all are equal. It owns no state of its own.
 """
 
 from __future__ import annotations
@@ -22,29 +23,42 @@ import torch
 from kvgraft.errors import Cancelled
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine.attention.kv_context import KvContext
+from kvgraftd.engine.model.model_adapter import ModelAdapter
+from kvgraftd.engine.requests.passes import Passes
 from kvgraftd.engine.requests.receipts import input_sha256, logits_bytes, logits_sha256
-from kvgraftd.tiers.live_buffers import round_capacity
+from kvgraftd.engine.scheduling.batcher import Batcher
 
-VERIFIED = pb.Provenance.TRUST_VERIFIED
+RECEIPT_HASHES = (
+    "input_sha256",
+    "prompt_logits_sha256",
+    "generated_logits_sha256",
+    "generated_token_ids",
+)
 
 
 class Recompute:
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        batcher: Batcher,
+        passes: Passes,
+        fingerprint: bytes,
+        profile: pb.ComputeProfile,
+    ) -> None:
+        self.adapter = adapter
+        self.batcher = batcher
+        self.passes = passes
+        self.fingerprint = fingerprint
+        self.profile = profile
+
     def verify(
-        self, artifact_id: str, is_active: Callable[[], bool] | None = None
+        self, manifest: pb.Manifest, is_active: Callable[[], bool] | None = None
     ) -> pb.VerifyResponse:
-        """Recompute an artifact fresh and compare every page and receipt hash (Cancelled
-        once `is_active` turns false: the client left)."""
-        full_id = self.store.resolve(artifact_id)
-        manifest = self.store.get_record(full_id).manifest()
-        self._check_compatible(manifest, full_id)
-        self._check_tokens(manifest.token_ids)
-        self._check_length(len(manifest.token_ids))  # a recompute costs what a generate would
-        layers = self.layout.num_layers
-        tokens = len(manifest.token_ids)
-        reserved = round_capacity(tokens) * self.live_bytes_per_token
-        with self.admission.admitted(is_active, reserved), self._context(tokens) as context:
-            context.wanted = is_active or context.wanted
-            after_segment = self._replay(context, manifest)
+        """Recompute a (compatible) artifact fresh and compare every page and receipt hash
+        (Cancelled once `is_active` turns false: the client left)."""
+        layers = self.adapter.geometry.num_layers
+        with self.passes.serving(is_active, len(manifest.token_ids)) as context:
+            after_segment = self.replay(context, manifest)
             computed = [
                 hashlib.sha256(context.page_bytes(*divmod(position, layers))).digest()
                 for position in range(len(manifest.page_sha256))
@@ -76,29 +90,24 @@ class Recompute:
             if fresh != digest
         ]
         if manifest.HasField("receipt"):
-            for name in (
-                "input_sha256",
-                "prompt_logits_sha256",
-                "generated_logits_sha256",
-                "generated_token_ids",
-            ):
-                if getattr(stored, name) != getattr(recomputed, name):
-                    mismatches.append(name)
-        if not mismatches:  # recomputed here, every hash equal: this daemon vouches for it
-            self.store.trust_artifact(full_id, self.trust.computed(full_id, VERIFIED))
+            mismatches += [
+                name
+                for name in RECEIPT_HASHES
+                if getattr(stored, name) != getattr(recomputed, name)
+            ]
         return pb.VerifyResponse(
             ok=not mismatches, stored=stored, recomputed=recomputed, mismatches=mismatches
         )
 
-    def _recompute(self, context: KvContext, manifest: pb.Manifest) -> None:
+    def recompute(self, context: KvContext, manifest: pb.Manifest) -> None:
         """An artifact's tokens computed afresh into `context` (their logits unused)."""
         if not self.adapter.row_invariant:  # the fixed schedule: segment by segment
-            self._replay(context, manifest)
+            self.replay(context, manifest)
             return
         self.batcher.forward(context, list(manifest.token_ids), context.wanted)
         context.segment_ends.extend(manifest.segment_ends)
 
-    def _replay(self, context: KvContext, manifest: pb.Manifest) -> list[torch.Tensor]:
+    def replay(self, context: KvContext, manifest: pb.Manifest) -> list[torch.Tensor]:
         """Recompute an artifact's segments from nothing; logits after each segment.
 
         On the row-invariant forward the tokens run in passes of max_batch_tokens whatever
@@ -108,7 +117,7 @@ class Recompute:
         if not self.adapter.row_invariant:
             start, out = 0, []
             for end in manifest.segment_ends:
-                out.append(self._append(context, manifest.token_ids[start:end]))
+                out.append(self.passes.append(context, manifest.token_ids[start:end]))
                 start = end
             return out
         tokens, ends, out = list(manifest.token_ids), list(manifest.segment_ends), []

@@ -2,9 +2,9 @@
 
 One model, one batcher, one set of tiers serve every tenant; what differs per tenant
 is what a request may reuse and keep, and how many of its requests run at once.
-`tenant_engine` makes that engine's tenant-facing copy (shallow: every model, batcher
-and tier object shared) whose store is the tenant's kvgraftd.store.tenant_view (so a
-prompt grafts only its own and the shared pages, and a deposit is labelled as its),
+`tenant_engine` makes that engine's tenant-facing copy (`Engine.for_tenant`: every model,
+batcher and tier object shared) whose store is the tenant's kvgraftd.store.tenant_view (so
+a prompt grafts only its own and the shared pages, and a deposit is labelled as its),
 and whose admission is `TenantAdmission`: the tenant's own limit first, then the
 engine's, so a tenant's flood queues and is refused (ResourceExhausted) in its own
 line while another tenant's requests take the places the engine has left.
@@ -14,7 +14,6 @@ loaded; until then it answers as the daemon's engine service does.
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -61,12 +60,7 @@ class TenantAdmission:
 
 def tenant_engine(engine: Engine, store, tenant: str, admission: TenantAdmission) -> Engine:
     """`engine` as `tenant` uses it (see the module's docstring)."""
-    scoped = copy.copy(engine)
-    scoped.store = store
-    scoped.tenant = tenant
-    scoped.admission = admission
-    scoped.auto_deposits = scoped.auto_deposits_skipped = 0
-    return scoped
+    return engine.for_tenant(store, tenant, admission)
 
 
 class TenantEngineService(EngineService):

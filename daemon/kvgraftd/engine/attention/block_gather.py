@@ -1,8 +1,9 @@
-"""How a step's native-kernel partials are gathered, block by block, wherever each block lives.
+"""How the native kernel's partials are gathered, block by block, wherever each block lives.
 
-`NativeDecode` is the part of KvContext (kvgraftd.engine.attention.kv_context) that feeds the
-native attention kernel (kvgraftd.engine.model.decode_attention: DecodeSoftmax for a decode
-step, RowsSoftmax for a pass's rows) and merges its partials in block order:
+A KvContext (kvgraftd.engine.attention.kv_context) holds one `BlockGather`, built over it,
+and calls it for a step the native attention kernel takes (kvgraftd.engine.model.
+decode_attention: DecodeSoftmax for a decode step, RowsSoftmax for a pass's rows). The
+gather feeds the kernel and merges its partials in block order:
 
 * stored one-page blocks read from the host cache, or copied out of the store batch by
   batch on the worker that attends them, each checked as it is attended (a corrupt page
@@ -13,13 +14,14 @@ step, RowsSoftmax for a pass's rows) and merges its partials in block order:
 
 Every path hands the kernel the same bytes in the same block order, so the result does
 not depend on which one ran (docs/architecture.md, contract 5). The batches run on the
-tiers' attention workers, or inline when a step is one batch. It reads the context's
-state (tiers, block and page sizes, stored pages, live buffers) and owns none.
+tiers' attention workers, or inline when a step is one batch. What the gather reads of
+its context is `GatheredContext`, read at each call (the context's pages and buffers
+change as it grows); it owns no state of its own.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kvgraft.errors import DataLoss
 from kvgraftd.engine.model.decode_attention import (
@@ -33,30 +35,93 @@ from kvgraftd.engine.model.decode_attention import (
 from kvgraftd.store.page_records import CorruptPage
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
+
+    import torch
 
     from kvgraftd.tiers.device_pool import Slot
+    from kvgraftd.tiers.stack import Tiers
 
 
-class NativeDecode:
+class GatheredContext(Protocol):
+    """What a BlockGather reads of the context it gathers for (KvContext implements it)."""
+
+    tiers: Tiers
+    block_tokens: int  # keys a block
+    stored_tokens: int  # positions [0, stored_tokens) are stored pages
+    stored_page_bytes: int  # bytes of one stored page of one layer
+
+    @property
+    def on_cpu(self) -> bool: ...
+
+    def stored_digests(self, layer: int, first: int, last: int) -> list[bytes]:
+        """The hashes of stored pages [first, last) of `layer`."""
+        ...
+
+    def live_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The live keys and values of `layer`, [kv_heads, capacity, D], from stored_tokens."""
+        ...
+
+    def cache_stored_pages(self) -> bool:
+        """Whether stored pages read for attention go into the host cache."""
+        ...
+
+    def block_slots(self, layer: int, in_place: int, total: int, cache: bool,
+                    ahead: bool = True, before_wait: Callable[[], None] | None = None,
+                    ) -> Iterator[tuple[Slot, int, int]]:  # fmt: skip
+        """(pinned slot, positions, first position) of each block after the first `in_place`
+        up to `total`, in order; the caller releases each slot."""
+        ...
+
+
+class BlockGather:
+    """Gathers a decode step's blocks for the native kernel from wherever the context keeps them."""
+
+    def __init__(self, context: GatheredContext) -> None:
+        self._context = context
+
+    def one_call_step(self, total: int) -> bool:
+        """Whether a decode step over `total` positions is one kernel call: every position
+        live on CPU, and few enough blocks that they would be attended inline anyway."""
+        context = self._context
+        return not context.stored_tokens and context.on_cpu and self._inline(total)
+
+    def decode(
+        self, layer: int, softmax: DecodeSoftmax, in_place: int, total: int, cache: bool
+    ) -> None:
+        """Merge into `softmax` the partials of every block of `layer` up to `total`, in
+        block order: the first `in_place` stored one-page blocks read where they are, then
+        blocks through pool slots (`cache`: whether stored ones stay cached there), then,
+        on CPU, blocks of live positions only read in the live buffers."""
+        block_tokens = self._context.block_tokens
+        live_from = self._live_blocks_read_in_place_from(total)
+        slots_end = min(total, live_from * block_tokens)
+        with self._ordered_partials(softmax.merge, total) as partials:
+            self._decode_in_place(layer, in_place, softmax, partials)
+            self._decode_slots(layer, in_place, slots_end, cache, softmax, partials)
+            self._decode_live_blocks(layer, live_from, total, softmax, partials)
+
     def _inline(self, total: int) -> bool:
         """Whether a step over `total` positions is one batch of blocks: computed on the
         calling thread (more are split between the attention workers)."""
-        blocks = -(-total // self.block_tokens)
-        return blocks <= self.tiers.attention_batch(blocks, slots=True)
+        blocks = -(-total // self._context.block_tokens)
+        return blocks <= self._context.tiers.attention_batch(blocks, slots=True)
 
     def _ordered_partials(self, merge: Callable[[Partials], None], total: int) -> OrderedPartials:
         """Block partials on the tiers' attention workers, merged in block order; computed
         on this thread when the step over `total` positions is one batch."""
         if self._inline(total):
             return InlinePartials(merge)
-        return OrderedPartials(self.tiers.attention_workers, self.tiers.attention_window, merge)
+        tiers = self._context.tiers
+        return OrderedPartials(tiers.attention_workers, tiers.attention_window, merge)
 
     def _decode_slots(self, layer: int, in_place: int, total: int, cache: bool,
                       softmax: DecodeSoftmax, partials: OrderedPartials) -> None:  # fmt: skip
         """The blocks after the first `in_place`, in batches of slots that this thread fills
         while the workers attend the last ones (no fetch ahead, no waiting on itself)."""
-        size = self.tiers.attention_batch(-(-total // self.block_tokens) - in_place, slots=True)
+        context = self._context
+        blocks = -(-total // context.block_tokens) - in_place
+        size = context.tiers.attention_batch(blocks, slots=True)
         batch: list[tuple[Slot, int, int]] = []
 
         def submit() -> None:  # handed over before submit can raise an earlier batch's error
@@ -66,19 +131,14 @@ class NativeDecode:
                 partials.submit(self._slots_partial, softmax, handed)
 
         try:
-            for slot, needed, begin in self._slots(layer, in_place, total, cache, False, submit):
-                batch.append((slot, needed, begin))
+            for block in context.block_slots(layer, in_place, total, cache, False, submit):
+                batch.append(block)
                 if len(batch) == size:
                     submit()
             submit()
         finally:  # an error: the slots of a batch not handed over are let go here
             for slot, _, _ in batch:
-                self.tiers.pool.release(slot)
-
-    def _one_call_step(self, total: int) -> bool:
-        """Whether a decode step over `total` positions is one kernel call: every position
-        live on CPU, and few enough blocks that they would be attended inline anyway."""
-        return not self.stored_tokens and self._on_cpu and self._inline(total)
+                context.tiers.pool.release(slot)
 
     def _live_blocks_read_in_place_from(self, total: int) -> int:
         """The first block from which attention reads the live buffers where they are.
@@ -87,25 +147,27 @@ class NativeDecode:
         holds the same bytes (one token more each decode step): reading them in place
         gives the same partials (contract 5) without the copy and the slot's
         bookkeeping. Elsewhere the pool holds what the device attends: no block."""
-        if not self._on_cpu:
-            return -(-total // self.block_tokens)
-        return -(-self.stored_tokens // self.block_tokens)
+        context = self._context
+        if not context.on_cpu:
+            return -(-total // context.block_tokens)
+        return -(-context.stored_tokens // context.block_tokens)
 
     def _decode_live_blocks(
         self, layer: int, first: int, total: int, softmax: DecodeSoftmax, partials: OrderedPartials
     ) -> None:
         """Blocks from `first` to `total`, all live positions, read in the live buffers."""
-        keys, values = self._keys[layer], self._values[layer]
+        context = self._context
+        block_tokens, stored_tokens = context.block_tokens, context.stored_tokens
+        keys, values = context.live_kv(layer)
         assert keys.is_contiguous() and values.is_contiguous(), "live buffers are contiguous"
         row = keys.stride(1) * keys.element_size()  # bytes a position
-        begins = range(first * self.block_tokens, total, self.block_tokens)
         blocks = []
-        for begin in begins:
-            offset = (begin - self.stored_tokens) * row
-            tokens = min(self.block_tokens, total - begin)
+        for begin in range(first * block_tokens, total, block_tokens):
+            offset = (begin - stored_tokens) * row
+            tokens = min(block_tokens, total - begin)
             address = keys.data_ptr() + offset, values.data_ptr() + offset
             blocks.append(Block(*address, keys.stride(0), tokens, None, begin))
-        size = self.tiers.attention_batch(len(blocks))
+        size = context.tiers.attention_batch(len(blocks))
         for batch in range(0, len(blocks), size):
             partials.submit(softmax.partials, blocks[batch : batch + size])
 
@@ -116,7 +178,7 @@ class NativeDecode:
             return softmax.partials([softmax.slot_block(s.tensor, n, b) for s, n, b in batch])
         finally:
             for slot, _, _ in batch:
-                self.tiers.pool.release(slot)
+                self._context.tiers.pool.release(slot)
 
     def _decode_in_place(
         self, layer: int, blocks: int, softmax: DecodeSoftmax, partials: OrderedPartials
@@ -124,9 +186,10 @@ class NativeDecode:
         """The first `blocks` one-page stored blocks, in batches, checked as they are read."""
         if not blocks:
             return
-        digests = [self._stored_pages[index][layer] for index in range(blocks)]
-        admit = self._cache_stored_pages()
-        size = self.tiers.attention_batch(blocks)
+        context = self._context
+        digests = context.stored_digests(layer, 0, blocks)
+        admit = context.cache_stored_pages()
+        size = context.tiers.attention_batch(blocks)
         try:
             for first in range(0, blocks, size):
                 part = digests[first : first + size]
@@ -141,13 +204,15 @@ class NativeDecode:
         """Partials of the one-page blocks from block `first`, each checked as it is read.
         Each batch reads its own pages (copies out of the store, on the worker that attends
         them), so a step holds the batches in flight, not the layer's stored pages."""
-        with self.tiers.host.unchecked(digests) as pages:
+        context = self._context
+        host = context.tiers.host
+        with host.unchecked(digests) as pages:
             for digest, (page, _) in zip(digests, pages, strict=True):
-                if page.nbytes != self._stored_page_bytes:
+                if page.nbytes != context.stored_page_bytes:
                     raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
             try:
                 blocks = [
-                    softmax.page_block(page, checksum, (first + i) * self.block_tokens)
+                    softmax.page_block(page, checksum, (first + i) * context.block_tokens)
                     for i, (page, checksum) in enumerate(pages)
                 ]
                 partials = softmax.partials(blocks)
@@ -155,5 +220,5 @@ class NativeDecode:
                 raise CorruptPage(digests[corrupt.index]) from None
             for digest, (page, checksum) in zip(digests, pages, strict=True):
                 if admit and checksum is not None:
-                    self.tiers.host.admit(digest, page)
+                    host.admit(digest, page)
         return partials
