@@ -147,6 +147,10 @@ def session(tmp_path_factory, real_model_args):
         replica.stop()
 
 
+# the attention kernel the README's quick-start hashes were computed with (its compute profile)
+README_KERNEL = "native-avx512"
+
+
 def _receipts(stderr: str) -> list[dict[str, str]]:
     """The receipts `kvgraft generate` printed: their reuse line and hashes."""
     found: list[dict[str, str]] = []
@@ -180,7 +184,15 @@ def test_the_quick_start_shows_a_graft_equal_to_a_fresh_run(session: Session) ->
     # what the README says it prints (the block after the commands: the answer, the receipt)
     shown = BLOCKS_AND_TEXT[BLOCKS_AND_TEXT.index(quick) + 1]
     assert shown.language == "" and result.stdout.splitlines()[-1] == shown.code.splitlines()[0]
-    assert [grafted] == _receipts(shown.code), (
+    (readme,) = _receipts(shown.code)
+    counts = ("reused", "computed")
+    assert [grafted[k] for k in counts] == [readme[k] for k in counts], result.stderr
+    if f"decode={README_KERNEL}" not in result.stderr:  # another compute profile, other bits
+        pytest.skip(
+            f"the README's hashes are those of the {README_KERNEL} attention kernel; this CPU "
+            "runs another (its profile says which), whose receipts are equal to each other"
+        )
+    assert [grafted] == [readme], (
         f"the README's quick start output is stale; this run printed:\n{result.stderr}"
     )
 
