@@ -61,7 +61,8 @@ def available() -> bool:
 
 def _check(status: int, what: str) -> None:
     if status < 0:
-        raise MemoryError(f"the native {what} ran out of memory")
+        # -1: memory ran out, or a product or a part of the step failed (kvg_parallel)
+        raise MemoryError(f"the native {what} failed: out of memory, or a part of it refused")
     if status:
         raise RuntimeError(f"the native {what} refused its arguments ({status})")
 

@@ -27,6 +27,7 @@ weights (kvgraftd.engine.model.gguf_weights), else as float32.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -197,7 +198,7 @@ class NativeForward:
         self, contexts: list, sizes: list[int], one_call: list[bool]
     ) -> layer_kernels.LiveRows | None:
         """The decoding contexts whose step one kernel call attends, with their rows."""
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        starts = [0, *itertools.accumulate(sizes)][:-1]  # each part's first row
         chosen = [
             (context, start)
             for context, start, chosen in zip(contexts, starts, one_call, strict=True)
