@@ -8,12 +8,14 @@ What, on the real default model (SmolLM2-135M-Instruct, float32, CPU), in one pr
   counted from the first generated token to the last (the prompt's pass is
   not in it).
 
-Three variants, alternated round by round (the machine is shared and noisy;
+Four variants, alternated round by round (the machine is shared and noisy;
 medians of the rounds are reported):
 
 * native: the engine (kvgraftd.engine.requests.engine.Engine) on the row-invariant
   forward (kvgraftd.engine.model.native_forward: the native linear kernel, prefill
-  rows attended as decode steps, passes of up to 512 tokens);
+  rows attended as decode steps, passes of up to 512 tokens), with its default
+  products, int8-dot (activations quantized to 8 bits, integer dot products);
+* fp32: the same with --products fp32 (the dequantized weights in float FMA chains);
 * torch path: the same engine with the native forward switched off (the
   transformers modules, torch's products, the fixed schedule: 64-token passes
   split at page boundaries);
@@ -33,15 +35,18 @@ same GGUF with 2 threads. The native and torch engine runs are checked to
 generate the same tokens as transformers' greedy decode for the first steps
 (a fast wrong answer is not a result).
 
-What bounds the figures: decode reads all 538 MB of fp32 weights per token
-(about 36 GB/s is what two cores stream: ~15 ms a token), plus the
-interpreter's overhead per layer; prefill is the products' FLOPs (~0.55 TFLOP
-for 2,048 tokens) and attention's (quadratic in the prompt).
+What bounds the figures: decode streams the GGUF blocks once a token (~80 MB of Q4_1
+panels and 30 MB of Q8_0 logits weights: ~3-4 ms at what two cores read) plus the
+attention over the context; prefill is the products' multiply-adds (~0.28 T for 2,048
+tokens: on AVX2, vpmaddubsw's 32 a cycle a core bound int8-dot; fp32 FMA's 16) and
+attention's (quadratic in the prompt).
 
 Run: .venv/bin/python bench/engine_bench.py [--rounds 2] [--prefill 2048] [--decode 128]
 Last stdout line: one JSON object with prefill_vs_hf, decode_vs_hf,
-prefill_vs_torch_path, decode_vs_torch_path (ratios of speed: > 1 means the
-native engine is faster), decode_overhead_ms_1, decode_overhead_ms_8 and the raw figures.
+prefill_vs_torch_path, decode_vs_torch_path, prefill_vs_fp32, decode_vs_fp32 (ratios of
+speed: > 1 means the native engine with int8-dot is faster), decode_overhead_ms_1,
+decode_overhead_ms_8, rss_bytes (this process's resident memory at the end: the
+transformers model and both packings included, not the daemon's) and the raw figures.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import torch
 
 from kvgraftd.engine.model import decode_attention, linear
@@ -225,25 +231,28 @@ def main(argv: list[str] | None = None) -> int:
     if not adapter.row_invariant:
         print("engine_bench: the native kernels are not built here", file=sys.stderr)
         return 1
+    fp32_adapter = adapter.with_products("fp32")
     torch_adapter = copy.copy(adapter)
     torch_adapter.native = None  # the transformers modules, on the fixed schedule
     model = adapter.model
     long_prompt = prompt_tokens(adapter, args.prefill)
     short_prompt = long_prompt[: args.decode_prompt]
-    figures: dict[str, list[float]] = {key: [] for key in ("native", "torch", "hf")}
-    rates: dict[str, list[float]] = {key: [] for key in ("native", "torch", "hf")}
+    variants = ("native", "fp32", "torch", "hf")
+    figures: dict[str, list[float]] = {key: [] for key in variants}
+    rates: dict[str, list[float]] = {key: [] for key in variants}
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "store")
         engines = {
             "native": Engine(adapter, store, max_context_tokens=1 << 16),
+            "fp32": Engine(fp32_adapter, store, max_context_tokens=1 << 16),
             "torch": Engine(torch_adapter, store, max_context_tokens=1 << 16),
         }
         hf_tokens: list[int] = []
         cores = torch.get_num_threads()
         for round_index in range(args.rounds):
-            for name in ("native", "torch", "hf"):
+            for name in variants:
                 # as the daemon runs each: torch's threads off beside the native kernels
-                torch.set_num_threads(1 if name == "native" else cores)
+                torch.set_num_threads(1 if name in ("native", "fp32") else cores)
                 if name == "hf":
                     model.set_attn_implementation("sdpa")
                     try:
@@ -254,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     figures[name].append(engine_prefill(engines[name], long_prompt))
                     rate, tokens = engine_decode(engines[name], short_prompt, args.decode)
-                    if hf_tokens:
+                    if hf_tokens and name != "native":  # int8-dot: other numbers (quality_bench)
                         assert tokens[:CHECKED_TOKENS] == hf_tokens[:CHECKED_TOKENS], name
                 rates[name].append(rate)
                 print(
@@ -281,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         "decode_vs_hf": round(decode["native"] / decode["hf"], 2),
         "prefill_vs_torch_path": round(prefill["torch"] / prefill["native"], 2),
         "decode_vs_torch_path": round(decode["native"] / decode["torch"], 2),
+        "prefill_vs_fp32": round(prefill["fp32"] / prefill["native"], 2),
+        "decode_vs_fp32": round(decode["native"] / decode["fp32"], 2),
         "decode_vs_llamacpp": round(decode["native"] / llamacpp, 2) if llamacpp else None,
         "decode_overhead_ms_1": round(statistics.median(overheads[1]), 2),
         "decode_overhead_ms_8": round(statistics.median(overheads[8]), 2),
@@ -288,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         "prefill_s": {name: round(value, 2) for name, value in prefill.items()},
         "decode_tokens_per_s": {name: round(value, 1) for name, value in decode.items()},
         "llamacpp_decode_tokens_per_s": round(llamacpp, 1) if llamacpp else None,
+        "rss_bytes": psutil.Process().memory_info().rss,
         "prefill_tokens": args.prefill,
         "decode_tokens": args.decode,
         "rounds": args.rounds,

@@ -53,10 +53,17 @@ MODEL_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "models"
 
 @pytest.fixture(scope="session")
 def real_model():
-    """The default model's adapter, loaded in-process (once per session)."""
+    """The default model's adapter, loaded in-process (once per session): the integer
+    products (--products int8-dot, the default)."""
     from kvgraftd.engine.model.model_adapter import ModelAdapter
 
     return ModelAdapter.load(None, MODEL_CACHE)
+
+
+@pytest.fixture(scope="session")
+def real_model_fp32(real_model):
+    """The default model with the float products (--products fp32): the same weights."""
+    return real_model.with_products("fp32")
 
 
 @pytest.fixture(scope="session")

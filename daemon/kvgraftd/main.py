@@ -155,7 +155,9 @@ def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engi
     cache = Path(config.model_cache) if config.model_cache else config.data / "models"
     # Loaded on the thread that runs every forward pass (kvgraftd.engine.scheduling.compute_thread).
     compute = ComputeThread()
-    adapter = compute.run(ModelAdapter.load, config.model or None, cache, device=device)
+    adapter = compute.run(
+        ModelAdapter.load, config.model or None, cache, device=device, products=config.products
+    )
     geometry = adapter.geometry
     pool = DevicePool(
         config.device_budget_bytes,

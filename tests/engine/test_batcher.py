@@ -21,7 +21,7 @@ import pytest
 
 from kvgraft.artifact import page_sizes
 from kvgraft.errors import Cancelled, DataLoss, ResourceExhausted
-from kvgraftd.config import DaemonConfig
+from kvgraftd.config import PRODUCTS, DaemonConfig
 from kvgraftd.engine.model import linear
 from kvgraftd.engine.model.model_adapter import ModelAdapter
 from kvgraftd.engine.requests.decoding import DecodeOptions, ProgressEvent, ResultEvent, TokenEvent
@@ -53,13 +53,15 @@ def outcome(events) -> tuple[list[int], tuple]:
     return [e.token_id for e in events if isinstance(e, TokenEvent)], hashes
 
 
-@pytest.fixture(scope="module")
-def real_engine(real_model, tmp_path_factory):
+@pytest.fixture(scope="module", params=PRODUCTS)
+def real_engine(request, real_model, tmp_path_factory):
+    """The default model's engine, in each products (int8-dot, fp32)."""
     if not real_model.row_invariant:
         native_kernels.missing("the default model does not run on the row-invariant forward here")
+    adapter = request.getfixturevalue("real_model_fp32") if request.param == "fp32" else real_model
     store = Store(tmp_path_factory.mktemp("store"))
     try:
-        yield Engine(real_model, store, page_tokens=64, block_tokens=256)
+        yield Engine(adapter, store, page_tokens=64, block_tokens=256)
     finally:
         store.close()
 

@@ -43,7 +43,9 @@ def _tokens(seed: int, n: int) -> list[int]:
     return [rng.randrange(49152) for _ in range(n)]
 
 
-def test_engine_logits_are_the_models(real_model, tmp_path: Path) -> None:
+def test_engine_logits_are_the_models(real_model_fp32, tmp_path: Path) -> None:
+    """With the float products (--products fp32): transformers' logits, to ~1e-4."""
+    real_model = real_model_fp32
     store = Store(tmp_path / "store")
     try:
         engine = Engine(real_model, store, page_tokens=16, block_tokens=64)

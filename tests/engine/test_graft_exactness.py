@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from kvgraft import Client
+from kvgraftd.config import PRODUCTS
 from kvgraftd.testing.daemon_process import wait_model_ready
 
 PAGE = 16
@@ -48,11 +49,13 @@ TEXT = (
 )
 
 
-@pytest.fixture(scope="module")
-def daemons(tmp_path_factory, real_model_args):
+@pytest.fixture(scope="module", params=PRODUCTS)
+def daemons(request, tmp_path_factory, real_model_args):
+    """Two daemons of the default model, in each products (int8-dot, fp32)."""
     from kvgraftd.testing.daemon_process import DaemonProcess
 
     args = [*real_model_args, "--page-tokens", str(PAGE), "--block-tokens", "64"]
+    args += ["--products", request.param]
     started = [DaemonProcess.start(tmp_path_factory.mktemp(name), args) for name in ("a", "b")]
     try:
         for daemon in started:

@@ -172,3 +172,127 @@ def test_gguf_blocks_are_checked_before_packing() -> None:
     # rows narrower than k says (regression: packing read past the rows' end)
     with pytest.raises(ValueError, match="rows of 64 weights are 40 bytes"):
         PackedWeight.of_gguf("q4_1", blocks, [0, 1], 64)
+
+
+# ---- the integer products (int8-dot): native/linear/linear_int8.c ----
+
+
+def quantized_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """linear_int8.c's rule in numpy (float32 arithmetic, each operation rounded once)."""
+    m, k = x.shape
+    blocks = x.reshape(m, k // linear.QK, linear.QK).astype(np.float32)
+    q = np.zeros(blocks.shape, np.int8)
+    d = np.zeros(blocks.shape[:2], np.float32)
+    s = np.zeros(blocks.shape[:2], np.float32)
+    for row in range(m):
+        for b in range(blocks.shape[1]):
+            values = blocks[row, b]
+            if not np.isfinite(values).all():
+                d[row, b] = s[row, b] = np.nan
+                continue
+            amax = np.abs(values).max()
+            if amax < np.float32(2.0**-64):
+                continue
+            inv = np.float32(127) / amax
+            q[row, b] = np.rint(values * inv).astype(np.int8)  # ties to even
+            d[row, b] = amax / np.float32(127)
+            s[row, b] = d[row, b] * np.float32(q[row, b].astype(np.int32).sum())
+    return q.reshape(m, k), d, s
+
+
+def test_activations_are_quantized_by_the_written_rule() -> None:
+    """Every build quantizes as the rule says, zero, tiny, tie and non-finite blocks too."""
+    generator = torch.Generator().manual_seed(17)
+    x = torch.randn(9, 8 * linear.QK, generator=generator) * 3
+    x[0, :32] = 0.0  # a zero block
+    x[1, 32:64] = 2.0**-70  # below 2^-64: zero
+    x[2, 64:96] = torch.arange(32) - 15.5  # a block of half-integers
+    x[3, 0:32] = torch.tensor([127.0, 0.5, 1.5, 2.5, -0.5, -1.5] + [0.0] * 26)  # ties to even
+    x[4, 40] = math.nan
+    x[5, 100] = math.inf
+    x[6, 200] = -math.inf
+    x[7, 255] = 1e30  # huge, finite
+    q_ref, d_ref, s_ref = quantized_reference(x.numpy())
+    assert list(q_ref[3, :6]) == [127, 0, 2, 2, 0, -2]
+    for build in linear.builds():
+        q, d, s = linear.quantize(x, build)
+        assert np.array_equal(q.numpy(), q_ref), build
+        for got, expected in ((d, d_ref), (s, s_ref)):
+            assert np.array_equal(got.numpy(), expected, equal_nan=True), build
+        assert int(q.abs().max()) <= 127
+    with pytest.raises(ValueError, match="blocks of 32"):
+        linear.quantize(torch.ones(2, 40))
+
+
+def integer_weight(format: str, n: int, k: int, numbers: np.random.Generator) -> PackedWeight:
+    blocks = gguf_blocks(format, n, k, numbers)
+    return PackedWeight.of_gguf(format, blocks, numbers.permutation(n), k, integer=True)
+
+
+@pytest.mark.parametrize("format", ["q4_1", "q8_0"])
+def test_every_build_of_the_integer_products_gives_the_portable_bits(
+    format: str, rng: random.Random
+) -> None:
+    """Rows 1-300, n not a multiple of the vector width, 1 and 2 threads: every build's bits
+    are the portable build's, row by row; and they stay near the float products'."""
+    numbers = np.random.default_rng(rng.randrange(1 << 30))
+    generator = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    for _ in range(SHAPES // 2):
+        m, n, k = rng.randint(1, 300), rng.randint(1, 150), linear.QK * rng.randint(1, 12)
+        packed = integer_weight(format, n, k, numbers)
+        x = torch.randn(m, k, generator=generator)
+        expected = linear.linear(x, packed, threads=1, build="generic")
+        for build in linear.builds():
+            for threads in (1, 2):
+                got = linear.linear(x, packed, threads=threads, build=build)
+                assert torch.equal(got, expected), (format, m, n, k, build, threads)
+        exact = x @ packed.unpacked().T
+        error = ((expected - exact).norm() / exact.norm()).item()
+        assert error < 0.03, (format, m, n, k, error)  # 8-bit activations: ~0.5% here
+
+
+def test_the_integer_products_are_the_written_sums(rng: random.Random) -> None:
+    """Weights d = 1, m = 0 and activations whose blocks span [-127, 127] quantize to
+    themselves: every output is then exactly the integer sum of products."""
+    numbers = np.random.default_rng(5)
+    n, k = 21, 4 * linear.QK
+    for format in ("q4_1", "q8_0"):
+        blocks = gguf_blocks(format, n, k, numbers).reshape(n, k // linear.QK, -1)
+        blocks[:, :, 0:2] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)  # d = 1
+        if format == "q4_1":
+            blocks[:, :, 2:4] = 0  # m = 0
+        blocks = np.ascontiguousarray(blocks.reshape(n, -1))
+        packed = PackedWeight.of_gguf(format, blocks, np.arange(n), k, integer=True)
+        x = numbers.integers(-126, 127, (7, k)).astype(np.float32)
+        x[:, :: linear.QK] = 127  # every block's largest magnitude: 127, so d = 1
+        weights = packed.unpacked().numpy().astype(np.int64)
+        expected = x.astype(np.int64) @ weights.T
+        for build in linear.builds():
+            got = linear.linear(torch.from_numpy(x), packed, build=build)
+            assert np.array_equal(got.numpy(), expected.astype(np.float32)), (format, build)
+
+
+def test_a_row_of_the_integer_products_has_the_same_bits_in_any_batch(rng) -> None:
+    numbers = np.random.default_rng(9)
+    packed = integer_weight("q4_1", 1536 + 7, 576, numbers)
+    rows = torch.randn(300, 576, generator=torch.Generator().manual_seed(2))
+    alone = torch.cat([linear.linear(rows[i : i + 1], packed) for i in range(rows.shape[0])])
+    for _ in range(12):
+        lo = rng.randrange(rows.shape[0])
+        hi = rng.randint(lo + 1, rows.shape[0])
+        batched = linear.linear(rows[lo:hi], packed, threads=rng.choice([1, 2]))
+        assert torch.equal(batched, alone[lo:hi]), (lo, hi)
+
+
+def test_non_finite_activations_poison_their_rows_as_in_the_portable_build() -> None:
+    numbers = np.random.default_rng(4)
+    packed = integer_weight("q4_1", 40, 96, numbers)
+    x = torch.randn(6, 96, generator=torch.Generator().manual_seed(4))
+    x[1, 3], x[2, 50], x[3, 95] = math.nan, math.inf, -math.inf
+    expected = linear.linear(x, packed, build="generic")
+    assert expected[1:4].isnan().all() and not expected[[0, 4, 5]].isnan().any()
+    for build in linear.builds():
+        got = linear.linear(x, packed, build=build)
+        assert torch.equal(got.isnan(), expected.isnan()), build
+        finite = ~expected.isnan()
+        assert torch.equal(got[finite], expected[finite]), build

@@ -134,6 +134,8 @@ def test_a_model_that_cannot_load_stops_the_daemon_at_once(tmp_path: Path, taken
             check_model(DaemonConfig(model=model))
     with pytest.raises(ConfigError, match=re.escape("'tiny:x': tiny:SEED takes a whole number")):
         DaemonConfig(model="tiny:x")
+    with pytest.raises(ConfigError, match=re.escape("products 'int4': use int8-dot or fp32")):
+        DaemonConfig(products="int4")
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text("{}")

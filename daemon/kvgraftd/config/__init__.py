@@ -28,6 +28,8 @@ from kvgraftd.config.values import ConfigError, parse_bytes
 
 DEFAULT_LISTEN = "127.0.0.1:50551"
 DEFAULT_HTTP_LISTEN = "127.0.0.1:8551"
+# the CPU forward's arithmetic over GGUF blocks (kvgraftd.engine.model.native_forward)
+PRODUCTS = ("int8-dot", "fp32")
 
 
 def _opt(default: Any, help: str) -> Any:
@@ -95,6 +97,13 @@ class DaemonConfig:
         "(store only); empty: the default model, SmolLM2-135M-Instruct",
     )
     model_cache: str = _opt("", "where converted models are cached (empty: DATA/models)")
+    products: str = _opt(
+        "int8-dot",
+        "the CPU forward's arithmetic over a GGUF file's blocks: int8-dot (activations "
+        "quantized to 8 bits, integer dot products, as llama.cpp; fastest) or fp32 (the "
+        "dequantized weights in float, transformers' numbers); each is exact, and an artifact "
+        "of one is refused by the other",
+    )
     page_tokens: int = _opt(64, "tokens per KV page")
     block_tokens: int = _opt(4096, "keys per attention block (a multiple of page_tokens)")
     max_context_tokens: int = _opt(32768, "longest context one request may build")
@@ -224,6 +233,8 @@ class DaemonConfig:
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"log_level {self.log_level!r}: use debug, info, warning or error")
         _check_address("listen", self.listen)
+        if self.products not in PRODUCTS:
+            raise ConfigError(f"products {self.products!r}: use {' or '.join(PRODUCTS)}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device {self.device!r}: use cpu, cuda or auto")
         if self.block_tokens % self.page_tokens:

@@ -61,10 +61,11 @@ class GgufWeights:
             return None
         return cls({tensor.name: tensor for tensor in reader.tensors}, model)
 
-    def packed(self, names: list[str]) -> PackedWeight | None:
+    def packed(self, names: list[str], integer: bool = False) -> PackedWeight | None:
         """The named model weights (e.g. "model.layers.0.self_attn.q_proj.weight"), their
-        rows stacked, as one PackedWeight of the file's blocks; None where any is not
-        stored in one supported format or is not bit-equal to the model's."""
+        rows stacked, as one PackedWeight of the file's blocks (laid out for the integer
+        products with `integer`); None where any is not stored in one supported format or
+        is not bit-equal to the model's."""
         sources = [self._source(name) for name in names]
         if any(source is None for source in sources):
             return None
@@ -79,7 +80,7 @@ class GgufWeights:
             offset += tensor.data.shape[0]
         k = self._parameters[names[0]].shape[1]
         packed = PackedWeight.of_gguf(
-            formats.pop(), np.concatenate(blocks), np.concatenate(order), k
+            formats.pop(), np.concatenate(blocks), np.concatenate(order), k, integer
         )
         model_weights = torch.cat([self._parameters[name].detach() for name in names])
         bits = packed.unpacked().view(torch.int32), model_weights.view(torch.int32)

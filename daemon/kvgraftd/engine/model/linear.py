@@ -17,6 +17,12 @@ a register with exactly the float arithmetic of the dequantized model, so the
 product has the bits it would have over those float32 weights, from 6 (Q4_1)
 or 9 (Q8_0) bits a weight instead of 32.
 
+`PackedWeight.of_gguf(..., integer=True)` lays the same blocks out for the integer
+products ("q4_1_i8", "q8_0_i8": native/linear/linear_int8.c): `linear` then quantizes
+each row of x to 8 bits a block of 32 (`quantize` gives what it computes) and sums
+integer dot products, with a float epilogue a block in ascending k. Another arithmetic,
+with the same invariance: a row's bits depend on that row and W alone, on every build.
+
 `linear` splits the panels, never k, between `threads`
 (one per core by default): the calling thread (in a ctypes call, without the
 GIL) and the library's own workers, which wait for the next product spinning
@@ -81,6 +87,9 @@ def _load() -> ctypes.CDLL | None:
     library.kvg_quant_pack.restype = ctypes.c_int
     library.kvg_quant_unpack.argtypes = [ctypes.c_int, _PTR, _I64, _I64, _PTR]
     library.kvg_quant_unpack.restype = None
+    # build, x, M, K, ldx, q, d, s
+    library.kvg_quantize.argtypes = [ctypes.c_int, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR]
+    library.kvg_quantize.restype = ctypes.c_int
     library.kvg_linear_reference.argtypes = [_PTR, _I64, _I64, _PTR, _I64, _PTR]
     library.kvg_linear_reference.restype = None
     library.kvg_linear_name.argtypes = [ctypes.c_int]
@@ -94,7 +103,8 @@ _constants = kernel_libraries.constants(_library, "kvg_linear_constants") if _li
 PANEL = _constants.get("PANEL")  # columns per packed panel
 QK = _constants.get("QK")  # weights per GGUF block, along k
 BUILDS = kernel_libraries.named(_constants, "BUILD_")  # "best", "generic", "avx2", "avx512"
-FORMATS = kernel_libraries.named(_constants, "FORMAT_")  # "f32", "q4_1", "q8_0"
+# "f32", "q4_1", "q8_0", and "q4_1_i8", "q8_0_i8": the same blocks for the integer products
+FORMATS = kernel_libraries.named(_constants, "FORMAT_")
 # bytes of a block of QK weights by format: in a GGUF file's row, and packed for 16 columns
 GGUF_BLOCK_BYTES = kernel_libraries.named(_constants, "GGUF_BLOCK_BYTES_")
 PACKED_BLOCK_BYTES = kernel_libraries.named(_constants, "PACKED_BLOCK_BYTES_")
@@ -141,6 +151,11 @@ class PackedWeight:
     k: int
     data: torch.Tensor  # f32: ceil(N/16) * K * 16 floats; else uint8 (linear_formats.h)
 
+    @property
+    def integer(self) -> bool:
+        """Whether its products are integer dot products (activations quantized to 8 bits)."""
+        return self.format.endswith("_i8")
+
     @cached_property
     def panels(self) -> int:
         return -(-self.n // PANEL)
@@ -164,11 +179,19 @@ class PackedWeight:
         return cls("f32", n, k, data)
 
     @classmethod
-    def of_gguf(cls, format: str, blocks: np.ndarray, order: Sequence[int], k: int) -> PackedWeight:
+    def of_gguf(
+        cls,
+        format: str,
+        blocks: np.ndarray,
+        order: Sequence[int],
+        k: int,
+        integer: bool = False,
+    ) -> PackedWeight:
         """Output column n from row order[n] of a GGUF tensor's raw blocks (uint8
-        [rows, row bytes], as gguf.GGUFReader gives them), k weights a row."""
+        [rows, row bytes], as gguf.GGUFReader gives them), k weights a row; `integer`:
+        laid out for the integer products (format "q4_1_i8", "q8_0_i8")."""
         _require_library()
-        if format not in PACKED_BLOCK_BYTES or k % QK:
+        if format not in GGUF_BLOCK_BYTES or k % QK:
             raise ValueError(f"no packing for {format} rows of {k} weights")
         blocks = np.ascontiguousarray(blocks, dtype=np.uint8)
         row_bytes = k // QK * GGUF_BLOCK_BYTES[format]
@@ -179,6 +202,7 @@ class PackedWeight:
         if rows.size and (rows.min() < 0 or rows.max() >= blocks.shape[0]):
             raise ValueError("a row of the order is not in the blocks")
         n = rows.size
+        format = f"{format}_i8" if integer else format
         panel_bytes = k // QK * PACKED_BLOCK_BYTES[format]
         data = torch.empty(-(-n // PANEL) * panel_bytes, dtype=torch.uint8)
         status = _library.kvg_quant_pack(
@@ -227,6 +251,25 @@ def linear(
         if status:
             raise RuntimeError(f"this CPU cannot run the {build} build of the linear kernel")
     return out if x.dim() == 2 else out.reshape(*x.shape[:-1], weight.n)
+
+
+def quantize(x: torch.Tensor, build: str = "best") -> tuple[torch.Tensor, ...]:
+    """Rows of x [M, K] (K a multiple of QK) as the integer products quantize them
+    (native/linear/linear_int8.c has the rule): q int8 [M, K], and per block of QK the
+    scale d and s = d * sum(q), float32 [M, K / QK] each."""
+    x = x.to(torch.float32).contiguous()
+    m, k = x.shape
+    if k % QK:
+        raise ValueError(f"rows of {k} values are not blocks of {QK}")
+    q = torch.empty(m, k, dtype=torch.int8)
+    d = torch.empty(m, k // QK, dtype=torch.float32)
+    s = torch.empty(m, k // QK, dtype=torch.float32)
+    status = _library.kvg_quantize(
+        BUILDS[build], x.data_ptr(), m, k, k, q.data_ptr(), d.data_ptr(), s.data_ptr()
+    )
+    if status:
+        raise RuntimeError(f"this CPU cannot run the {build} build of the linear kernel")
+    return q, d, s
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

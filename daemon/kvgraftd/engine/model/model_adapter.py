@@ -90,16 +90,26 @@ class ModelAdapter:
         self.eos_token_ids = _eos_ids(config, tokenizer)
         self.device = torch.device("cpu")
         self.native: native_forward.NativeForward | None = None
+        self.gguf_path: Path | None = None  # the GGUF file the model came from, if one
 
     @property
     def row_invariant(self) -> bool:
         """Whether forward passes run with row-invariant products (any schedule is exact)."""
         return self.native is not None
 
+    @property
+    def products(self) -> str:
+        """The products' arithmetic as the compute profile names it ("" on the fixed
+        schedule: torch's)."""
+        return self.native.products_profile if self.native is not None else ""
+
     # ------------------------------------------------------------------
     @classmethod
-    def load(cls, source: str | None, cache_dir: Path, device: str = "cpu") -> ModelAdapter:
-        """Load `source`: None (default model), 'tiny:SEED', a GGUF file or an HF directory."""
+    def load(
+        cls, source: str | None, cache_dir: Path, device: str = "cpu", products: str = "int8-dot"
+    ) -> ModelAdapter:
+        """Load `source`: None (default model), 'tiny:SEED', a GGUF file or an HF directory;
+        `products`: the CPU forward's arithmetic over a GGUF file's blocks (native_forward)."""
         started = time.monotonic()
         gguf_path = None
         if source and source.startswith(TINY_PREFIX):
@@ -115,10 +125,21 @@ class ModelAdapter:
         if device != "cpu":
             adapter.model.to(device)
         elif native_forward.supports(adapter.model):
-            adapter.native = native_forward.NativeForward(adapter.model, gguf_path)
+            adapter.native = native_forward.NativeForward(adapter.model, gguf_path, products)
+        adapter.gguf_path = gguf_path
         adapter.device = torch.device(device)
         log.info("model %s loaded in %.1f s", adapter.name, time.monotonic() - started)
         return adapter
+
+    def with_products(self, products: str) -> ModelAdapter:
+        """This model with the row-invariant forward's other products (the same weights,
+        packed again): to compare the two, as the tests and bench/quality_bench.py do."""
+        if self.native is None:
+            raise FailedPrecondition("the model does not run on the row-invariant forward here")
+        other = ModelAdapter(self.model, self.tokenizer, self.name, self.fingerprint)
+        other.native = native_forward.NativeForward(self.model, self.gguf_path, products)
+        other.gguf_path = self.gguf_path
+        return other
 
     @classmethod
     def _tiny(cls, seed: int) -> ModelAdapter:

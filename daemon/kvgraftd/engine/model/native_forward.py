@@ -22,7 +22,11 @@ attending its own KV, in one pass (the engine's batch).
 Weights are packed once when the model loads, next to the model's own (which
 the CUDA path and the fingerprint still read): from the GGUF file's quantized
 blocks where the model came from one and they are proven bit-equal to its
-weights (kvgraftd.engine.model.gguf_weights), else as float32.
+weights (kvgraftd.engine.model.gguf_weights), else as float32. `products` chooses
+the arithmetic over those blocks: "int8-dot" (integer dot products over activations
+quantized to 8 bits; the default) or "fp32" (the dequantized weights in float, whose
+logits agree with transformers' to ~1e-4); `products_profile` is what the compute
+profile names (float32 weights keep the float chains in both).
 """
 
 from __future__ import annotations
@@ -34,11 +38,16 @@ from typing import Any
 
 import torch
 
+from kvgraftd.config import PRODUCTS
 from kvgraftd.engine.model import decode_attention, layer_kernels, linear, rowwise
 from kvgraftd.engine.model.gguf_weights import GgufWeights
 from kvgraftd.engine.model.linear import PackedWeight
 
 SUPPORTED_TYPES = frozenset({"llama"})
+# the products as a compute profile names them: float FMA chains (linear.c), or integer dot
+# products over 8-bit activations (linear_int8.c; weights without GGUF blocks keep the chains)
+FLOAT_PRODUCTS = "row-invariant-fma rowwise=1"
+INTEGER_PRODUCTS = "int8-dot/1 row-invariant-fma rowwise=1"
 STATIC_ROPE = frozenset({"default", "linear", "llama3"})  # inv_freq fixed at load
 
 
@@ -99,16 +108,17 @@ def _norm(module) -> torch.Tensor:
 
 class _Weights:
     """Packs a product's weights: from the GGUF file's blocks where they are proven equal to
-    the model's (kvgraftd.engine.model.gguf_weights), else the model's float32 weights."""
+    the model's (kvgraftd.engine.model.gguf_weights; for the integer products with
+    `integer`), else the model's float32 weights."""
 
-    def __init__(self, gguf: GgufWeights | None) -> None:
+    def __init__(self, gguf: GgufWeights | None, integer: bool) -> None:
         self.gguf = gguf
+        self.integer = integer
         self.formats: dict[str, int] = {}
 
     def pack(self, prefix: str, modules: list, names: list[str]) -> PackedWeight:
-        packed = (
-            self.gguf.packed([f"{prefix}{name}.weight" for name in names]) if self.gguf else None
-        )
+        names = [f"{prefix}{name}.weight" for name in names]
+        packed = self.gguf.packed(names, self.integer) if self.gguf else None
         if packed is None:
             packed = PackedWeight.of(torch.cat([module.weight for module in modules]))
         self.formats[packed.format] = self.formats.get(packed.format, 0) + 1
@@ -116,7 +126,9 @@ class _Weights:
 
 
 class NativeForward:
-    def __init__(self, model, gguf_path: Path | None = None) -> None:
+    def __init__(self, model, gguf_path: Path | None = None, products: str = "int8-dot") -> None:
+        if products not in PRODUCTS:
+            raise ValueError(f"products {products!r}: use {' or '.join(PRODUCTS)}")
         config = model.config
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads or self.heads
@@ -127,7 +139,8 @@ class NativeForward:
         self.rope_scaling = float(decoder.rotary_emb.attention_scaling)
         self.norm = _norm(decoder.norm)
         self.eps = float(decoder.norm.variance_epsilon)
-        weights = _Weights(GgufWeights.open(gguf_path, model) if gguf_path else None)
+        gguf = GgufWeights.open(gguf_path, model) if gguf_path else None
+        weights = _Weights(gguf, products == "int8-dot")
         self.layers = [_Layer(index, layer, weights) for index, layer in enumerate(decoder.layers)]
         self.logits = weights.pack("", [model.lm_head], ["lm_head"])
         first = self.layers[0]
@@ -138,6 +151,8 @@ class NativeForward:
         self.native_layers = layer_kernels.Layers.of(self.layers, self.norm, shape)
         # products by weight format, e.g. {"q4_1": 120, "q8_0": 1}: what the kernels stream
         self.weight_formats = dict(sorted(weights.formats.items()))
+        integer = any(format.endswith("_i8") for format in self.weight_formats)
+        self.products_profile = INTEGER_PRODUCTS if integer else FLOAT_PRODUCTS
 
     def forward(
         self,

@@ -45,6 +45,7 @@ from kvgraft.tenancy import owner_of
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine.attention.kv_context import KvContext
 from kvgraftd.engine.model.model_adapter import ModelAdapter
+from kvgraftd.engine.model.native_forward import INTEGER_PRODUCTS
 from kvgraftd.engine.requests.decoding import DecodeOptions, ResultEvent, TokenEvent
 from kvgraftd.engine.requests.deposits import Deposits
 from kvgraftd.engine.requests.passes import Admitting, Passes
@@ -120,7 +121,7 @@ class Engine:
             self.batcher = Batcher(step, page_tokens, 1, compute, step.page_room)
         self.fingerprint = adapter.fingerprint
         self.profile = compute_profile(
-            page_tokens, block_tokens, g, self.tiers.pool.device, adapter.row_invariant
+            page_tokens, block_tokens, g, self.tiers.pool.device, adapter.products
         )
         self.layout = pb.KvLayout(
             num_layers=g.num_layers,
@@ -196,8 +197,17 @@ class Engine:
                 f"artifact {artifact_id[:16]} was computed by model {theirs}, this daemon serves "
                 f"{self.fingerprint.hex()[:16]}: it cannot be grafted here"
             )
-        if manifest.profile != self.profile or manifest.layout != self.layout:
-            profile = manifest.profile
+        profile = manifest.profile
+        if profile.products != self.profile.products:
+            flag = "int8-dot" if profile.products.startswith(INTEGER_PRODUCTS) else "fp32"
+            raise FailedPrecondition(
+                f"artifact {artifact_id[:16]} was computed with other products "
+                f"({profile.products or 'torch'}) than this daemon's "
+                f"({self.profile.products or 'torch'}): its bytes would not match a fresh run "
+                "here. Recompute it here (Generate with no_cache and deposit), or graft it on a "
+                f"daemon started with --products {flag}"
+            )
+        if profile != self.profile or manifest.layout != self.layout:
             raise FailedPrecondition(
                 f"artifact {artifact_id[:16]} was computed under another compute profile "
                 f"({profile.attention}, page_tokens={profile.page_tokens}, torch "

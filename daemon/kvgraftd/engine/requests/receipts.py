@@ -51,9 +51,6 @@ def cpu_name() -> str:
 
 
 _CPU = torch.device("cpu")
-# kvgraftd.engine.model.linear and .rowwise; the C library's cosf, sinf and expf (rotary angles,
-# attention's merges) are part of the arithmetic, so its version is named too
-ROW_INVARIANT_PRODUCTS = "row-invariant-fma rowwise=1"
 
 
 def _libc() -> str:
@@ -66,8 +63,12 @@ def compute_profile(
     block_tokens: int,
     geometry: ModelGeometry,
     device: torch.device = _CPU,
-    row_invariant: bool = False,
+    products: str = "",
 ) -> pb.ComputeProfile:
+    """`products`: the row-invariant forward's (kvgraftd.engine.model.native_forward names
+    them), "" on the fixed schedule (torch's). The C library's cosf, sinf and expf (rotary
+    angles, attention's merges) are part of the row-invariant arithmetic: its version is
+    named with them."""
     on_cuda = device.type == "cuda"
     shape = geometry.num_heads, geometry.kv_heads, geometry.head_dim
     decode = "torch" if on_cuda else decode_attention.kernel_for(*shape)  # decoding's last bits
@@ -78,7 +79,7 @@ def compute_profile(
         compute_dtype="float32",
         attention=f"{ATTENTION} block={block_tokens} decode={decode}",
         page_tokens=page_tokens,
-        products=f"{ROW_INVARIANT_PRODUCTS} libc={_libc()}" if row_invariant else "",
+        products=f"{products} libc={_libc()}" if products else "",
     )
 
 

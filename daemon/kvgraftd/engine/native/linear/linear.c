@@ -53,6 +53,7 @@
 #include "constants_table.h"
 #include "cpu_features.h"
 #include "linear_formats.h"
+#include "linear_int8.h"
 
 /* Every value Python shares with this library (kvgraftd.engine.model.linear reads the table). */
 const struct kvg_constant kvg_linear_constants[] = {
@@ -65,10 +66,14 @@ const struct kvg_constant kvg_linear_constants[] = {
     {"FORMAT_F32", KVG_F32},
     {"FORMAT_Q4_1", KVG_Q4_1},
     {"FORMAT_Q8_0", KVG_Q8_0},
+    {"FORMAT_Q4_1_I8", KVG_Q4_1_I8},
+    {"FORMAT_Q8_0_I8", KVG_Q8_0_I8},
     {"GGUF_BLOCK_BYTES_Q4_1", GGUF_BLOCK_Q4},
     {"GGUF_BLOCK_BYTES_Q8_0", GGUF_BLOCK_Q8},
     {"PACKED_BLOCK_BYTES_Q4_1", QUANT_BLOCK_Q4},
     {"PACKED_BLOCK_BYTES_Q8_0", QUANT_BLOCK_Q8},
+    {"PACKED_BLOCK_BYTES_Q4_1_I8", QUANT_BLOCK_Q4},
+    {"PACKED_BLOCK_BYTES_Q8_0_I8", QUANT_BLOCK_Q8},
     {NULL, 0},
 };
 
@@ -126,11 +131,52 @@ static void linear_generic(const float *x, int64_t M, int64_t K, int64_t ldx,
             }
 }
 
+/* The integer products' build for `build` (AVX-512 CPUs run the AVX2 one). */
+static void quantize(int build, const float *x, int64_t ldx, int64_t m_begin, int64_t m_end,
+                     const struct kvg_qrows *rows) {
+#if KVG_X86_BUILDS
+    if (build != KVG_BUILD_GENERIC) {
+        kvg_quantize_avx2(x, ldx, m_begin, m_end, rows);
+        return;
+    }
+#endif
+    kvg_quantize_generic(x, ldx, m_begin, m_end, rows);
+}
+
+static void integer_product(int build, int format, const struct kvg_qrows *rows,
+                            const void *packed, int64_t N, int64_t p_begin, int64_t p_end,
+                            float *y, int64_t ldy) {
+#if KVG_X86_BUILDS
+    if (build != KVG_BUILD_GENERIC) {
+        kvg_linear_int8_avx2(format, rows, packed, N, p_begin, p_end, y, ldy);
+        return;
+    }
+#endif
+    kvg_linear_int8_generic(format, rows, packed, N, p_begin, p_end, y, ldy);
+}
+
+int kvg_quantize(int build, const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q,
+                 float *d, float *s) {
+    if (build == KVG_BUILD_BEST) build = best_build();
+    if (!(kvg_linear_builds() & (1 << build)) || K % QK) return -1;
+    const struct kvg_qrows rows = {q, d, s, M, K};
+    quantize(build, x, ldx, 0, M, &rows);
+    return 0;
+}
+
 int kvg_linear(int build, int format, const float *x, int64_t M, int64_t K, int64_t ldx,
                const void *packed, int64_t N, int64_t p_begin, int64_t p_end, float *y,
                int64_t ldy) {
     if (build == KVG_BUILD_BEST) build = best_build();
     if (!(kvg_linear_builds() & (1 << build))) return -1;
+    if (kvg_is_integer(format)) {
+        struct kvg_qrows rows;
+        if (K % QK || kvg_qrows_take(&rows, M, K)) return -1;
+        quantize(build, x, ldx, 0, M, &rows);
+        integer_product(build, format, &rows, packed, N, p_begin, p_end, y, ldy);
+        kvg_qrows_free(&rows);
+        return 0;
+    }
     if (K == 0) { /* an empty sum: +0.0, as every build's first accumulator */
         for (int64_t m = 0; m < M; m++)
             for (int64_t n = p_begin * PANEL; n < p_end * PANEL && n < N; n++) y[m * ldy + n] = 0.0f;
@@ -260,6 +306,7 @@ int kvg_parallel(int (*run)(const void *arg, int part, int parts), const void *a
 struct product {
     int build, format;
     const float *x;
+    const struct kvg_qrows *rows; /* x quantized, for the integer products */
     const void *packed;
     float *y;
     int64_t M, K, ldx, N, ldy, panels;
@@ -268,8 +315,19 @@ struct product {
 static int product_part(const void *arg, int part, int parts) {
     const struct product *p = arg;
     const int64_t begin = p->panels * part / parts, end = p->panels * (part + 1) / parts;
-    return begin < end && kvg_linear(p->build, p->format, p->x, p->M, p->K, p->ldx, p->packed,
-                                     p->N, begin, end, p->y, p->ldy);
+    if (begin >= end) return 0;
+    if (p->rows) {
+        integer_product(p->build, p->format, p->rows, p->packed, p->N, begin, end, p->y, p->ldy);
+        return 0;
+    }
+    return kvg_linear(p->build, p->format, p->x, p->M, p->K, p->ldx, p->packed, p->N, begin, end,
+                      p->y, p->ldy);
+}
+
+static int quantize_part(const void *arg, int part, int parts) {
+    const struct product *p = arg;
+    quantize(p->build, p->x, p->ldx, p->M * part / parts, p->M * (part + 1) / parts, p->rows);
+    return 0;
 }
 
 int kvg_linear_parallel(int build, int format, const float *x, int64_t M, int64_t K,
@@ -278,6 +336,19 @@ int kvg_linear_parallel(int build, int format, const float *x, int64_t M, int64_
     const int64_t panels = (N + PANEL - 1) / PANEL;
     if (threads > panels) threads = (int)panels;
     if (threads <= 1) return kvg_linear(build, format, x, M, K, ldx, packed, N, 0, panels, y, ldy);
-    const struct product p = {build, format, x, packed, y, M, K, ldx, N, ldy, panels};
-    return kvg_parallel(product_part, &p, threads);
+    if (!kvg_is_integer(format)) {
+        const struct product p = {build, format, x, NULL, packed, y, M, K, ldx, N, ldy, panels};
+        return kvg_parallel(product_part, &p, threads);
+    }
+    /* the integer products: x quantized once (its rows split between the threads), then
+     * the panels split as for the float ones */
+    if (build == KVG_BUILD_BEST) build = best_build();
+    if (!(kvg_linear_builds() & (1 << build))) return -1;
+    struct kvg_qrows rows;
+    if (K % QK || kvg_qrows_take(&rows, M, K)) return -1;
+    const struct product p = {build, format, x, &rows, packed, y, M, K, ldx, N, ldy, panels};
+    int status = kvg_parallel(quantize_part, &p, M < threads ? (int)M : threads);
+    if (!status) status = kvg_parallel(product_part, &p, threads);
+    kvg_qrows_free(&rows);
+    return status;
 }

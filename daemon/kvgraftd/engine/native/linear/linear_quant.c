@@ -3,7 +3,8 @@
  * the packed layout): packing from the GGUF file's rows, unpacking to the float32
  * weights they stand for, and the portable kernel.
  *
- * kvg_quant_pack(format, blocks, row_bytes, order, N, K, packed): output column n is
+ * kvg_quant_pack(format, blocks, row_bytes, order, N, K, packed): any packed format of
+ *   Q4_1 or Q8_0 blocks (for the float or the integer products); output column n is
  *   the GGUF row order[n] (transformers permutes some rows of q and k when it reads a
  *   GGUF; the caller gives that permutation). blocks holds the file's rows, row_bytes
  *   apart. Returns 0, or -1 when K is not a multiple of 32 or the format is unknown.
@@ -37,14 +38,10 @@ static float half_to_float(uint16_t h) {
 
 static uint16_t read_half(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
-static int block_bytes(int format) {
-    return format == KVG_Q4_1 ? QUANT_BLOCK_Q4 : format == KVG_Q8_0 ? QUANT_BLOCK_Q8 : 0;
-}
-
 /* q of GGUF row `row` at k (its raw block bytes: Q4_1 d, m, 16 bytes; Q8_0 d, 32 bytes) */
 static int gguf_q(int format, const uint8_t *row, int64_t k) {
     const int64_t b = k / QK, i = k % QK;
-    if (format == KVG_Q4_1) {
+    if (kvg_is_q4(format)) {
         const uint8_t byte = row[b * GGUF_BLOCK_Q4 + 4 + i % 16];
         return i < 16 ? byte & 15 : byte >> 4;
     }
@@ -53,11 +50,12 @@ static int gguf_q(int format, const uint8_t *row, int64_t k) {
 
 int kvg_quant_pack(int format, const uint8_t *blocks, int64_t row_bytes, const int64_t *order,
                    int64_t N, int64_t K, uint8_t *packed) {
-    const int bytes = block_bytes(format);
-    if (!bytes || K % QK) return -1;
+    const int64_t bytes = kvg_block_bytes(format);
+    if (!bytes || format > KVG_Q8_0_I8 || K % QK) return -1;
     const int64_t panels = (N + PANEL - 1) / PANEL, per_panel = kvg_panel_bytes(format, K);
     memset(packed, 0, (size_t)(panels * per_panel));
-    const int64_t source_block = format == KVG_Q4_1 ? GGUF_BLOCK_Q4 : GGUF_BLOCK_Q8;
+    const int q4 = kvg_is_q4(format);
+    const int64_t source_block = q4 ? GGUF_BLOCK_Q4 : GGUF_BLOCK_Q8;
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *row = blocks + order[n] * row_bytes;
         const int j = (int)(n % PANEL);
@@ -65,17 +63,15 @@ int kvg_quant_pack(int format, const uint8_t *blocks, int64_t row_bytes, const i
             uint8_t *blk = packed + (n / PANEL) * per_panel + b * bytes;
             const float d = half_to_float(read_half(row + b * source_block));
             memcpy(blk + j * sizeof(float), &d, sizeof d);
-            if (format == KVG_Q4_1) {
+            if (q4) {
                 const float m = half_to_float(read_half(row + b * source_block + 2));
                 memcpy(blk + (PANEL + j) * sizeof(float), &m, sizeof m);
-                for (int i = 0; i < QK; i += 2) {
-                    const int even = gguf_q(format, row, b * QK + i);
-                    const int odd = gguf_q(format, row, b * QK + i + 1);
-                    blk[QUANT_SCALES_Q4 + i / 2 * PANEL + j] = (uint8_t)(even | odd << 4);
-                }
-            } else {
-                for (int i = 0; i < QK; i++)
-                    blk[QUANT_SCALES_Q8 + i * PANEL + j] = (uint8_t)(int8_t)gguf_q(format, row, b * QK + i);
+            }
+            for (int i = 0; i < QK; i++) {
+                int nibble;
+                const int at = kvg_weight_byte(format, j, i, &nibble);
+                const int q = gguf_q(format, row, b * QK + i);
+                blk[at] |= q4 ? (uint8_t)(q << (4 * nibble)) : (uint8_t)(int8_t)q;
             }
         }
     }
@@ -85,18 +81,20 @@ int kvg_quant_pack(int format, const uint8_t *blocks, int64_t row_bytes, const i
 /* The weight of column n at k, as every kernel computes it. */
 static float packed_weight(int format, const uint8_t *packed, int64_t K, int64_t n, int64_t k) {
     const int j = (int)(n % PANEL);
-    const int64_t i = k % QK;
-    const uint8_t *blk = packed + (n / PANEL) * kvg_panel_bytes(format, K) + k / QK * block_bytes(format);
+    const int i = (int)(k % QK);
+    const uint8_t *blk =
+        packed + (n / PANEL) * kvg_panel_bytes(format, K) + k / QK * kvg_block_bytes(format);
     float d, m;
     memcpy(&d, blk + j * sizeof(float), sizeof d);
-    if (format == KVG_Q4_1) {
+    int nibble;
+    const uint8_t byte = blk[kvg_weight_byte(format, j, i, &nibble)];
+    if (kvg_is_q4(format)) {
         memcpy(&m, blk + (PANEL + j) * sizeof(float), sizeof m);
-        const uint8_t byte = blk[QUANT_SCALES_Q4 + i / 2 * PANEL + j];
-        const float q = (float)(i % 2 ? byte >> 4 : byte & 15);
+        const float q = (float)((byte >> (4 * nibble)) & 15);
         const float scaled = q * d; /* rounded: -ffp-contract=off keeps this from fusing */
         return scaled + m;
     }
-    return (float)(int8_t)blk[QUANT_SCALES_Q8 + i * PANEL + j] * d;
+    return (float)(int8_t)byte * d;
 }
 
 void kvg_quant_unpack(int format, const uint8_t *packed, int64_t N, int64_t K, float *W) {
