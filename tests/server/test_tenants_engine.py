@@ -124,7 +124,12 @@ def test_a_tenants_flood_is_refused_in_its_own_line(daemon) -> None:
     _, c, _ = daemon
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         flood = [
-            pool.submit(c["bob"].generate, f"Count slowly: {n}", max_new_tokens=120)
+            # each holds its place for seconds (a long prompt computed afresh): the flood
+            # arrives while the first still runs (regression: short ones, done fast under a
+            # loaded machine's delays, let every request through)
+            pool.submit(
+                c["bob"].generate, DOC * 4 + f"Count slowly: {n}", max_new_tokens=120, no_cache=True
+            )
             for n in range(6)
         ]
         hers = pool.submit(c["alice"].generate, "Say hello.", max_new_tokens=4)
