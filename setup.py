@@ -27,6 +27,7 @@ setup(
             "kvgraftd.engine.model._attend",
             sources=[
                 f"{ATTEND}/attend.c",
+                f"{ATTEND}/attend_avx2.c",
                 f"{ATTEND}/attend_avx512.c",
                 f"{ATTEND}/attend_limits.c",
             ],
@@ -36,7 +37,8 @@ setup(
                 *SHARED_HEADERS,
             ],
             include_dirs=[ATTEND, ENGINE_NATIVE],
-            extra_compile_args=["-O3", "-Wno-psabi"],
+            # written sums and products, never fused: every build gives the portable one's bits
+            extra_compile_args=["-O3", "-ffp-contract=off", "-Wno-psabi"],
             libraries=["m"],
             optional=True,
         ),

@@ -196,6 +196,15 @@ def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engi
         pool.capacity,
         pool.slot_bytes,
     )
+    if adapter.row_invariant:
+        from kvgraftd.engine.model import decode_attention, linear
+
+        log.info(
+            "kernels: products %s (%s build), attention %s build",
+            adapter.products,
+            linear.kernel_name(),
+            decode_attention.kernel_build(),
+        )
     return engine
 
 

@@ -31,7 +31,12 @@ from kvgraftd.engine.attention.block_gather import GatheredContext
 from kvgraftd.engine.attention.kv_context import KvContext
 from kvgraftd.engine.attention.online_softmax import OnlineSoftmax, softmax_for
 from kvgraftd.engine.model import decode_attention
-from kvgraftd.engine.model.decode_attention import CorruptBlock, DecodeSoftmax, OrderedPartials
+from kvgraftd.engine.model.decode_attention import (
+    CorruptBlock,
+    DecodeSoftmax,
+    OrderedPartials,
+    RowsSoftmax,
+)
 from kvgraftd.engine.model.geometry import ModelGeometry
 from kvgraftd.engine.requests.receipts import compute_profile
 from kvgraftd.store.artifact_store import Store
@@ -139,36 +144,79 @@ def test_the_check_refuses_any_flipped_byte_and_changes_nothing_else() -> None:
             assert refused.value.index == len(batch) // 2
 
 
-def test_the_portable_kernel_agrees_with_the_one_in_use() -> None:
-    """Machines without AVX-512 run kvg_block_partial_generic: same checks, same values up to
-    rounding (FMA contraction differs), so each machine's profile names its kernel."""
-    q, keys, values = _inputs(9, 3, 64, 200)
-    page = _slot(keys, values, 200).numpy().view(np.uint8).reshape(-1).copy()
-    scaled = (q.reshape(3, 3, 64) * 0.125).contiguous().numpy()
+def test_prefill_rows_attend_in_tiles_with_the_bits_of_decode_steps() -> None:
+    """40 tokens at positions 100..139 over a checked page (positions 0-63), a slot block
+    (64-99) and a block they write as they go (100-149): each token's result, from tiles of
+    up to TILE_TOKENS tokens a call (split between threads), is a decode step's at its
+    position, bit for bit; a flipped byte of the page fails the tiles too."""
+    heads, kv_heads, dim, n, first = 9, 3, 64, 40, 100
+    q, keys, values = _inputs(heads, kv_heads, dim, 150, seed=4)
+    q = torch.randn(heads, n, dim, generator=torch.Generator().manual_seed(5))
+    page = _slot(keys[:, :64], values[:, :64], 64).numpy().view(np.uint8).reshape(-1).copy()
+    checksum = xxhash.xxh3_128_digest(page)
+    middle = _slot(keys[:, 64:100], values[:, 64:100], 40)
+    live = _slot(keys[:, 100:], values[:, 100:], 50)
+
+    def blocks(softmax, tokens_live: int, page_bytes=page):
+        return [
+            softmax.page_block(page_bytes, checksum, 0),
+            softmax.slot_block(middle, 36, 64),
+            softmax.slot_block(live, tokens_live, 100),
+        ]
+
+    rows = RowsSoftmax(q, kv_heads, first, 0.125)
+    rows.merge(rows.partials(blocks(rows, 50)))
+    together = rows.result()  # [n, heads, D]
+    for t in range(n):
+        step = DecodeSoftmax(q[:, t : t + 1].contiguous(), kv_heads, 0.125)
+        for block in blocks(step, t + 1):
+            step.merge(step.partials([block]))
+        alone = step.result().reshape(heads, dim)
+        assert torch.equal(together[t], alone), t
+    bad = page.copy()
+    bad[page.nbytes - 3] ^= 0x10
+    with pytest.raises(CorruptBlock):
+        rows.partials(blocks(rows, 50, bad))
+
+
+ATTEND_BUILDS = {"generic": 1, "avx2": 2, "avx512": 3}  # attend.c's kvg_attend_builds bits
+
+
+def test_every_build_of_the_kernel_gives_the_portable_bits() -> None:
+    """The portable, AVX2 and AVX-512 builds (those this CPU runs) over shapes with and
+    without a tail of fewer than 16 tokens, 1-4 rows a KV head: the same bits, the same
+    checks; so the profile names one kernel, not a build."""
     library = decode_attention._library
+    mask = library.kvg_attend_builds()
+    builds = [name for name, bit in ATTEND_BUILDS.items() if mask & (1 << bit)]
+    assert builds[0] == "generic"
+    functions = {name: getattr(library, f"kvg_block_partial_{name}") for name in builds}
     pointer = ctypes.c_void_p
-    for function in (library.kvg_block_partial_generic, library.kvg_block_partial):
+    for function in functions.values():
         function.argtypes = [pointer] * 3 + [ctypes.c_int64] + [ctypes.c_int32] * 4
         function.argtypes += [pointer] * 4 + [ctypes.c_char_p]
-    generic = library.kvg_block_partial_generic
 
-    def run(function, checksum):
-        out = [np.empty(9, np.float32), np.empty(9, np.float32), np.empty((9, 64), np.float32)]
-        scores = np.empty(9 * 200, np.float32)
+    def run(function, q, page, H, R, D, T, checksum):
+        out = [np.empty(H * R, np.float32), np.empty(H * R, np.float32)]
+        out.append(np.empty((H * R, D), np.float32))
+        scores = np.empty(H * R * T, np.float32)
         base = page.ctypes.data
         status = function(
-            scaled.ctypes.data, base, base + 3 * 200 * 64 * 4, 200 * 64, 3, 3, 64, 200,
+            q.ctypes.data, base, base + H * T * D * 4, T * D, H, R, D, T,
             scores.ctypes.data, *(array.ctypes.data for array in out), checksum,
         )  # fmt: skip
-        return status, out
+        return status, b"".join(array.tobytes() for array in out)
 
-    checksum = xxhash.xxh3_128_digest(page)
-    status, ours = run(generic, checksum)
-    assert status == 0
-    _, theirs = run(decode_attention._library.kvg_block_partial, checksum)
-    for a, b in zip(ours, theirs, strict=True):
-        assert np.abs(a - b).max() <= 1e-5 * max(1.0, np.abs(b).max())
-    assert run(generic, bytes(16))[0] == 1  # a checksum that does not match
+    for H, R, D, T in ((3, 3, 64, 200), (2, 1, 16, 7), (1, 4, 128, 64), (4, 2, 32, 33)):
+        q, keys, values = _inputs(H * R, H, D, T)
+        page = _slot(keys, values, T).numpy().view(np.uint8).reshape(-1).copy()
+        scaled = (q.reshape(H, R, D) * 0.125).contiguous().numpy()
+        checksum = xxhash.xxh3_128_digest(page)
+        expected = run(functions["generic"], scaled, page, H, R, D, T, checksum)
+        assert expected[0] == 0
+        for name, function in functions.items():
+            assert run(function, scaled, page, H, R, D, T, checksum) == expected, (name, H, R, D, T)
+            assert run(function, scaled, page, H, R, D, T, bytes(16))[0] == 1  # a bad checksum
 
 
 def test_a_failed_block_waits_for_the_others_before_raising() -> None:
@@ -355,7 +403,7 @@ def test_the_profile_names_the_decode_kernel(monkeypatch) -> None:
     assert isinstance(softmax_for(torch.randn(9, 2, 64), 3, 10, 0.125), OnlineSoftmax)  # prefill
     assert isinstance(softmax_for(torch.randn(9, 1, 24), 3, 10, 0.125), OnlineSoftmax)  # D % 16
     kernel = decode_attention.kernel_for(9, 3, 64)
-    assert kernel.startswith("native-")
+    assert kernel == "native" and decode_attention.kernel_build() in ATTEND_BUILDS
     native = compute_profile(64, 64, ModelGeometry(1, 9, 3, 64, 1)).attention
     assert native.endswith(f"decode={kernel}")
     # geometries the kernel does not take decode with torch, and their profile says so

@@ -26,9 +26,11 @@ Contract:
   those of a decode step at that position, whatever the chunk (the exactness
   contract for any schedule, docs/architecture.md).
 * `kernel_for(heads, kv_heads, dim)` names the kernel that decodes a model of
-  that geometry, for the compute profile: "native-avx512", "native-generic",
-  or "torch" where the library is not built or does not take the geometry
-  (the engine then attends with kvgraftd.engine.attention.online_softmax alone).
+  that geometry, for the compute profile: "native" (its portable arithmetic, which
+  every build, generic, AVX2 or AVX-512, computes to the bit), or "torch" where the
+  library is not built or does not take the geometry (the engine then attends with
+  kvgraftd.engine.attention.online_softmax alone). `kernel_build()` says which build
+  runs here.
 
 The kernel's limits (MAX_ROWS, the head sizes it takes) and statuses are its own,
 read from the library when it loads (native/attend_limits.h is their one source).
@@ -82,6 +84,7 @@ _constants = kernel_libraries.constants(_library, "kvg_attend_constants") if _li
 MAX_ROWS = _constants.get("MAX_ROWS")  # query rows per KV head it takes (group size x tokens)
 _DIM_MULTIPLE, _MAX_DIM = _constants.get("DIM_MULTIPLE"), _constants.get("MAX_DIM")  # head sizes
 _CHECKSUM_BYTES = _constants.get("CHECKSUM_BYTES")  # a page's xxh3-128
+TILE_TOKENS = _constants.get("TILE_TOKENS")  # a prefill's tokens attending a block together
 _MISMATCH = _constants.get("MISMATCH")  # a checked page does not hash to its checksum
 
 
@@ -117,7 +120,12 @@ def takes_geometry(heads: int, kv_heads: int, dim: int) -> bool:
 def kernel_for(heads: int, kv_heads: int, dim: int) -> str:
     if not takes_geometry(heads, kv_heads, dim):
         return "torch"
-    return f"native-{_library.kvg_kernel_name().decode()}"
+    return "native"
+
+
+def kernel_build() -> str:
+    """The build of the attention kernel this CPU runs: "avx512", "avx2" or "generic"."""
+    return _library.kvg_kernel_name().decode() if _library is not None else "none"
 
 
 def attend_live_step(
@@ -223,9 +231,13 @@ class DecodeSoftmax:
         _check_status(status, failed.value)
         return out[0], out[1], acc
 
+    def _score_rows(self) -> int:
+        """Rows of scores the kernel keeps at once: every head's of the token."""
+        return self._kv_heads * self._group
+
     def _scores(self, blocks: Sequence[Block]) -> np.ndarray:
-        """This thread's scratch for the kernel's scores: every row of the longest block."""
-        size = self._kv_heads * self._group * max(block.tokens for block in blocks)
+        """This thread's scratch for the kernel's scores: its rows over the longest block."""
+        size = self._score_rows() * max(block.tokens for block in blocks)
         scores = getattr(self._scratch, "scores", None)
         if scores is None or scores.size < size:
             scores = self._scratch.scores = np.empty(size, np.float32)
@@ -266,6 +278,10 @@ class RowsSoftmax(DecodeSoftmax):
         self._sum = np.zeros((n, heads), np.float32)
         self._acc = np.zeros((n, heads, dim), np.float32)
         self._scratch = threading.local()
+
+    def _score_rows(self) -> int:
+        """A tile of tokens' rows of one head (the kernel's tile_partial)."""
+        return TILE_TOKENS * self._group
 
     def partials(self, blocks: Sequence[Block]) -> Partials:
         """Each block's partial for every token that sees it; raises CorruptBlock."""

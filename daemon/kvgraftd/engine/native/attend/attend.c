@@ -1,7 +1,10 @@
 /*
  * kvgraftd's native decode-step attention (loaded with ctypes by
- * kvgraftd.engine.model.decode_attention): the portable build of the kernel, the AVX-512
- * one where the CPU has it, and the merge of per-block partial results.
+ * kvgraftd.engine.model.decode_attention): the portable build of the kernel, the AVX2 and
+ * AVX-512 ones where the CPU has them, and the merge of per-block partial results. Every
+ * build gives the portable build's bits: the kernel's operations are IEEE adds and
+ * multiplies in a written order, compiled without contraction into FMAs
+ * (-ffp-contract=off), so a wider vector changes the speed only.
  *
  * kvg_block_partial: see attend_kernel.h.
  * kvg_blocks_partial(n, q, blocks, checksums, checked, H, R, D, scores, out_max, out_sum,
@@ -19,7 +22,8 @@
  *   partials laid out as kvg_blocks_partial writes them, in index order.
  * kvg_rows_partial(n, q, blocks, first, count, t0, t1, checksums, checked, H, R, D,
  *   scores, out_max, out_sum, out_acc, used, failed): the partials of tokens [t0, t1) of
- *   `count` query tokens at
+ *   `count` query tokens (a tile of up to KVG_TILE_TOKENS of them a call of the kernel's
+ *   tile_partial; scores holds KVG_TILE_TOKENS * R * (the most tokens of a block)) at
  *   positions first, first + 1, ... (q: [count][H][R][D]) over n blocks, each token's
  *   exactly the one a decode step at its position computes: block i is
  *   blocks[5i..5i+4] = {K, V, head_stride, tokens, first position}, and token t sees
@@ -37,7 +41,9 @@
  *   from an empty state, out [H][R][D] = acc / sum. The bits of those calls made one
  *   by one (what the blocks' own path does), without a round trip each. Returns 0, or
  *   the first failing status (KVG_BAD_ARGS; -1 when memory runs out).
- * kvg_kernel_name(): which build kvg_block_partial runs ("avx512", "generic").
+ * kvg_kernel_name(): which build kvg_block_partial runs ("avx512", "avx2", "generic").
+ * kvg_attend_builds(): a bit per build this CPU runs (1 << 1 generic, 1 << 2 avx2, 1 << 3
+ *   avx512: linear_formats.h's numbering); each is exported as kvg_block_partial_NAME.
  * kvg_decode_live_rows(n, layer, layers, qkv, qkv_stride, H, R, D, keys, values, head_strides,
  *   positions, rows, block, scaling, out, out_stride): the decode steps of n contexts in one
  *   call. Context i's row of the pass is qkv + rows[i] * qkv_stride: its queries [H][R][D],
@@ -57,26 +63,57 @@
 #include "attend_kernel.h"
 #undef KVG_SUFFIX
 
+typedef int (*block_partial)(const float *, const float *, const float *, int64_t, int32_t,
+                             int32_t, int32_t, int32_t, float *, float *, float *, float *,
+                             const uint8_t *);
+typedef int (*tile_partial)(const float *, const float *, const float *, int64_t, int32_t,
+                            int32_t, int32_t, int32_t, const int32_t *, float *, float *, float *,
+                            float *, const uint8_t *);
 #if KVG_X86_BUILDS
 int kvg_block_partial_avx512(const float *, const float *, const float *, int64_t, int32_t,
                              int32_t, int32_t, int32_t, float *, float *, float *, float *,
                              const uint8_t *);
+int kvg_block_partial_avx2(const float *, const float *, const float *, int64_t, int32_t,
+                           int32_t, int32_t, int32_t, float *, float *, float *, float *,
+                           const uint8_t *);
+int kvg_tile_partial_avx512(const float *, const float *, const float *, int64_t, int32_t,
+                            int32_t, int32_t, int32_t, const int32_t *, float *, float *,
+                            float *, float *, const uint8_t *);
+int kvg_tile_partial_avx2(const float *, const float *, const float *, int64_t, int32_t,
+                          int32_t, int32_t, int32_t, const int32_t *, float *, float *, float *,
+                          float *, const uint8_t *);
 #endif
 
-const char *kvg_kernel_name(void) { return kvg_cpu_has_avx512() ? "avx512" : "generic"; }
+int kvg_attend_builds(void) {
+    return 1 << 1 | (kvg_cpu_has_avx2_fma() ? 1 << 2 : 0) | (kvg_cpu_has_avx512() ? 1 << 3 : 0);
+}
+
+const char *kvg_kernel_name(void) {
+    return kvg_cpu_has_avx512() ? "avx512" : kvg_cpu_has_avx2_fma() ? "avx2" : "generic";
+}
+
+static block_partial best_partial(void) {
+#if KVG_X86_BUILDS
+    if (kvg_cpu_has_avx512()) return kvg_block_partial_avx512;
+    if (kvg_cpu_has_avx2_fma()) return kvg_block_partial_avx2;
+#endif
+    return kvg_block_partial_generic;
+}
+
+static tile_partial best_tile(void) {
+#if KVG_X86_BUILDS
+    if (kvg_cpu_has_avx512()) return kvg_tile_partial_avx512;
+    if (kvg_cpu_has_avx2_fma()) return kvg_tile_partial_avx2;
+#endif
+    return kvg_tile_partial_generic;
+}
 
 int kvg_block_partial(const float *q, const float *k, const float *v, int64_t head_stride,
                       int32_t H, int32_t R, int32_t D, int32_t T, float *scores, float *out_max,
                       float *out_sum, float *out_acc, const uint8_t *expected) {
-    static int avx512 = -1;
-    if (avx512 < 0) avx512 = kvg_cpu_has_avx512();
-#if KVG_X86_BUILDS
-    if (avx512)
-        return kvg_block_partial_avx512(q, k, v, head_stride, H, R, D, T, scores, out_max,
-                                        out_sum, out_acc, expected);
-#endif
-    return kvg_block_partial_generic(q, k, v, head_stride, H, R, D, T, scores, out_max, out_sum,
-                                     out_acc, expected);
+    static block_partial best = NULL;
+    if (!best) best = best_partial();
+    return best(q, k, v, head_stride, H, R, D, T, scores, out_max, out_sum, out_acc, expected);
 }
 
 int kvg_blocks_partial(int32_t n, const float *q, const int64_t *blocks, const uint8_t *checksums,
@@ -127,6 +164,8 @@ int kvg_rows_partial(int32_t n, const float *q, const int64_t *blocks, int64_t f
                      float *out_max, float *out_sum, float *out_acc, uint8_t *used,
                      int32_t *failed) {
     const int64_t rows = (int64_t)H * R;
+    static tile_partial tiled = NULL;
+    if (!tiled) tiled = best_tile();
     for (int32_t i = 0; i < n; i++) {
         const int64_t *block = blocks + 5 * (int64_t)i;
         const int64_t tokens = block[3], begin = block[4];
@@ -134,17 +173,24 @@ int kvg_rows_partial(int32_t n, const float *q, const int64_t *blocks, int64_t f
             *failed = i;
             return KVG_BAD_ARGS;
         }
-        for (int32_t t = t0; t < t1; t++) {
-            const int64_t seen = first + t + 1 - begin;
-            const int64_t T = seen < tokens ? seen : tokens;
-            const int64_t at = (int64_t)i * count + t;
-            used[at] = T >= 1;
-            if (T < 1) continue;
-            int status = kvg_block_partial(
-                q + (int64_t)t * rows * D, (const float *)(uintptr_t)block[0],
-                (const float *)(uintptr_t)block[1], block[2], H, R, D, (int32_t)T, scores,
+        /* the tokens that see the block, KVG_TILE_TOKENS at a time: consecutive, as their
+         * partials lie */
+        int32_t t = t0;
+        for (; t < t1 && first + t + 1 - begin < 1; t++) used[(int64_t)i * count + t] = 0;
+        for (int32_t tile = t; tile < t1; tile += KVG_TILE_TOKENS) {
+            const int32_t G = t1 - tile < KVG_TILE_TOKENS ? t1 - tile : KVG_TILE_TOKENS;
+            int32_t Ts[KVG_TILE_TOKENS];
+            for (int32_t g = 0; g < G; g++) {
+                const int64_t seen = first + tile + g + 1 - begin;
+                Ts[g] = (int32_t)(seen < tokens ? seen : tokens);
+                used[(int64_t)i * count + tile + g] = 1;
+            }
+            const int64_t at = (int64_t)i * count + tile;
+            int status = tiled(
+                q + (int64_t)tile * rows * D, (const float *)(uintptr_t)block[0],
+                (const float *)(uintptr_t)block[1], block[2], H, R, D, G, Ts, scores,
                 out_max + at * rows, out_sum + at * rows, out_acc + at * rows * D,
-                checked[i] && t == t0 ? checksums + 16 * (int64_t)i : NULL);
+                checked[i] && tile == t ? checksums + 16 * (int64_t)i : NULL);
             if (status) {
                 *failed = i;
                 return status;

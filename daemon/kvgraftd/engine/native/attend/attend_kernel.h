@@ -1,8 +1,9 @@
 /*
  * Decode-step attention over one block of keys and values: the kernel, written
- * once and compiled twice (attend.c's portable build, attend_avx512.c), each copy
- * named with KVG_SUFFIX. GCC vector extensions, lowered to the instruction set of
- * the including file. The checksum is xxHash's own XXH3 (the packaged xxhash.h,
+ * once and compiled three times (attend.c's portable build, attend_avx2.c,
+ * attend_avx512.c), each copy named with KVG_SUFFIX. GCC vector extensions, lowered to
+ * the instruction set of the including file; compiled with -ffp-contract=off, so each
+ * copy makes the same IEEE operations and gives the same bits. The checksum is xxHash's own XXH3 (the packaged xxhash.h,
  * Debian's libxxhash-dev), inlined into each build (XXH_INLINE_ALL): nothing to link.
  *
  * block_partial(q, k, v, head_stride, H, R, D, T, scores, out_max, out_sum,
@@ -21,6 +22,16 @@
  * (the outputs must then be thrown away), KVG_BAD_ARGS for a shape it does
  * not take (D not a multiple of 16 or over 256, R outside 1..KVG_MAX_ROWS):
  * attend_limits.h.
+ *
+ * tile_partial(q, k, v, head_stride, H, R, D, G, Ts, scores, out_max, out_sum, out_acc,
+ *              expected)
+ *   G (1..KVG_TILE_TOKENS) tokens of a prefill over the same block: token g's rows at
+ *   q + g*H*R*D, its first Ts[g] (>= 1) keys, its outputs at out_max + g*H*R, out_sum + g*H*R,
+ *   out_acc + g*H*R*D; scores holds G*R*(the largest Ts) floats. Each token's outputs are
+ *   block_partial's bits for (its q, Ts[g]): every row makes the same operations in the
+ *   same order; only the loops are nested otherwise (a head at a time, a chunk of keys read
+ *   once for every token of the tile, not once a token), and a checked page is hashed in
+ *   one pass of its own before it is read.
  *
  * Every sum runs in one fixed order, so the result is a function of the
  * inputs' values alone (not of strides, threads or where the bytes live).
@@ -267,4 +278,84 @@ int KVG_CAT(kvg_block_partial, KVG_SUFFIX)(
                                         out_sum, out_acc, expected);
     return KVG_NAME(partial_shaped)(q, k, v, head_stride, H, R, D, T, scores, out_max, out_sum,
                                     out_acc, expected);
+}
+
+/* tile_partial's work, its arguments checked; R and D constants where the caller knows them */
+static inline __attribute__((always_inline)) void KVG_NAME(tile_shaped)(
+    const float *q, const float *k, const float *v, int64_t head_stride, int H, int R, int D,
+    int G, const int32_t *Ts, int32_t most, float *scores, float *out_max, float *out_sum,
+    float *out_acc) {
+    const int lanes = D / 16;
+    const int64_t rows = (int64_t)H * R;
+    for (int h = 0; h < H; h++) {
+        const float *kh = k + h * head_stride, *vh = v + h * head_stride;
+        v16sf lane_max[KVG_TILE_TOKENS * KVG_MAX_ROWS];
+        for (int i = 0; i < G * R; i++) lane_max[i] = KVG_NAME(splat)(-INFINITY);
+        for (int j0 = 0; j0 < most; j0 += KVG_CHUNK_TOKENS) { /* the scores, chunk by chunk */
+            const int j1 = j0 + KVG_CHUNK_TOKENS < most ? j0 + KVG_CHUNK_TOKENS : most;
+            for (int g = 0; g < G; g++) {
+                if (Ts[g] <= j0) continue;
+                v16sf qv[KVG_MAX_ROWS * KVG_MAX_LANES];
+                const float *qg = q + g * rows * D + (int64_t)h * R * D;
+                for (int i = 0; i < R * lanes; i++) qv[i] = KVG_NAME(load)(qg + 16 * i);
+                KVG_NAME(scores)(qv, kh, R, lanes, D, j0, j1 < Ts[g] ? j1 : Ts[g], Ts[g],
+                                 scores + (int64_t)g * R * most, lane_max + g * R);
+            }
+        }
+        for (int g = 0; g < G; g++) { /* the weights, row by row */
+            float *max = out_max + g * rows + h * R, *sum = out_sum + g * rows + h * R;
+            for (int r = 0; r < R; r++) {
+                float m = -INFINITY;
+                for (int i = 0; i < 16; i++) m = lane_max[g * R + r][i] > m ? lane_max[g * R + r][i] : m;
+                max[r] = m;
+                KVG_NAME(weights)(scores + (int64_t)g * R * most + (int64_t)r * Ts[g], Ts[g], m, sum + r);
+            }
+            float *acc = out_acc + (g * rows + (int64_t)h * R) * D;
+            memset(acc, 0, sizeof(float) * (size_t)(R * D));
+        }
+        for (int j0 = 0; j0 < most; j0 += KVG_CHUNK_TOKENS) { /* the values, chunk by chunk */
+            const int j1 = j0 + KVG_CHUNK_TOKENS < most ? j0 + KVG_CHUNK_TOKENS : most;
+            for (int g = 0; g < G; g++) {
+                if (Ts[g] <= j0) continue;
+                float *acc_g = out_acc + (g * rows + (int64_t)h * R) * D;
+                v16sf acc[KVG_MAX_ROWS * KVG_MAX_LANES];
+                memcpy(acc, acc_g, sizeof(float) * (size_t)(R * D));
+                KVG_NAME(values)(scores + (int64_t)g * R * most, vh, R, lanes, D, j0,
+                                 j1 < Ts[g] ? j1 : Ts[g], Ts[g], acc);
+                memcpy(acc_g, acc, sizeof(float) * (size_t)(R * D));
+            }
+        }
+    }
+}
+
+int KVG_CAT(kvg_tile_partial, KVG_SUFFIX)(
+    const float *q, const float *k, const float *v, int64_t head_stride, int32_t H, int32_t R,
+    int32_t D, int32_t G, const int32_t *Ts, float *scores, float *out_max, float *out_sum,
+    float *out_acc, const uint8_t *expected) {
+    if (D % KVG_LANE_FLOATS || D <= 0 || D > KVG_LANE_FLOATS * KVG_MAX_LANES || R < 1 ||
+        R > KVG_MAX_ROWS || H < 1 || G < 1 || G > KVG_TILE_TOKENS)
+        return KVG_BAD_ARGS;
+    int32_t most = 0;
+    for (int g = 0; g < G; g++) {
+        if (Ts[g] < 1) return KVG_BAD_ARGS;
+        most = Ts[g] > most ? Ts[g] : most;
+    }
+    if (expected) {
+        if (head_stride != (int64_t)most * D || v != k + (int64_t)H * most * D) return KVG_BAD_ARGS;
+        XXH128_canonical_t canonical;
+        XXH128_canonicalFromHash(&canonical,
+                                 XXH3_128bits(k, (size_t)2 * H * most * D * sizeof(float)));
+        if (memcmp(canonical.digest, expected, KVG_CHECKSUM_BYTES) != 0) return KVG_MISMATCH;
+    }
+    /* the shapes of the models this project serves, with every loop bound known */
+    if (R == 3 && D == 64)
+        KVG_NAME(tile_shaped)(q, k, v, head_stride, H, 3, 64, G, Ts, most, scores, out_max,
+                              out_sum, out_acc);
+    else if (R == 2 && D == 16)
+        KVG_NAME(tile_shaped)(q, k, v, head_stride, H, 2, 16, G, Ts, most, scores, out_max,
+                              out_sum, out_acc);
+    else
+        KVG_NAME(tile_shaped)(q, k, v, head_stride, H, R, D, G, Ts, most, scores, out_max,
+                              out_sum, out_acc);
+    return 0;
 }

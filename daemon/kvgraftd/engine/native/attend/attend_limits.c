@@ -10,5 +10,6 @@ const struct kvg_constant kvg_attend_constants[] = {
     {"DIM_MULTIPLE", KVG_LANE_FLOATS},
     {"MAX_DIM", KVG_LANE_FLOATS * KVG_MAX_LANES},
     {"CHECKSUM_BYTES", KVG_CHECKSUM_BYTES},
+    {"TILE_TOKENS", KVG_TILE_TOKENS},
     {NULL, 0},
 };

@@ -12,5 +12,6 @@
 #define KVG_LANE_FLOATS 16   /* D is a multiple of a vector's floats ... */
 #define KVG_MAX_LANES 16     /* ... and at most this many vectors: D <= 256 */
 #define KVG_CHECKSUM_BYTES 16 /* a page's checksum: xxh3-128, canonical (big-endian) bytes */
+#define KVG_TILE_TOKENS 16   /* a prefill's tokens attending one block together (tile_partial) */
 
 #endif
