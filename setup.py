@@ -27,7 +27,6 @@ setup(
             "kvgraftd.engine.model._attend",
             sources=[
                 f"{ATTEND}/attend.c",
-                f"{ATTEND}/attend_avx2.c",
                 f"{ATTEND}/attend_avx512.c",
                 f"{ATTEND}/attend_limits.c",
             ],

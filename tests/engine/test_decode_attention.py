@@ -179,11 +179,11 @@ def test_prefill_rows_attend_in_tiles_with_the_bits_of_decode_steps() -> None:
         rows.partials(blocks(rows, 50, bad))
 
 
-ATTEND_BUILDS = {"generic": 1, "avx2": 2, "avx512": 3}  # attend.c's kvg_attend_builds bits
+ATTEND_BUILDS = {"generic": 1, "avx512": 3}  # attend.c's kvg_attend_builds bits
 
 
 def test_every_build_of_the_kernel_gives_the_portable_bits() -> None:
-    """The portable, AVX2 and AVX-512 builds (those this CPU runs) over shapes with and
+    """The portable and AVX-512 builds (those this CPU runs) over shapes with and
     without a tail of fewer than 16 tokens, 1-4 rows a KV head: the same bits, the same
     checks; so the profile names one kernel, not a build."""
     library = decode_attention._library

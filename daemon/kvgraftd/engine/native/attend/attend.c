@@ -1,10 +1,11 @@
 /*
  * kvgraftd's native decode-step attention (loaded with ctypes by
- * kvgraftd.engine.model.decode_attention): the portable build of the kernel, the AVX2 and
- * AVX-512 ones where the CPU has them, and the merge of per-block partial results. Every
- * build gives the portable build's bits: the kernel's operations are IEEE adds and
- * multiplies in a written order, compiled without contraction into FMAs
- * (-ffp-contract=off), so a wider vector changes the speed only.
+ * kvgraftd.engine.model.decode_attention): the portable build of the kernel, the AVX-512
+ * one where the CPU has it, and the merge of per-block partial results. Both give the
+ * portable build's bits: the kernel's operations are IEEE adds and multiplies in a written
+ * order, compiled without contraction into FMAs (-ffp-contract=off), so the wider vector
+ * changes the speed only. (An AVX2 build of the same source ran slower than the portable
+ * one here: GCC lowers its 16-float vectors poorly to 8-float registers; bench/README.md.)
  *
  * kvg_block_partial: see attend_kernel.h.
  * kvg_blocks_partial(n, q, blocks, checksums, checked, H, R, D, scores, out_max, out_sum,
@@ -41,9 +42,10 @@
  *   from an empty state, out [H][R][D] = acc / sum. The bits of those calls made one
  *   by one (what the blocks' own path does), without a round trip each. Returns 0, or
  *   the first failing status (KVG_BAD_ARGS; -1 when memory runs out).
- * kvg_kernel_name(): which build kvg_block_partial runs ("avx512", "avx2", "generic").
- * kvg_attend_builds(): a bit per build this CPU runs (1 << 1 generic, 1 << 2 avx2, 1 << 3
- *   avx512: linear_formats.h's numbering); each is exported as kvg_block_partial_NAME.
+ * kvg_kernel_name(): which build kvg_block_partial runs ("avx512", "generic").
+ * kvg_attend_builds(): a bit per build this CPU runs (1 << 1 generic, 1 << 3 avx512:
+ *   linear_formats.h's numbering); each is exported as kvg_block_partial_NAME and
+ *   kvg_tile_partial_NAME.
  * kvg_decode_live_rows(n, layer, layers, qkv, qkv_stride, H, R, D, keys, values, head_strides,
  *   positions, rows, block, scaling, out, out_stride): the decode steps of n contexts in one
  *   call. Context i's row of the pass is qkv + rows[i] * qkv_stride: its queries [H][R][D],
@@ -73,29 +75,22 @@ typedef int (*tile_partial)(const float *, const float *, const float *, int64_t
 int kvg_block_partial_avx512(const float *, const float *, const float *, int64_t, int32_t,
                              int32_t, int32_t, int32_t, float *, float *, float *, float *,
                              const uint8_t *);
-int kvg_block_partial_avx2(const float *, const float *, const float *, int64_t, int32_t,
-                           int32_t, int32_t, int32_t, float *, float *, float *, float *,
-                           const uint8_t *);
 int kvg_tile_partial_avx512(const float *, const float *, const float *, int64_t, int32_t,
                             int32_t, int32_t, int32_t, const int32_t *, float *, float *,
                             float *, float *, const uint8_t *);
-int kvg_tile_partial_avx2(const float *, const float *, const float *, int64_t, int32_t,
-                          int32_t, int32_t, int32_t, const int32_t *, float *, float *, float *,
-                          float *, const uint8_t *);
 #endif
 
 int kvg_attend_builds(void) {
-    return 1 << 1 | (kvg_cpu_has_avx2_fma() ? 1 << 2 : 0) | (kvg_cpu_has_avx512() ? 1 << 3 : 0);
+    return 1 << 1 | (kvg_cpu_has_avx512() ? 1 << 3 : 0);
 }
 
 const char *kvg_kernel_name(void) {
-    return kvg_cpu_has_avx512() ? "avx512" : kvg_cpu_has_avx2_fma() ? "avx2" : "generic";
+    return kvg_cpu_has_avx512() ? "avx512" : "generic";
 }
 
 static block_partial best_partial(void) {
 #if KVG_X86_BUILDS
     if (kvg_cpu_has_avx512()) return kvg_block_partial_avx512;
-    if (kvg_cpu_has_avx2_fma()) return kvg_block_partial_avx2;
 #endif
     return kvg_block_partial_generic;
 }
@@ -103,7 +98,6 @@ static block_partial best_partial(void) {
 static tile_partial best_tile(void) {
 #if KVG_X86_BUILDS
     if (kvg_cpu_has_avx512()) return kvg_tile_partial_avx512;
-    if (kvg_cpu_has_avx2_fma()) return kvg_tile_partial_avx2;
 #endif
     return kvg_tile_partial_generic;
 }

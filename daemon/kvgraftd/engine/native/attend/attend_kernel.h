@@ -1,7 +1,7 @@
 /*
  * Decode-step attention over one block of keys and values: the kernel, written
- * once and compiled three times (attend.c's portable build, attend_avx2.c,
- * attend_avx512.c), each copy named with KVG_SUFFIX. GCC vector extensions, lowered to
+ * once and compiled twice (attend.c's portable build, attend_avx512.c), each copy
+ * named with KVG_SUFFIX. GCC vector extensions, lowered to
  * the instruction set of the including file; compiled with -ffp-contract=off, so each
  * copy makes the same IEEE operations and gives the same bits. The checksum is xxHash's own XXH3 (the packaged xxhash.h,
  * Debian's libxxhash-dev), inlined into each build (XXH_INLINE_ALL): nothing to link.
