@@ -17,6 +17,7 @@ KVGRAFT_REQUIRE_NATIVE ?= 1
 
 .DEFAULT_GOAL := help
 .PHONY: help install serve test test-slow check lint layers proto proto-check bench bench-long clean
+.PHONY: bench-peers
 .PHONY: install-service service-config
 
 help: ## list the targets
@@ -90,6 +91,17 @@ bench: $(STAMP) ## run the benchmarks (each ends with one JSON line; ~30 min)
 	$(BIN)/python bench/scrub_bench.py
 	$(BIN)/python bench/http_bench.py
 	$(BIN)/python bench/tenant_bench.py
+
+# llama-cpp-python, a peer of the benches only, in its own environment (never in make test):
+# built from source without -march=native (its AMX path crashed on an AMX CPU), with the
+# AVX-512 VNNI kernels where the CPU has them, else AVX2
+PEERS := .venv-peers
+LLAMA_FLAGS := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+bench-peers: ## llama-cpp-python 0.3.36 in .venv-peers, for engine_bench's llama.cpp figures (~10 min)
+	test -x $(PEERS)/bin/python || python3 -m venv $(PEERS)
+	CMAKE_ARGS="$(LLAMA_FLAGS) $$(grep -qw avx512_vnni /proc/cpuinfo && echo -DGGML_AVX512=ON \
+		-DGGML_AVX512_VNNI=ON)" $(PEERS)/bin/pip install -q --disable-pip-version-check \
+		llama-cpp-python==0.3.36
 
 bench-long: $(STAMP) ## the long benchmarks: 10M-token context (~16 GB of disk), knowledge library
 	$(BIN)/python bench/long_context.py

@@ -30,10 +30,12 @@ calls (each timed at its ctypes call, so the wrapper's own ~0.3 us a call counts
 outside). What is left is the interpreter, torch's small ops (the embedding, the token
 choice), hand-offs between threads: `decode_overhead_ms_1`, `decode_overhead_ms_8`.
 
-Also, where llama-cpp-python is installed (optional), llama.cpp decoding the
-same GGUF with 2 threads. The native and torch engine runs are checked to
-generate the same tokens as transformers' greedy decode for the first steps
-(a fast wrong answer is not a result).
+Also, where `make bench-peers` installed llama-cpp-python (optional, in .venv-peers), llama.cpp
+prefilling and decoding the same GGUF with 2 threads, in a process of its own
+(bench/llamacpp_peer.py), each round after the others. The fp32 and torch engine runs
+are checked to generate the same tokens as transformers' greedy decode for the first
+steps (a fast wrong answer is not a result; int8-dot's numbers are others:
+bench/quality_bench.py measures how close).
 
 What bounds the figures: decode streams the GGUF blocks once a token (~80 MB of Q4_1
 panels and 30 MB of Q8_0 logits weights: ~3-4 ms at what two cores read) plus the
@@ -53,9 +55,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -74,6 +76,7 @@ from kvgraftd.store.artifact_store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_CACHE = ROOT / ".cache" / "models"
+PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"  # llama-cpp-python's (make bench-peers)
 CHECKED_TOKENS = 8  # greedy tokens compared with transformers'
 
 
@@ -204,19 +207,24 @@ def hf_decode(model, prompt: list[int], steps: int) -> tuple[float, list[int]]:
     return (steps - 1) / (many - one), tokens
 
 
-def llamacpp_decode(prompt: list[int], steps: int) -> float | None:
-    """llama.cpp's decode rate on the same GGUF (2 threads), or None where not installed."""
-    if importlib.util.find_spec("llama_cpp") is None:
+def llamacpp_peer(prefill: list[int], prompt: list[int], steps: int) -> dict | None:
+    """llama.cpp on the same GGUF, 2 threads, in its own process (bench/llamacpp_peer.py with
+    the peer's environment, `make bench-peers`), or None where that is not installed."""
+    if not PEER_PYTHON.exists():
         return None
-    from llama_cpp import Llama
-
-    llm = Llama(str(default_model_path()), n_ctx=2048, n_threads=2, verbose=False)
-    llm.eval(prompt)
-    started = time.perf_counter()
-    for _ in range(steps):
-        token = llm.sample(temp=0.0)
-        llm.eval([token])
-    return steps / (time.perf_counter() - started)
+    job = {"model": str(default_model_path()), "prefill": prefill, "decode_prompt": prompt}
+    job |= {"decode": steps, "threads": 2}
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
+        json.dump(job, file)
+        file.flush()
+        run = subprocess.run(
+            [str(PEER_PYTHON), str(ROOT / "bench" / "llamacpp_peer.py"), file.name],
+            capture_output=True, text=True, timeout=1200,
+        )  # fmt: skip
+    if run.returncode:
+        print(f"llama.cpp peer failed: {run.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(run.stdout.splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     long_prompt = prompt_tokens(adapter, args.prefill)
     short_prompt = long_prompt[: args.decode_prompt]
     variants = ("native", "fp32", "torch", "hf")
+    peer: dict[str, list[float]] = {"prefill_s": [], "decode_tokens_per_s": []}
     figures: dict[str, list[float]] = {key: [] for key in variants}
     rates: dict[str, list[float]] = {key: [] for key in variants}
     with tempfile.TemporaryDirectory() as tmp:
@@ -271,6 +280,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"{figures[name][-1]:6.2f} s   decode {rates[name][-1]:6.1f} tokens/s",
                     flush=True,
                 )
+            llamacpp = llamacpp_peer(long_prompt, short_prompt, args.decode)
+            if llamacpp:
+                for key in peer:
+                    peer[key].append(llamacpp[key])
+                print(
+                    f"round {round_index + 1} llama.cpp prefill {llamacpp['prefill_s']:6.2f} s   "
+                    f"decode {llamacpp['decode_tokens_per_s']:6.1f} tokens/s",
+                    flush=True,
+                )
         torch.set_num_threads(1)
         overheads: dict[int, list[float]] = {1: [], 8: []}
         step_ms: dict[int, list[float]] = {1: [], 8: []}
@@ -284,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         store.close()
     prefill = {name: statistics.median(values) for name, values in figures.items()}
     decode = {name: statistics.median(values) for name, values in rates.items()}
-    llamacpp = llamacpp_decode(short_prompt, args.decode)
+    llamacpp = {key: statistics.median(values) for key, values in peer.items() if values}
     result = {
         "prefill_vs_hf": round(prefill["hf"] / prefill["native"], 2),
         "decode_vs_hf": round(decode["native"] / decode["hf"], 2),
@@ -292,13 +310,18 @@ def main(argv: list[str] | None = None) -> int:
         "decode_vs_torch_path": round(decode["native"] / decode["torch"], 2),
         "prefill_vs_fp32": round(prefill["fp32"] / prefill["native"], 2),
         "decode_vs_fp32": round(decode["native"] / decode["fp32"], 2),
-        "decode_vs_llamacpp": round(decode["native"] / llamacpp, 2) if llamacpp else None,
+        "decode_vs_llamacpp": (
+            round(decode["native"] / llamacpp["decode_tokens_per_s"], 2) if llamacpp else None
+        ),
+        "prefill_vs_llamacpp": (
+            round(llamacpp["prefill_s"] / prefill["native"], 2) if llamacpp else None
+        ),
         "decode_overhead_ms_1": round(statistics.median(overheads[1]), 2),
         "decode_overhead_ms_8": round(statistics.median(overheads[8]), 2),
         "decode_step_ms": {c: round(statistics.median(v), 1) for c, v in step_ms.items()},
         "prefill_s": {name: round(value, 2) for name, value in prefill.items()},
         "decode_tokens_per_s": {name: round(value, 1) for name, value in decode.items()},
-        "llamacpp_decode_tokens_per_s": round(llamacpp, 1) if llamacpp else None,
+        "llamacpp": {key: round(value, 2) for key, value in llamacpp.items()} or None,
         "rss_bytes": psutil.Process().memory_info().rss,
         "prefill_tokens": args.prefill,
         "decode_tokens": args.decode,

@@ -9,8 +9,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MAKEFILE = (ROOT / "Makefile").read_text()
-# bench/gpu_check.py needs a CUDA device: bench/gpu_check.sh runs it on a lent machine
-BY_HAND = {"bench/gpu_check.py"}
+# bench/gpu_check.py needs a CUDA device: bench/gpu_check.sh runs it on a lent machine;
+# bench/llamacpp_peer.py is engine_bench's peer, which it runs in the peer's environment
+BY_HAND = {"bench/gpu_check.py", "bench/llamacpp_peer.py"}
 
 
 def _recipe(target: str) -> str:
