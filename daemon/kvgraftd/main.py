@@ -158,6 +158,9 @@ def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engi
     adapter = compute.run(
         ModelAdapter.load, config.model or None, cache, device=device, products=config.products
     )
+    freed = adapter.release_float_weights()
+    if freed:
+        log.info("the model's float32 weights the kernels do not read freed: %d MiB", freed >> 20)
     geometry = adapter.geometry
     pool = DevicePool(
         config.device_budget_bytes,

@@ -131,6 +131,21 @@ class ModelAdapter:
         log.info("model %s loaded in %.1f s", adapter.name, time.monotonic() - started)
         return adapter
 
+    def release_float_weights(self) -> int:
+        """A daemon's forward on the row-invariant kernels reads the GGUF file's blocks, never
+        the model's float32 copies of them: they are freed (bytes returned; 0 where the
+        model does not run there). Afterwards only the native forward runs this model.
+
+        What the model keeps (the embedding, the norms) is copied out of the converted file's
+        mapping, so the mapping goes too: its pages counted in the daemon's resident memory."""
+        if self.native is None:
+            return 0
+        freed = self.native.release_model_weights()
+        with torch.no_grad():
+            for tensor in [*self.model.parameters(), *self.model.buffers()]:
+                tensor.data = tensor.data.clone()
+        return freed
+
     def with_products(self, products: str) -> ModelAdapter:
         """This model with the row-invariant forward's other products (the same weights,
         packed again): to compare the two, as the tests and bench/quality_bench.py do."""

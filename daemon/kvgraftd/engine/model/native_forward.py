@@ -103,7 +103,8 @@ class _Layer:
 
 
 def _norm(module) -> torch.Tensor:
-    return module.weight.detach().to(torch.float32).contiguous()
+    """A norm's weight, a copy of its own (not a view of the model file's mapping)."""
+    return module.weight.detach().to(torch.float32).clone()
 
 
 class _Weights:
@@ -115,12 +116,15 @@ class _Weights:
         self.gguf = gguf
         self.integer = integer
         self.formats: dict[str, int] = {}
+        self.from_blocks: list = []  # the modules whose product reads the file's blocks
 
     def pack(self, prefix: str, modules: list, names: list[str]) -> PackedWeight:
         names = [f"{prefix}{name}.weight" for name in names]
         packed = self.gguf.packed(names, self.integer) if self.gguf else None
         if packed is None:
             packed = PackedWeight.of(torch.cat([module.weight for module in modules]))
+        else:
+            self.from_blocks += modules
         self.formats[packed.format] = self.formats.get(packed.format, 0) + 1
         return packed
 
@@ -135,7 +139,7 @@ class NativeForward:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         decoder = model.model
         self.embed = decoder.embed_tokens
-        self.inv_freq = decoder.rotary_emb.inv_freq.detach().to(torch.float32)
+        self.inv_freq = decoder.rotary_emb.inv_freq.detach().to(torch.float32).clone()
         self.rope_scaling = float(decoder.rotary_emb.attention_scaling)
         self.norm = _norm(decoder.norm)
         self.eps = float(decoder.norm.variance_epsilon)
@@ -151,8 +155,22 @@ class NativeForward:
         self.native_layers = layer_kernels.Layers.of(self.layers, self.norm, shape)
         # products by weight format, e.g. {"q4_1": 120, "q8_0": 1}: what the kernels stream
         self.weight_formats = dict(sorted(weights.formats.items()))
+        self._from_blocks = weights.from_blocks
         integer = any(format.endswith("_i8") for format in self.weight_formats)
         self.products_profile = INTEGER_PRODUCTS if integer else FLOAT_PRODUCTS
+
+    def release_model_weights(self) -> int:
+        """Frees the model's float32 copies of the weights whose products read the GGUF
+        file's blocks (this forward never reads them again; the embedding, which the lookup
+        reads, is kept); returns the bytes freed. The model's own forward cannot run after."""
+        freed = 0
+        for module in self._from_blocks:
+            weight = module.weight
+            if weight.numel() and weight is not self.embed.weight:
+                freed += weight.numel() * weight.element_size()
+                module.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+        self._from_blocks = []
+        return freed
 
     def forward(
         self,
