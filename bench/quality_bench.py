@@ -24,6 +24,7 @@ continuations_equal_32, prompts, mean_common_prefix.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -82,12 +83,9 @@ def continuation(engine: Engine, prompt: list[int], tokens: int) -> list[int]:
 
 
 def common_prefix(first: list[int], second: list[int]) -> int:
-    length = 0
-    for a, b in zip(first, second, strict=False):
-        if a != b:
-            break
-        length += 1
-    return length
+    """How many leading tokens the two continuations share."""
+    pairs = zip(first, second, strict=False)
+    return sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], pairs))
 
 
 def main(argv: list[str] | None = None) -> int:

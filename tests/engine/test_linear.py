@@ -45,12 +45,16 @@ def test_every_build_gives_the_reference_bits(build: str, rng: random.Random) ->
         assert torch.allclose(expected, x @ weight.T, rtol=1e-4, atol=1e-4)
 
 
-def test_a_row_has_the_same_bits_in_any_batch(rng: random.Random) -> None:
-    """Row i computed alone, or among 1-300 other rows, at any offset: the same bytes."""
+@pytest.mark.parametrize("products", ["fp32", "int8-dot"])
+def test_a_row_has_the_same_bits_in_any_batch(products: str, rng: random.Random) -> None:
+    """Row i computed alone, or among 1-300 other rows, at any offset: the same bytes (the
+    float products over float32 panels, the integer ones over Q4_1 blocks)."""
     k, n = 576, 1536 + 7
     generator = torch.Generator().manual_seed(7)
-    weight = torch.randn(n, k, generator=generator)
-    packed = PackedWeight.of(weight)
+    if products == "fp32":
+        packed = PackedWeight.of(torch.randn(n, k, generator=generator))
+    else:
+        packed = integer_weight("q4_1", n, k, np.random.default_rng(9))
     rows = torch.randn(300, k, generator=generator)
     alone = torch.cat([linear.linear(rows[i : i + 1], packed) for i in range(rows.shape[0])])
     for _ in range(12):
@@ -270,18 +274,6 @@ def test_the_integer_products_are_the_written_sums(rng: random.Random) -> None:
         for build in linear.builds():
             got = linear.linear(torch.from_numpy(x), packed, build=build)
             assert np.array_equal(got.numpy(), expected.astype(np.float32)), (format, build)
-
-
-def test_a_row_of_the_integer_products_has_the_same_bits_in_any_batch(rng) -> None:
-    numbers = np.random.default_rng(9)
-    packed = integer_weight("q4_1", 1536 + 7, 576, numbers)
-    rows = torch.randn(300, 576, generator=torch.Generator().manual_seed(2))
-    alone = torch.cat([linear.linear(rows[i : i + 1], packed) for i in range(rows.shape[0])])
-    for _ in range(12):
-        lo = rng.randrange(rows.shape[0])
-        hi = rng.randint(lo + 1, rows.shape[0])
-        batched = linear.linear(rows[lo:hi], packed, threads=rng.choice([1, 2]))
-        assert torch.equal(batched, alone[lo:hi]), (lo, hi)
 
 
 def test_non_finite_activations_poison_their_rows_as_in_the_portable_build() -> None:
