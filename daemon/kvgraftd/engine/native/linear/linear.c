@@ -131,6 +131,12 @@ static void linear_generic(const float *x, int64_t M, int64_t K, int64_t ldx,
             }
 }
 
+/* `build` as it runs here (KVG_BUILD_BEST resolved), or -1 for a build this CPU lacks. */
+static int runnable(int build) {
+    if (build == KVG_BUILD_BEST) build = best_build();
+    return kvg_linear_builds() & (1 << build) ? build : -1;
+}
+
 /* The integer products' build for `build` (AVX-512 CPUs run the AVX2 one). */
 static void quantize(int build, const float *x, int64_t ldx, int64_t m_begin, int64_t m_end,
                      const struct kvg_qrows *rows) {
@@ -157,8 +163,8 @@ static void integer_product(int build, int format, const struct kvg_qrows *rows,
 
 int kvg_quantize(int build, const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q,
                  float *d, float *s) {
-    if (build == KVG_BUILD_BEST) build = best_build();
-    if (!(kvg_linear_builds() & (1 << build)) || K % QK) return -1;
+    build = runnable(build);
+    if (build < 0 || K % QK) return -1;
     const struct kvg_qrows rows = {q, d, s, M, K};
     quantize(build, x, ldx, 0, M, &rows);
     return 0;
@@ -167,8 +173,8 @@ int kvg_quantize(int build, const float *x, int64_t M, int64_t K, int64_t ldx, i
 int kvg_linear(int build, int format, const float *x, int64_t M, int64_t K, int64_t ldx,
                const void *packed, int64_t N, int64_t p_begin, int64_t p_end, float *y,
                int64_t ldy) {
-    if (build == KVG_BUILD_BEST) build = best_build();
-    if (!(kvg_linear_builds() & (1 << build))) return -1;
+    build = runnable(build);
+    if (build < 0) return -1;
     if (kvg_is_integer(format)) {
         struct kvg_qrows rows;
         if (K % QK || kvg_qrows_take(&rows, M, K)) return -1;
@@ -342,8 +348,8 @@ int kvg_linear_parallel(int build, int format, const float *x, int64_t M, int64_
     }
     /* the integer products: x quantized once (its rows split between the threads), then
      * the panels split as for the float ones */
-    if (build == KVG_BUILD_BEST) build = best_build();
-    if (!(kvg_linear_builds() & (1 << build))) return -1;
+    build = runnable(build);
+    if (build < 0) return -1;
     struct kvg_qrows rows;
     if (K % QK || kvg_qrows_take(&rows, M, K)) return -1;
     const struct product p = {build, format, x, &rows, packed, y, M, K, ldx, N, ldy, panels};
