@@ -27,11 +27,13 @@ setup(
             "kvgraftd.engine.model._attend",
             sources=[
                 f"{ATTEND}/attend.c",
+                f"{ATTEND}/attend_avx2.c",
                 f"{ATTEND}/attend_avx512.c",
                 f"{ATTEND}/attend_limits.c",
             ],
             depends=[
                 f"{ATTEND}/attend_kernel.h",
+                f"{ATTEND}/attend_vectors.h",
                 f"{ATTEND}/attend_limits.h",
                 *SHARED_HEADERS,
             ],

@@ -179,7 +179,7 @@ def test_prefill_rows_attend_in_tiles_with_the_bits_of_decode_steps() -> None:
         rows.partials(blocks(rows, 50, bad))
 
 
-ATTEND_BUILDS = {"generic": 1, "avx512": 3}  # attend.c's kvg_attend_builds bits
+ATTEND_BUILDS = {"generic": 1, "avx2": 2, "avx512": 3}  # attend.c's kvg_attend_builds bits
 
 
 def test_every_build_of_the_kernel_gives_the_portable_bits() -> None:

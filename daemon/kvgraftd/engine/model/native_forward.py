@@ -46,8 +46,8 @@ from kvgraftd.engine.model.linear import PackedWeight
 SUPPORTED_TYPES = frozenset({"llama"})
 # the products as a compute profile names them: float FMA chains (linear.c), or integer dot
 # products over 8-bit activations (linear_int8.c; weights without GGUF blocks keep the chains)
-FLOAT_PRODUCTS = "row-invariant-fma rowwise=1"
-INTEGER_PRODUCTS = "int8-dot/1 row-invariant-fma rowwise=1"
+FLOAT_PRODUCTS = "row-invariant-fma rowwise=2"
+INTEGER_PRODUCTS = "int8-dot/1 row-invariant-fma rowwise=2"
 STATIC_ROPE = frozenset({"default", "linear", "llama3"})  # inv_freq fixed at load
 
 
@@ -252,6 +252,10 @@ class NativeForward:
         geometry = (self.kv_heads, self.heads // self.kv_heads, dim)
         if live is not None:
             live.attend(index, qkv, out, geometry, layer.scaling)
+        if any(not in_live and len(ids) > 1 for (_, ids, _), in_live in zip(parts, one_call)):
+            # a pass of many rows attends on the row threads: the products' workers sleep
+            # meanwhile instead of spinning on the cores those threads need
+            linear.rest()
         start = 0
         for (context, ids, _), in_live in zip(parts, one_call, strict=True):
             size = len(ids)

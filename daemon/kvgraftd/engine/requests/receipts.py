@@ -25,7 +25,7 @@ from kvgraftd.engine.model import decode_attention
 if TYPE_CHECKING:  # the model's module loads transformers; the profile needs only the shape
     from kvgraftd.engine.model.geometry import ModelGeometry
 
-ATTENTION = "kvgraft-blockwise-online-softmax/1"
+ATTENTION = "kvgraft-blockwise-online-softmax/2"
 
 
 def pin_determinism() -> None:
@@ -53,11 +53,6 @@ def cpu_name() -> str:
 _CPU = torch.device("cpu")
 
 
-def _libc() -> str:
-    name, version = platform.libc_ver()
-    return f"{name or 'libc'}-{version or 'unknown'}"
-
-
 def compute_profile(
     page_tokens: int,
     block_tokens: int,
@@ -66,9 +61,9 @@ def compute_profile(
     products: str = "",
 ) -> pb.ComputeProfile:
     """`products`: the row-invariant forward's (kvgraftd.engine.model.native_forward names
-    them), "" on the fixed schedule (torch's). The C library's cosf, sinf and expf (rotary
-    angles, attention's merges) are part of the row-invariant arithmetic: its version is
-    named with them."""
+    them), "" on the fixed schedule (torch's). The row-invariant arithmetic calls no C
+    library's function (its exp, sin and cos are the kernels' own), so the profile names
+    none: a receipt re-checks on any x86-64 Linux with the same names."""
     on_cuda = device.type == "cuda"
     shape = geometry.num_heads, geometry.kv_heads, geometry.head_dim
     decode = "torch" if on_cuda else decode_attention.kernel_for(*shape)  # decoding's last bits
@@ -79,7 +74,7 @@ def compute_profile(
         compute_dtype="float32",
         attention=f"{ATTENTION} block={block_tokens} decode={decode}",
         page_tokens=page_tokens,
-        products=f"{products} libc={_libc()}" if products else "",
+        products=products,
     )
 
 

@@ -1,11 +1,11 @@
 /*
  * kvgraftd's native decode-step attention (loaded with ctypes by
- * kvgraftd.engine.model.decode_attention): the portable build of the kernel, the AVX-512
- * one where the CPU has it, and the merge of per-block partial results. Both give the
- * portable build's bits: the kernel's operations are IEEE adds and multiplies in a written
- * order, compiled without contraction into FMAs (-ffp-contract=off), so the wider vector
- * changes the speed only. (An AVX2 build of the same source ran slower than the portable
- * one here: GCC lowers its 16-float vectors poorly to 8-float registers; bench/README.md.)
+ * kvgraftd.engine.model.decode_attention): the portable build of the kernel, the AVX2 and
+ * AVX-512 ones where the CPU has them, and the merge of per-block partial results. Every
+ * build gives the portable build's bits: the kernel's operations are IEEE operations in a
+ * written order (FMAs where its contract says so, nothing else fused: -ffp-contract=off),
+ * so the wider vector changes the speed only. Its exp is its own (attend_kernel.h's exp8):
+ * the attention's bits depend on no C library.
  *
  * kvg_block_partial: see attend_kernel.h.
  * kvg_blocks_partial(n, q, blocks, checksums, checked, H, R, D, scores, out_max, out_sum,
@@ -17,8 +17,9 @@
  *   does not return 0: its index goes to *failed and its status is returned.
  * kvg_merge(rows, D, max, sum, acc, pmax, psum, pacc): folds one block's
  *   partial into the running state (the online softmax), row by row:
- *   m = max(max, pmax); sum = sum e^(max-m) + psum e^(pmax-m); the same for acc.
- *   A state with max = -inf holds nothing yet.
+ *   m = pmax > max ? pmax : max; o = exp8(max - m) (0 where max = -inf: a state that holds
+ *   nothing yet), p = exp8(pmax - m); sum = sum * o + psum * p, acc = acc * o + pacc * p
+ *   lane by lane (each product and sum rounded once).
  * kvg_merge_blocks(n, rows, D, max, sum, acc, pmax, psum, pacc): kvg_merge of n
  *   partials laid out as kvg_blocks_partial writes them, in index order.
  * kvg_rows_partial(n, q, blocks, first, count, t0, t1, checksums, checked, H, R, D,
@@ -42,10 +43,10 @@
  *   from an empty state, out [H][R][D] = acc / sum. The bits of those calls made one
  *   by one (what the blocks' own path does), without a round trip each. Returns 0, or
  *   the first failing status (KVG_BAD_ARGS; -1 when memory runs out).
- * kvg_kernel_name(): which build kvg_block_partial runs ("avx512", "generic").
- * kvg_attend_builds(): a bit per build this CPU runs (1 << 1 generic, 1 << 3 avx512:
- *   linear_formats.h's numbering); each is exported as kvg_block_partial_NAME and
- *   kvg_tile_partial_NAME.
+ * kvg_kernel_name(): which build the calls run ("avx512", "avx2", "generic").
+ * kvg_attend_builds(): a bit per build this CPU runs (1 << 1 generic, 1 << 2 avx2,
+ *   1 << 3 avx512: linear_formats.h's numbering); each is exported as
+ *   kvg_block_partial_NAME, kvg_tile_partial_NAME and kvg_merge_NAME.
  * kvg_decode_live_rows(n, layer, layers, qkv, qkv_stride, H, R, D, keys, values, head_strides,
  *   positions, rows, block, scaling, out, out_stride): the decode steps of n contexts in one
  *   call. Context i's row of the pass is qkv + rows[i] * qkv_stride: its queries [H][R][D],
@@ -55,12 +56,14 @@
  *   [0, positions[i] + 1) writes its output to out + rows[i] * out_stride: what the
  *   context's own write and kvg_decode_live call would do, context by context.
  */
-#include <stdlib.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "cpu_features.h"
+#define KVG_VECTORS_GENERIC
 #define KVG_SUFFIX generic
 #include "attend_kernel.h"
 #undef KVG_SUFFIX
@@ -71,43 +74,77 @@ typedef int (*block_partial)(const float *, const float *, const float *, int64_
 typedef int (*tile_partial)(const float *, const float *, const float *, int64_t, int32_t,
                             int32_t, int32_t, int32_t, const int32_t *, float *, float *, float *,
                             float *, const uint8_t *);
+typedef void (*merge)(int32_t, int32_t, float *, float *, float *, const float *, const float *,
+                      const float *);
+
+/* the builds for x86-64 (attend_avx2.c, attend_avx512.c) */
+#define KVG_DECLARE_BUILD(suffix)                                                              \
+    int kvg_block_partial_##suffix(const float *, const float *, const float *, int64_t,      \
+                                   int32_t, int32_t, int32_t, int32_t, float *, float *,      \
+                                   float *, float *, const uint8_t *);                        \
+    int kvg_tile_partial_##suffix(const float *, const float *, const float *, int64_t,       \
+                                  int32_t, int32_t, int32_t, int32_t, const int32_t *,        \
+                                  float *, float *, float *, float *, const uint8_t *);       \
+    void kvg_merge_##suffix(int32_t, int32_t, float *, float *, float *, const float *,       \
+                            const float *, const float *);
 #if KVG_X86_BUILDS
-int kvg_block_partial_avx512(const float *, const float *, const float *, int64_t, int32_t,
-                             int32_t, int32_t, int32_t, float *, float *, float *, float *,
-                             const uint8_t *);
-int kvg_tile_partial_avx512(const float *, const float *, const float *, int64_t, int32_t,
-                            int32_t, int32_t, int32_t, const int32_t *, float *, float *,
-                            float *, float *, const uint8_t *);
+KVG_DECLARE_BUILD(avx2)
+KVG_DECLARE_BUILD(avx512)
 #endif
 
+/* attend.c's numbering of builds: linear_formats.h's */
+enum { BUILD_GENERIC = 1, BUILD_AVX2 = 2, BUILD_AVX512 = 3 };
+
 int kvg_attend_builds(void) {
-    return 1 << 1 | (kvg_cpu_has_avx512() ? 1 << 3 : 0);
+    return 1 << BUILD_GENERIC | (kvg_cpu_has_avx2_fma() ? 1 << BUILD_AVX2 : 0) |
+           (kvg_cpu_has_avx512() ? 1 << BUILD_AVX512 : 0);
+}
+
+static int best_build(void) {
+    if (kvg_cpu_has_avx512()) return BUILD_AVX512;
+    if (kvg_cpu_has_avx2_fma()) return BUILD_AVX2;
+    return BUILD_GENERIC;
 }
 
 const char *kvg_kernel_name(void) {
-    return kvg_cpu_has_avx512() ? "avx512" : "generic";
+    switch (best_build()) {
+    case BUILD_AVX512: return "avx512";
+    case BUILD_AVX2: return "avx2";
+    default: return "generic";
+    }
 }
 
-static block_partial best_partial(void) {
+/* The best build's entry points, chosen once. */
+static struct {
+    block_partial partial;
+    tile_partial tile;
+    merge merge;
+} best;
+
+static void choose_best(void) {
+    best.partial = kvg_block_partial_generic;
+    best.tile = kvg_tile_partial_generic;
+    best.merge = kvg_merge_generic;
 #if KVG_X86_BUILDS
-    if (kvg_cpu_has_avx512()) return kvg_block_partial_avx512;
+    if (best_build() == BUILD_AVX512) {
+        best.partial = kvg_block_partial_avx512;
+        best.tile = kvg_tile_partial_avx512;
+        best.merge = kvg_merge_avx512;
+    } else if (best_build() == BUILD_AVX2) {
+        best.partial = kvg_block_partial_avx2;
+        best.tile = kvg_tile_partial_avx2;
+        best.merge = kvg_merge_avx2;
+    }
 #endif
-    return kvg_block_partial_generic;
 }
 
-static tile_partial best_tile(void) {
-#if KVG_X86_BUILDS
-    if (kvg_cpu_has_avx512()) return kvg_tile_partial_avx512;
-#endif
-    return kvg_tile_partial_generic;
-}
+static pthread_once_t chosen = PTHREAD_ONCE_INIT;
 
 int kvg_block_partial(const float *q, const float *k, const float *v, int64_t head_stride,
                       int32_t H, int32_t R, int32_t D, int32_t T, float *scores, float *out_max,
                       float *out_sum, float *out_acc, const uint8_t *expected) {
-    static block_partial best = NULL;
-    if (!best) best = best_partial();
-    return best(q, k, v, head_stride, H, R, D, T, scores, out_max, out_sum, out_acc, expected);
+    pthread_once(&chosen, choose_best);
+    return best.partial(q, k, v, head_stride, H, R, D, T, scores, out_max, out_sum, out_acc, expected);
 }
 
 int kvg_blocks_partial(int32_t n, const float *q, const int64_t *blocks, const uint8_t *checksums,
@@ -134,15 +171,8 @@ int kvg_blocks_partial(int32_t n, const float *q, const int64_t *blocks, const u
 
 void kvg_merge(int32_t rows, int32_t D, float *max, float *sum, float *acc, const float *pmax,
                const float *psum, const float *pacc) {
-    for (int32_t r = 0; r < rows; r++) {
-        float m = pmax[r] > max[r] ? pmax[r] : max[r];
-        float old = max[r] == -INFINITY ? 0.0f : expf(max[r] - m);
-        float new = expf(pmax[r] - m);
-        sum[r] = sum[r] * old + psum[r] * new;
-        for (int32_t d = 0; d < D; d++)
-            acc[(int64_t)r * D + d] = acc[(int64_t)r * D + d] * old + pacc[(int64_t)r * D + d] * new;
-        max[r] = m;
-    }
+    pthread_once(&chosen, choose_best);
+    best.merge(rows, D, max, sum, acc, pmax, psum, pacc);
 }
 
 void kvg_merge_blocks(int32_t n, int32_t rows, int32_t D, float *max, float *sum, float *acc,
@@ -158,8 +188,7 @@ int kvg_rows_partial(int32_t n, const float *q, const int64_t *blocks, int64_t f
                      float *out_max, float *out_sum, float *out_acc, uint8_t *used,
                      int32_t *failed) {
     const int64_t rows = (int64_t)H * R;
-    static tile_partial tiled = NULL;
-    if (!tiled) tiled = best_tile();
+    pthread_once(&chosen, choose_best);
     for (int32_t i = 0; i < n; i++) {
         const int64_t *block = blocks + 5 * (int64_t)i;
         const int64_t tokens = block[3], begin = block[4];
@@ -180,7 +209,7 @@ int kvg_rows_partial(int32_t n, const float *q, const int64_t *blocks, int64_t f
                 used[(int64_t)i * count + tile + g] = 1;
             }
             const int64_t at = (int64_t)i * count + tile;
-            int status = tiled(
+            int status = best.tile(
                 q + (int64_t)tile * rows * D, (const float *)(uintptr_t)block[0],
                 (const float *)(uintptr_t)block[1], block[2], H, R, D, G, Ts, scores,
                 out_max + at * rows, out_sum + at * rows, out_acc + at * rows * D,

@@ -1,19 +1,31 @@
 /*
- * Decode-step attention over one block of keys and values: the kernel, written
- * once and compiled twice (attend.c's portable build, attend_avx512.c), each copy
- * named with KVG_SUFFIX. GCC vector extensions, lowered to
- * the instruction set of the including file; compiled with -ffp-contract=off, so each
- * copy makes the same IEEE operations and gives the same bits. The checksum is xxHash's own XXH3 (the packaged xxhash.h,
- * Debian's libxxhash-dev), inlined into each build (XXH_INLINE_ALL): nothing to link.
+ * Decode-step attention over one block of keys and values: the kernel, written once in
+ * attend_vectors.h's vectors and compiled three times (attend.c's portable build,
+ * attend_avx2.c, attend_avx512.c), each copy named with KVG_SUFFIX. Every float operation
+ * is written (an FMA where the contract says so, compiled with -ffp-contract=off), so each
+ * copy makes the same IEEE operations and gives the same bits. The checksum is xxHash's
+ * own XXH3 (the packaged xxhash.h, Debian's libxxhash-dev), inlined into each build
+ * (XXH_INLINE_ALL): nothing to link.
+ *
+ * The arithmetic (profile "kvgraft-blockwise-online-softmax/2"), for a query row q and the
+ * block's keys k_j and values v_j, j < T, D = 16 L:
+ *   score   a = q[0:16] * k_j[0:16], then a = fma(q[16l:16l+16], k_j[16l:16l+16], a) for
+ *           l = 1 .. L-1; x_i = a_i + a_(i+8); s_j = ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))
+ *   max     m_i = max over j = i mod 8 of s_j in ascending j (running m > s ? m : s, from
+ *           -inf), then m = max of m_0 .. m_7 in that order
+ *   weight  w_j = exp(s_j - m) by exp8 below (FMA steps)
+ *   sum     t_i = sum over j = i mod 8 of w_j in ascending j (from 0), then
+ *           ((t0+t1)+(t2+t3)) + ((t4+t5)+(t6+t7))
+ *   values  acc = 0, then acc = fma(w_j, v_j, acc) for j = 0 .. T-1, lane by lane
  *
  * block_partial(q, k, v, head_stride, H, R, D, T, scores, out_max, out_sum,
  *               out_acc, expected)
  *   q        [H][R][D]  query rows of each KV head, already scaled
  *   k, v     head h, token j at k + h * head_stride + j * D (same for v)
  *   scores   scratch of H * R * T floats
- *   out_max  [H][R]     max_j s_j             with s_j = q . k_j
- *   out_sum  [H][R]     sum_j exp(s_j - max)
- *   out_acc  [H][R][D]  sum_j exp(s_j - max) v_j
+ *   out_max  [H][R]     m
+ *   out_sum  [H][R]     the sum of the weights
+ *   out_acc  [H][R][D]  acc
  *   expected NULL, or the xxh3-128 (canonical, 16 bytes) of the block as one
  *            page: k points at the page, head_stride == T * D and
  *            v == k + H * T * D. The bytes are hashed in the same pass that
@@ -33,6 +45,10 @@
  *   once for every token of the tile, not once a token), and a checked page is hashed in
  *   one pass of its own before it is read.
  *
+ * merge(rows, D, max, sum, acc, pmax, psum, pacc): one block's partial folded into the
+ *   running state, row by row (attend.c's kvg_merge): m = max > pmax ... as written there,
+ *   the two factors by exp8, each product and sum rounded once.
+ *
  * Every sum runs in one fixed order, so the result is a function of the
  * inputs' values alone (not of strides, threads or where the bytes live).
  */
@@ -44,6 +60,7 @@
 #include <xxhash.h>
 
 #include "attend_limits.h"
+#include "attend_vectors.h"
 
 #define KVG_CHUNK_TOKENS 64 /* tokens hashed, then attended, while they are in L1 */
 
@@ -51,165 +68,126 @@
 #define KVG_CAT(a, b) KVG_CAT2(a, b)
 #define KVG_NAME(name) KVG_CAT(name, KVG_SUFFIX)
 
-typedef float v16sf __attribute__((vector_size(64)));
-typedef float v8sf __attribute__((vector_size(32)));
-typedef float v4sf __attribute__((vector_size(16)));
-typedef int32_t v16si __attribute__((vector_size(64)));
-_Static_assert(sizeof(v16sf) == KVG_LANE_FLOATS * sizeof(float), "a lane is a vector of floats");
+_Static_assert(KVG_LANE_FLOATS == 16 && sizeof(v16) == 16 * sizeof(float), "a v16 is 16 floats");
+_Static_assert(KVG_CHUNK_TOKENS % 8 == 0, "scores are made 8 tokens at a time");
 _Static_assert(sizeof(XXH128_canonical_t) == KVG_CHECKSUM_BYTES, "a checksum is an xxh3-128");
 
-static inline v16sf KVG_NAME(load)(const float *p) {
-    v16sf v;
-    memcpy(&v, p, sizeof v);
-    return v;
+/* exp(x) for x <= 0 (scores minus their max), about 1 ulp: x (at least -87, so 2^n stays
+ * normal) = n ln2 + r, n = x log2(e) rounded to nearest (the 1.5 * 2^23 shifter), |r| <=
+ * ln2/2 in two FMA steps, exp(r) by the Cephes polynomial in FMA steps, times 2^n. */
+static inline v8 KVG_NAME(exp8)(v8 x) {
+    x = v8_max(v8_splat(-87.0f), x);
+    const v8 shifter = v8_splat(12582912.0f);
+    const v8 n = v8_sub(v8_fma(x, v8_splat(1.44269504088896341f), shifter), shifter);
+    v8 r = v8_fma(n, v8_splat(-0.693359375f), x);
+    r = v8_fma(n, v8_splat(2.12194440e-4f), r);
+    v8 p = v8_splat(1.9875691500e-4f);
+    p = v8_fma(p, r, v8_splat(1.3981999507e-3f));
+    p = v8_fma(p, r, v8_splat(8.3334519073e-3f));
+    p = v8_fma(p, r, v8_splat(4.1665795894e-2f));
+    p = v8_fma(p, r, v8_splat(1.6666665459e-1f));
+    p = v8_fma(p, r, v8_splat(5.0000001201e-1f));
+    p = v8_add(v8_fma(p, v8_mul(r, r), r), v8_splat(1.0f));
+    return v8_mul(p, v8_pow2(n));
 }
 
-static inline v16sf KVG_NAME(splat)(float x) {
-    return (v16sf){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+/* x of one token's score (the 16-lane FMA chain over the row, folded to 8 lanes) */
+static inline __attribute__((always_inline)) v8 KVG_NAME(dot)(
+    const v16 *q, const float *row, int lanes) {
+    v16 acc = v16_mul(q[0], v16_load(row));
+    for (int l = 1; l < lanes; l++) acc = v16_fma(q[l], v16_load(row + 16 * l), acc);
+    return v16_fold(acc);
 }
 
-static inline float KVG_NAME(sum16)(v16sf v) {
-    v8sf a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-             __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    v4sf b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-    return (b[0] + b[2]) + (b[1] + b[3]);
-}
-
-/* exp(x) for x <= 0 (scores minus their max), about 1 ulp: x = n ln2 + r, |r| <= ln2/2,
- * exp(r) by the Cephes polynomial, 2^n built in the exponent bits. */
-static inline v16sf KVG_NAME(exp16)(v16sf x) {
-    const v16sf lowest = KVG_NAME(splat)(-87.0f); /* 2^n stays a normal float */
-    v16si below = x < lowest;
-    x = (v16sf)((below & (v16si)lowest) | (~below & (v16si)x));
-    const v16sf shifter = KVG_NAME(splat)(12582912.0f); /* 1.5 * 2^23: rounds to nearest */
-    v16sf n = (x * KVG_NAME(splat)(1.44269504088896341f) + shifter) - shifter;
-    v16sf r = x - n * KVG_NAME(splat)(0.693359375f);
-    r = r - n * KVG_NAME(splat)(-2.12194440e-4f);
-    v16sf p = KVG_NAME(splat)(1.9875691500e-4f);
-    p = p * r + KVG_NAME(splat)(1.3981999507e-3f);
-    p = p * r + KVG_NAME(splat)(8.3334519073e-3f);
-    p = p * r + KVG_NAME(splat)(4.1665795894e-2f);
-    p = p * r + KVG_NAME(splat)(1.6666665459e-1f);
-    p = p * r + KVG_NAME(splat)(5.0000001201e-1f);
-    p = p * (r * r) + r + KVG_NAME(splat)(1.0f);
-    v16si bits = (__builtin_convertvector(n, v16si) + 127) << 23;
-    return p * (v16sf)bits;
-}
-
-/* Lanes of a and b summed pairwise, keeping `width` lanes of each: one level of the tree that
- * turns 16 vectors into one vector of their 16 sums. */
-static inline v16sf KVG_NAME(level8)(v16sf a, v16sf b) {
-    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-           __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
-                                   31);
-}
-static inline v16sf KVG_NAME(level4)(v16sf a, v16sf b) {
-    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-           __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
-                                   31);
-}
-static inline v16sf KVG_NAME(level2)(v16sf a, v16sf b) {
-    return __builtin_shufflevector(a, b, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-           __builtin_shufflevector(a, b, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30,
-                                   31);
-}
-static inline v16sf KVG_NAME(level1)(v16sf a, v16sf b) {
-    return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28,
-                                   30) +
-           __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-}
-
-static inline v16sf KVG_NAME(vmax)(v16sf a, v16sf b) {
-    v16si greater = a > b;
-    return (v16sf)((greater & (v16si)a) | (~greater & (v16si)b));
-}
-
-/* scores of tokens [j0, j1) of one head: s[r][j] = q[r] . k_j, and their running max (16
- * lanes; a tail of fewer than 16 tokens is padded with -inf) */
-/* the 16 lanes of q[r] * k_j summed lane-wise over the row: one vector per token */
-static inline __attribute__((always_inline)) v16sf KVG_NAME(dot)(
-    const v16sf *q, const float *row, int lanes) {
-    v16sf acc = q[0] * KVG_NAME(load)(row);
-    for (int l = 1; l < lanes; l++) acc += q[l] * KVG_NAME(load)(row + 16 * l);
-    return acc;
-}
-
-/* scores of 16 tokens from row `first` (rows past `n` repeat the first: their lanes are
- * dropped later), reduced level by level as they are made, so few registers are live */
-static inline __attribute__((always_inline)) v16sf KVG_NAME(scores16)(
-    const v16sf *q, const float *first, int lanes, int D, int n) {
-    v16sf halves[2];
+/* the scores of 8 tokens from row `first` (rows past `n` repeat the first: their lanes are
+ * dropped by the caller), each x summed by the tree as the pairs are made */
+static inline __attribute__((always_inline)) v8 KVG_NAME(scores8)(
+    const v16 *q, const float *first, int lanes, int D, int n) {
+    v8 quads[2];
     for (int half = 0; half < 2; half++) {
-        v16sf quarters[2];
-        for (int quarter = 0; quarter < 2; quarter++) {
-            v16sf pairs[2];
-            for (int pair = 0; pair < 2; pair++) {
-                int t = 8 * half + 4 * quarter + 2 * pair;
-                const float *a = first + (int64_t)(t < n ? t : 0) * D;
-                const float *b = first + (int64_t)(t + 1 < n ? t + 1 : 0) * D;
-                pairs[pair] = KVG_NAME(level8)(KVG_NAME(dot)(q, a, lanes), KVG_NAME(dot)(q, b, lanes));
-            }
-            quarters[quarter] = KVG_NAME(level4)(pairs[0], pairs[1]);
+        v8 pairs[2];
+        for (int pair = 0; pair < 2; pair++) {
+            const int t = 4 * half + 2 * pair;
+            const float *a = first + (int64_t)(t < n ? t : 0) * D;
+            const float *b = first + (int64_t)(t + 1 < n ? t + 1 : 0) * D;
+            pairs[pair] = v8_hadd(KVG_NAME(dot)(q, a, lanes), KVG_NAME(dot)(q, b, lanes));
         }
-        halves[half] = KVG_NAME(level2)(quarters[0], quarters[1]);
+        quads[half] = v8_hadd(pairs[0], pairs[1]);
     }
-    return KVG_NAME(level1)(halves[0], halves[1]);
+    return v8_halves(quads[0], quads[1]);
 }
 
-/* scores of tokens [j0, j1) of one head: s[r][j] = q[r] . k_j, and their running max per
- * lane (a tail of fewer than 16 tokens counts as -inf) */
+/* scores of tokens [j0, j1) of one head (j0 a multiple of 8): s[r][j] = q[r] . k_j, and
+ * their running max per lane (a tail of fewer than 8 tokens counts as -inf) */
 static inline __attribute__((always_inline)) void KVG_NAME(scores)(
-    const v16sf *q, const float *k, int R, int lanes, int D, int j0, int j1, int T,
-    float *scores, v16sf *max) {
+    const v16 *q, const float *k, int R, int lanes, int D, int j0, int j1, int T,
+    float *scores, v8 *max) {
     for (int r = 0; r < R; r++) {
-        for (int j = j0; j < j1; j += 16) {
-            int n = j1 - j < 16 ? j1 - j : 16;
-            v16sf s = KVG_NAME(scores16)(q + r * lanes, k + (int64_t)j * D, lanes, D, n);
-            if (n < 16) {
-                v16si live = (v16si){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} < n;
-                s = (v16sf)((live & (v16si)s) | (~live & (v16si)KVG_NAME(splat)(-INFINITY)));
-                memcpy(scores + (int64_t)r * T + j, &s, (size_t)n * sizeof(float));
+        for (int j = j0; j < j1; j += 8) {
+            const int n = j1 - j < 8 ? j1 - j : 8;
+            const float *first = k + (int64_t)j * D;
+            v8 s = n == 8 ? KVG_NAME(scores8)(q + r * lanes, first, lanes, D, 8)
+                          : KVG_NAME(scores8)(q + r * lanes, first, lanes, D, n);
+            if (n < 8) {
+                float lanes_of[8];
+                v8_store(lanes_of, s);
+                for (int i = n; i < 8; i++) lanes_of[i] = -INFINITY;
+                s = v8_load(lanes_of);
+                memcpy(scores + (int64_t)r * T + j, lanes_of, (size_t)n * sizeof(float));
             } else {
-                memcpy(scores + (int64_t)r * T + j, &s, sizeof s);
+                v8_store(scores + (int64_t)r * T + j, s);
             }
-            max[r] = KVG_NAME(vmax)(max[r], s);
+            max[r] = v8_max(max[r], s);
         }
     }
 }
 
-/* acc[r] += sum over tokens [j0, j1) of w[r][j] v_j, one token after the other */
+/* acc[r] = fma(w[r][j], v_j, acc[r]) for the tokens [j0, j1), one after the other; a row's
+ * accumulators stay in registers while the tokens stream through */
 static inline __attribute__((always_inline)) void KVG_NAME(values)(
-    const float *w, const float *v, int R, int lanes, int D, int j0, int j1, int T, v16sf *acc) {
-    for (int j = j0; j < j1; j++) {
-        v16sf vv[KVG_MAX_LANES];
-        for (int l = 0; l < lanes; l++) vv[l] = KVG_NAME(load)(v + (int64_t)j * D + 16 * l);
-        for (int r = 0; r < R; r++) {
-            v16sf weight = KVG_NAME(splat)(w[(int64_t)r * T + j]);
-            for (int l = 0; l < lanes; l++) acc[r * lanes + l] += weight * vv[l];
+    const float *w, const float *v, int R, int lanes, int D, int j0, int j1, int T, v16 *acc) {
+    for (int r = 0; r < R; r++) {
+        v16 row[KVG_MAX_LANES];
+        for (int l = 0; l < lanes; l++) row[l] = acc[r * lanes + l];
+        for (int j = j0; j < j1; j++) {
+            const v16 weight = v16_splat(w[(int64_t)r * T + j]);
+            for (int l = 0; l < lanes; l++)
+                row[l] = v16_fma(weight, v16_load(v + (int64_t)j * D + 16 * l), row[l]);
         }
+        for (int l = 0; l < lanes; l++) acc[r * lanes + l] = row[l];
     }
 }
 
-/* weights in place of the scores, and their sums (16 lanes, then one fixed tree) */
+/* the lanes of the running max, folded in lane order */
+static inline float KVG_NAME(lanes_max)(v8 lane_max) {
+    float lanes[8], m = -INFINITY;
+    v8_store(lanes, lane_max);
+    for (int i = 0; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
+    return m;
+}
+
+/* weights in place of the scores, and their sum (8 lanes, then one fixed tree) */
 static inline __attribute__((always_inline)) void KVG_NAME(weights)(
     float *s, int T, float max, float *sum) {
-    v16sf total = KVG_NAME(splat)(0.0f), top = KVG_NAME(splat)(max);
+    v8 total = v8_splat(0.0f);
+    const v8 top = v8_splat(max);
     int j = 0;
-    for (; j + 16 <= T; j += 16) {
-        v16sf w = KVG_NAME(exp16)(KVG_NAME(load)(s + j) - top);
-        memcpy(s + j, &w, sizeof w);
-        total += w;
+    for (; j + 8 <= T; j += 8) {
+        const v8 w = KVG_NAME(exp8)(v8_sub(v8_load(s + j), top));
+        v8_store(s + j, w);
+        total = v8_add(total, w);
     }
     if (j < T) { /* the tail, padded with weights of 0 */
-        v16sf tail = KVG_NAME(splat)(-INFINITY);
-        memcpy(&tail, s + j, (size_t)(T - j) * sizeof(float));
-        v16sf w = KVG_NAME(exp16)(tail - top);
-        v16si live = (v16si){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} < (T - j);
-        w = (v16sf)((v16si)w & live);
-        memcpy(s + j, &w, (size_t)(T - j) * sizeof(float));
-        total += w;
+        float lanes[8];
+        for (int i = 0; i < 8; i++) lanes[i] = j + i < T ? s[j + i] : max;
+        v8_store(lanes, KVG_NAME(exp8)(v8_sub(v8_load(lanes), top)));
+        for (int i = T - j; i < 8; i++) lanes[i] = 0.0f;
+        memcpy(s + j, lanes, (size_t)(T - j) * sizeof(float));
+        total = v8_add(total, v8_load(lanes));
     }
-    *sum = KVG_NAME(sum16)(total);
+    float t[8];
+    v8_store(t, total);
+    *sum = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
 }
 
 static inline __attribute__((always_inline)) int KVG_NAME(partial_shaped)(
@@ -220,29 +198,25 @@ static inline __attribute__((always_inline)) int KVG_NAME(partial_shaped)(
     XXH3_state_t state;
     if (expected) XXH3_128bits_reset(&state);
     for (int h = 0; h < H; h++) { /* K of every head, in page order */
-        v16sf qv[KVG_MAX_ROWS * KVG_MAX_LANES];
-        for (int i = 0; i < R * lanes; i++) qv[i] = KVG_NAME(load)(q + ((int64_t)h * R * D) + 16 * i);
+        v16 qv[KVG_MAX_ROWS * KVG_MAX_LANES];
+        for (int i = 0; i < R * lanes; i++) qv[i] = v16_load(q + ((int64_t)h * R * D) + 16 * i);
         const float *kh = k + h * head_stride;
         float *sh = scores + (int64_t)h * R * T, *max = out_max + h * R;
-        v16sf lane_max[KVG_MAX_ROWS];
-        for (int r = 0; r < R; r++) lane_max[r] = KVG_NAME(splat)(-INFINITY);
+        v8 lane_max[KVG_MAX_ROWS];
+        for (int r = 0; r < R; r++) lane_max[r] = v8_splat(-INFINITY);
         for (int j0 = 0; j0 < T; j0 += KVG_CHUNK_TOKENS) {
             int j1 = j0 + KVG_CHUNK_TOKENS < T ? j0 + KVG_CHUNK_TOKENS : T;
             if (expected)
                 XXH3_128bits_update(&state, kh + (int64_t)j0 * D, (size_t)(j1 - j0) * D * 4);
             KVG_NAME(scores)(qv, kh, R, lanes, D, j0, j1, T, sh, lane_max);
         }
-        for (int r = 0; r < R; r++) {
-            float m = -INFINITY;
-            for (int i = 0; i < 16; i++) m = lane_max[r][i] > m ? lane_max[r][i] : m;
-            max[r] = m;
-        }
+        for (int r = 0; r < R; r++) max[r] = KVG_NAME(lanes_max)(lane_max[r]);
         for (int r = 0; r < R; r++)
             KVG_NAME(weights)(sh + (int64_t)r * T, T, max[r], out_sum + h * R + r);
     }
     for (int h = 0; h < H; h++) { /* then V of every head */
-        v16sf acc[KVG_MAX_ROWS * KVG_MAX_LANES];
-        for (int i = 0; i < R * lanes; i++) acc[i] = KVG_NAME(splat)(0.0f);
+        v16 acc[KVG_MAX_ROWS * KVG_MAX_LANES];
+        for (int i = 0; i < R * lanes; i++) acc[i] = v16_splat(0.0f);
         const float *vh = v + h * head_stride;
         for (int j0 = 0; j0 < T; j0 += KVG_CHUNK_TOKENS) {
             int j1 = j0 + KVG_CHUNK_TOKENS < T ? j0 + KVG_CHUNK_TOKENS : T;
@@ -250,7 +224,7 @@ static inline __attribute__((always_inline)) int KVG_NAME(partial_shaped)(
                 XXH3_128bits_update(&state, vh + (int64_t)j0 * D, (size_t)(j1 - j0) * D * 4);
             KVG_NAME(values)(scores + (int64_t)h * R * T, vh, R, lanes, D, j0, j1, T, acc);
         }
-        memcpy(out_acc + (int64_t)h * R * D, acc, (size_t)R * D * sizeof(float));
+        for (int i = 0; i < R * lanes; i++) v16_store(out_acc + (int64_t)h * R * D + 16 * i, acc[i]);
     }
     if (expected) {
         XXH128_canonical_t canonical;
@@ -289,15 +263,15 @@ static inline __attribute__((always_inline)) void KVG_NAME(tile_shaped)(
     const int64_t rows = (int64_t)H * R;
     for (int h = 0; h < H; h++) {
         const float *kh = k + h * head_stride, *vh = v + h * head_stride;
-        v16sf lane_max[KVG_TILE_TOKENS * KVG_MAX_ROWS];
-        for (int i = 0; i < G * R; i++) lane_max[i] = KVG_NAME(splat)(-INFINITY);
+        v8 lane_max[KVG_TILE_TOKENS * KVG_MAX_ROWS];
+        for (int i = 0; i < G * R; i++) lane_max[i] = v8_splat(-INFINITY);
         for (int j0 = 0; j0 < most; j0 += KVG_CHUNK_TOKENS) { /* the scores, chunk by chunk */
             const int j1 = j0 + KVG_CHUNK_TOKENS < most ? j0 + KVG_CHUNK_TOKENS : most;
             for (int g = 0; g < G; g++) {
                 if (Ts[g] <= j0) continue;
-                v16sf qv[KVG_MAX_ROWS * KVG_MAX_LANES];
+                v16 qv[KVG_MAX_ROWS * KVG_MAX_LANES];
                 const float *qg = q + g * rows * D + (int64_t)h * R * D;
-                for (int i = 0; i < R * lanes; i++) qv[i] = KVG_NAME(load)(qg + 16 * i);
+                for (int i = 0; i < R * lanes; i++) qv[i] = v16_load(qg + 16 * i);
                 KVG_NAME(scores)(qv, kh, R, lanes, D, j0, j1 < Ts[g] ? j1 : Ts[g], Ts[g],
                                  scores + (int64_t)g * R * most, lane_max + g * R);
             }
@@ -305,8 +279,7 @@ static inline __attribute__((always_inline)) void KVG_NAME(tile_shaped)(
         for (int g = 0; g < G; g++) { /* the weights, row by row */
             float *max = out_max + g * rows + h * R, *sum = out_sum + g * rows + h * R;
             for (int r = 0; r < R; r++) {
-                float m = -INFINITY;
-                for (int i = 0; i < 16; i++) m = lane_max[g * R + r][i] > m ? lane_max[g * R + r][i] : m;
+                const float m = KVG_NAME(lanes_max)(lane_max[g * R + r]);
                 max[r] = m;
                 KVG_NAME(weights)(scores + (int64_t)g * R * most + (int64_t)r * Ts[g], Ts[g], m, sum + r);
             }
@@ -318,7 +291,7 @@ static inline __attribute__((always_inline)) void KVG_NAME(tile_shaped)(
             for (int g = 0; g < G; g++) {
                 if (Ts[g] <= j0) continue;
                 float *acc_g = out_acc + (g * rows + (int64_t)h * R) * D;
-                v16sf acc[KVG_MAX_ROWS * KVG_MAX_LANES];
+                v16 acc[KVG_MAX_ROWS * KVG_MAX_LANES];
                 memcpy(acc, acc_g, sizeof(float) * (size_t)(R * D));
                 KVG_NAME(values)(scores + (int64_t)g * R * most, vh, R, lanes, D, j0,
                                  j1 < Ts[g] ? j1 : Ts[g], Ts[g], acc);
@@ -358,4 +331,33 @@ int KVG_CAT(kvg_tile_partial, KVG_SUFFIX)(
         KVG_NAME(tile_shaped)(q, k, v, head_stride, H, R, D, G, Ts, most, scores, out_max,
                               out_sum, out_acc);
     return 0;
+}
+
+void KVG_CAT(kvg_merge, KVG_SUFFIX)(int32_t rows, int32_t D, float *max, float *sum, float *acc,
+                                    const float *pmax, const float *psum, const float *pacc) {
+    for (int32_t r0 = 0; r0 < rows; r0 += 8) { /* the factors of 8 rows at a time */
+        const int n = rows - r0 < 8 ? rows - r0 : 8;
+        float top[8], to_old[8] = {0}, to_new[8] = {0}, old[8], new[8];
+        for (int i = 0; i < n; i++) {
+            const float had = max[r0 + i], got = pmax[r0 + i];
+            top[i] = got > had ? got : had;
+            to_old[i] = had == -INFINITY ? 0.0f : had - top[i];
+            to_new[i] = got - top[i];
+        }
+        v8_store(old, KVG_NAME(exp8)(v8_load(to_old)));
+        v8_store(new, KVG_NAME(exp8)(v8_load(to_new)));
+        for (int i = 0; i < n; i++) {
+            const int64_t r = r0 + i;
+            if (max[r] == -INFINITY) old[i] = 0.0f; /* an empty state holds nothing */
+            sum[r] = sum[r] * old[i] + psum[r] * new[i];
+            const v16 o = v16_splat(old[i]), w = v16_splat(new[i]);
+            int32_t d = 0;
+            for (; d + 16 <= D; d += 16) {
+                float *a = acc + r * D + d;
+                v16_store(a, v16_add(v16_mul(v16_load(a), o), v16_mul(v16_load(pacc + r * D + d), w)));
+            }
+            for (; d < D; d++) acc[r * D + d] = acc[r * D + d] * old[i] + pacc[r * D + d] * new[i];
+            max[r] = top[i];
+        }
+    }
 }

@@ -13,7 +13,8 @@
  *   ss the sum of squares in 16 interleaved partial sums (element i into sum i % 16,
  *   ascending i), folded pairwise (sum j + sum j + w, for w = 8, 4, 2, 1).
  * kvg_rope_table(positions, rows, inv_freq, half, scaling, cos, sin): [rows][half] of
- *   cosf(angle) * scaling and sinf(angle) * scaling, angle = inv_freq[i] * (float)position.
+ *   cos(angle) * scaling and sin(angle) * scaling, angle = inv_freq[i] * (float)position,
+ *   cos and sin this file's own (rotary_cos_sin: no C library's), within 1 ulp.
  * kvg_rope(x, rows, row_stride, heads, dim, cos, sin): each of the first `heads` heads
  *   (dim floats each) of each row, rotated in place: for i < dim/2, with a = x[i],
  *   b = x[i + dim/2]: x[i] = a c - b s, x[i + dim/2] = b c + a s.
@@ -54,13 +55,45 @@ void kvg_add_rmsnorm(float *hidden, const float *delta, const float *weight, int
     }
 }
 
+/* cos and sin of a float angle, each rounded once from double (IEEE double operations in
+ * a written order; nothing fused): the angle less n pi/2 (n the nearest integer to angle *
+ * 2/pi, by the 1.5 * 2^52 shifter; pi/2 as a 25-bit head, so n * head is exact for |n| <
+ * 2^28, and a 53-bit tail), then on [-pi/4, pi/4] sin(y) ~ y + y^3 (S1 + y^2 S2) + y^7 (S3 +
+ * y^2 S4) and cos(y) ~ ((1 + y^2 C0) + y^4 C1) + y^6 (C2 + y^2 C3): the minimax polynomials
+ * of FreeBSD's and musl's float kernels (errors below 2^-37.5 and 2^-34.1), the quadrant
+ * n mod 4 choosing which and its sign. Angles past 2^28 pi/2 (a position past ~4e8) are
+ * reduced the same way: deterministic, less accurate. */
+static void rotary_cos_sin(float angle, float *cos_out, float *sin_out) {
+    static const double two_over_pi = 6.36619772367581382433e-01;
+    static const double pio2_head = 1.57079631090164184570e+00; /* 25 significant bits */
+    static const double pio2_tail = 1.58932547735281966916e-08;
+    static const double shifter = 6755399441055744.0; /* 1.5 * 2^52 */
+    static const double S1 = -0.166666666416265235595, S2 = 0.0083333293858894631756,
+                        S3 = -0.000198393348360966317347, S4 = 0.0000027183114939898219064;
+    static const double C0 = -0.499999997251031003120, C1 = 0.0416666233237390631894,
+                        C2 = -0.00138867637746099294692, C3 = 0.0000243904487962774090654;
+    const double x = angle;
+    const double n = (x * two_over_pi + shifter) - shifter;
+    const double y = (x - n * pio2_head) - n * pio2_tail;
+    const double z = y * y, w = z * z;
+    const double sin_y = (y + (z * y) * (S1 + z * S2)) + ((z * y) * w) * (S3 + z * S4);
+    const double cos_y = ((1.0 + z * C0) + w * C1) + (w * z) * (C2 + z * C3);
+    switch ((int64_t)n & 3) {
+    case 0: *cos_out = (float)cos_y, *sin_out = (float)sin_y; break;
+    case 1: *cos_out = (float)-sin_y, *sin_out = (float)cos_y; break;
+    case 2: *cos_out = (float)-cos_y, *sin_out = (float)-sin_y; break;
+    default: *cos_out = (float)sin_y, *sin_out = (float)-cos_y; break;
+    }
+}
+
 void kvg_rope_table(const int64_t *positions, int64_t rows, const float *inv_freq, int64_t half,
                     float scaling, float *cos_out, float *sin_out) {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t i = 0; i < half; i++) {
-            const float angle = inv_freq[i] * (float)positions[r];
-            cos_out[r * half + i] = cosf(angle) * scaling;
-            sin_out[r * half + i] = sinf(angle) * scaling;
+            float c, s;
+            rotary_cos_sin(inv_freq[i] * (float)positions[r], &c, &s);
+            cos_out[r * half + i] = c * scaling;
+            sin_out[r * half + i] = s * scaling;
         }
 }
 
