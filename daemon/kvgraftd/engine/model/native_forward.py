@@ -252,7 +252,8 @@ class NativeForward:
         geometry = (self.kv_heads, self.heads // self.kv_heads, dim)
         if live is not None:
             live.attend(index, qkv, out, geometry, layer.scaling)
-        if any(not in_live and len(ids) > 1 for (_, ids, _), in_live in zip(parts, one_call)):
+        pairs = zip(parts, one_call, strict=True)
+        if any(not in_live and len(ids) > 1 for (_, ids, _), in_live in pairs):
             # a pass of many rows attends on the row threads: the products' workers sleep
             # meanwhile instead of spinning on the cores those threads need
             linear.rest()
