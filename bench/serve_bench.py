@@ -14,6 +14,10 @@ prompts batched (its KV cache, SDPA; the prompts are the same length, so no padd
 Every receipt and token list is checked against the same request run alone on the
 batching daemon (a fast wrong answer is not a result).
 
+The batching daemon's resident memory (VmRSS of its process) is reported twice: idle, once
+its model is ready, and after one Generate of a 4,032-token prompt and 64 new tokens
+(4,096 positions) at the end.
+
 What bounds the aggregate: a step reads every weight once for all its rows (about
 110 MB of GGUF blocks), so rows come nearly free until the products' FLOPs (about 0.27
 GFLOP a row) and attention over each context's own KV take over; the interpreter's
@@ -21,7 +25,8 @@ work per step and per context is the rest.
 
 Run: .venv/bin/python bench/serve_bench.py [--clients 1,2,4,8,16] [--plot bench/serve_bench.png]
 Last stdout line: one JSON object with aggregate_vs_single_8, aggregate_vs_serial_8,
-aggregate_vs_hf_batched_8, p99_itl_ms_8, receipts_equal and the raw figures.
+aggregate_vs_hf_batched_8, p99_itl_ms_8, receipts_equal, rss_idle_bytes,
+rss_after_4096_bytes and the raw figures.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 from kvgraft import Client
 from kvgraftd.testing.daemon_process import DaemonProcess, wait_model_ready
 
@@ -44,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL_CACHE = ROOT / ".cache" / "models"
 PROMPT_TOKENS = 200
 NEW_TOKENS = 64
+LONG_POSITIONS = 4096  # the generate after which the daemon's memory is taken
 VOCAB = range(100, 40000)
 
 
@@ -172,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = args.daemon_args.split()
     batched = daemon(work, "batched", extra)
     try:
+        resident = psutil.Process(batched.proc.pid)
+        rss = {"idle": resident.memory_info().rss}
         alone = [run_clients(batched.address, [p])[0] for p in prompts]  # also warms up
         for count in counts:
             results = run_clients(batched.address, prompts[:count])
@@ -180,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
                 receipts_equal &= same
             rows["batched"][count] = figures(results)
             print(f"batched {count:>3} clients: {rows['batched'][count]}", flush=True)
+        long_prompt = [rng.choice(VOCAB) for _ in range(LONG_POSITIONS - NEW_TOKENS)]
+        run_clients(batched.address, [long_prompt])
+        rss["after_4096"] = resident.memory_info().rss
+        print(f"daemon resident: {rss['idle'] >> 20} MiB idle, {rss['after_4096'] >> 20} MiB "
+              f"after a {LONG_POSITIONS}-position generate", flush=True)  # fmt: skip
     finally:
         batched.stop()
     serial = daemon(work, "serial", [*extra, "--max-batch-rows", "1"])
@@ -206,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         f"aggregate_vs_hf_batched_{eight}": round(b[eight]["tokens_per_s"] / hf, 2),
         f"p99_itl_ms_{eight}": round(b[eight]["itl_p99_ms"], 1),
         "receipts_equal": receipts_equal,
+        "rss_idle_bytes": rss["idle"],
+        "rss_after_4096_bytes": rss["after_4096"],
         "hf_batched_tokens_per_s": round(hf, 1),
         "batched": {c: {k: round(v, 1) for k, v in f.items()} for c, f in b.items()},
         "serial": {c: {k: round(v, 1) for k, v in f.items()} for c, f in s.items()},

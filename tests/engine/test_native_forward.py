@@ -213,6 +213,20 @@ def test_the_integer_products_stream_the_same_blocks(real_model) -> None:
     assert real_model.products.startswith(native_forward.INTEGER_PRODUCTS)
 
 
+def test_the_embedding_is_read_from_the_tied_output_blocks(real_model) -> None:
+    """The default model's embedding is its output product's (tied, Q8_0 blocks): a lookup
+    from the blocks gives the model's float32 rows bit for bit, so a daemon frees the table;
+    an id outside the vocabulary is refused, not read."""
+    native = real_model.native
+    blocks = native._embedding_blocks
+    assert blocks is native.logits and blocks.format == "q8_0_i8"
+    table = real_model.model.model.embed_tokens.weight
+    ids = torch.tensor([0, 1, 2, 17, 4095, table.shape[0] - 1, 17])
+    assert torch.equal(native._embedding(ids.tolist()), table[ids])
+    with pytest.raises(ValueError, match="outside"):
+        blocks.rows(torch.tensor([table.shape[0]]))
+
+
 def test_a_gguf_tensor_unequal_to_the_models_weight_is_not_used(real_model) -> None:
     """Only blocks proven equal to the model's weights replace them: one changed float and
     the product keeps the float32 weights."""

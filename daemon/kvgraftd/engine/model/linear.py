@@ -87,6 +87,8 @@ def _load() -> ctypes.CDLL | None:
     library.kvg_quant_pack.restype = ctypes.c_int
     library.kvg_quant_unpack.argtypes = [ctypes.c_int, _PTR, _I64, _I64, _PTR]
     library.kvg_quant_unpack.restype = None
+    library.kvg_quant_rows.argtypes = [ctypes.c_int, _PTR, _I64, _PTR, _I64, _PTR]
+    library.kvg_quant_rows.restype = None
     # build, x, M, K, ldx, q, d, s
     library.kvg_quantize.argtypes = [ctypes.c_int, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR]
     library.kvg_quantize.restype = ctypes.c_int
@@ -223,6 +225,21 @@ class PackedWeight:
         _library.kvg_quant_unpack(
             FORMATS[self.format], self.data.data_ptr(), self.n, self.k, out.data_ptr()
         )
+        return out
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of `unpacked()` ([len(ids), K]) without unpacking the rest: an embedding
+        lookup where this is a tied embedding's blocks."""
+        if self.format == "f32":
+            raise ValueError("rows() reads GGUF blocks; an f32 weight has none")
+        ids = ids.to(torch.int64).contiguous()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.n):
+            raise ValueError(f"a row id is outside 0..{self.n - 1}")
+        out = torch.empty(ids.numel(), self.k, dtype=torch.float32)
+        _library.kvg_quant_rows(
+            FORMATS[self.format], self.data.data_ptr(), self.k, ids.data_ptr(), ids.numel(),
+            out.data_ptr(),
+        )  # fmt: skip
         return out
 
 

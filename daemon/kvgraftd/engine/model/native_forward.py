@@ -147,6 +147,10 @@ class NativeForward:
         weights = _Weights(gguf, products == "int8-dot")
         self.layers = [_Layer(index, layer, weights) for index, layer in enumerate(decoder.layers)]
         self.logits = weights.pack("", [model.lm_head], ["lm_head"])
+        # a tied embedding read from the output product's blocks: the same floats (proven
+        # equal with them), so the float32 table need not stay (release_model_weights)
+        tied = model.lm_head.weight.data_ptr() == self.embed.weight.data_ptr()
+        self._embedding_blocks = self.logits if tied and self.logits.format != "f32" else None
         first = self.layers[0]
         shape = {
             "heads": self.heads, "kv_heads": self.kv_heads, "dim": self.head_dim,
@@ -161,16 +165,25 @@ class NativeForward:
 
     def release_model_weights(self) -> int:
         """Frees the model's float32 copies of the weights whose products read the GGUF
-        file's blocks (this forward never reads them again; the embedding, which the lookup
-        reads, is kept); returns the bytes freed. The model's own forward cannot run after."""
-        freed = 0
-        for module in self._from_blocks:
+        file's blocks (this forward never reads them again; the embedding too where the
+        lookup reads the tied output product's blocks, else it is kept); returns the bytes
+        freed. The model's own forward cannot run after."""
+        keep = None if self._embedding_blocks is not None else self.embed.weight
+        freed: dict[int, int] = {}
+        for module in [*self._from_blocks, self.embed]:
             weight = module.weight
-            if weight.numel() and weight is not self.embed.weight:
-                freed += weight.numel() * weight.element_size()
+            if weight.numel() and weight is not keep:
+                freed[weight.data_ptr()] = weight.numel() * weight.element_size()
                 module.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
         self._from_blocks = []
-        return freed
+        return sum(freed.values())
+
+    def _embedding(self, ids: list[int]) -> torch.Tensor:
+        """The input rows of `ids`: [rows, hidden]."""
+        at = torch.tensor(ids, dtype=torch.long)
+        if self._embedding_blocks is not None:
+            return self._embedding_blocks.rows(at)
+        return self.embed(at).contiguous()
 
     def forward(
         self,
@@ -205,7 +218,7 @@ class NativeForward:
         sizes = [len(ids) for _, ids, _ in parts]
         ids = [token for _, part_ids, _ in parts for token in part_ids]
         positions = [p for _, part_ids, start in parts for p in range(start, start + len(part_ids))]
-        hidden = self.embed(torch.tensor(ids, dtype=torch.long)).contiguous()  # [rows, hidden]
+        hidden = self._embedding(ids)
         table = rowwise.RopeTable.of(positions, self.inv_freq, self.rope_scaling)
         contexts = [context for context, _, _ in parts]
         one_call = [c.decodes_in_one_call(size) for c, size in zip(contexts, sizes, strict=True)]

@@ -10,6 +10,9 @@
  *   apart. Returns 0, or -1 when K is not a multiple of 32 or the format is unknown.
  * kvg_quant_unpack(format, packed, N, K, W): W [N x K] as float32, each weight the
  *   float the kernels compute (the engine checks them against the model's own).
+ * kvg_quant_rows(format, packed, K, rows, count, out): out [count x K] = the rows
+ *   rows[0..count) of that W (an embedding lookup from the blocks of a tied output
+ *   product); the caller checks each is below N.
  * kvg_linear_quant_generic(...): the contract of linear.c as a plain fmaf loop over
  *   weights dequantized one at a time.
  */
@@ -100,6 +103,12 @@ static float packed_weight(int format, const uint8_t *packed, int64_t K, int64_t
 void kvg_quant_unpack(int format, const uint8_t *packed, int64_t N, int64_t K, float *W) {
     for (int64_t n = 0; n < N; n++)
         for (int64_t k = 0; k < K; k++) W[n * K + k] = packed_weight(format, packed, K, n, k);
+}
+
+void kvg_quant_rows(int format, const uint8_t *packed, int64_t K, const int64_t *rows,
+                    int64_t count, float *out) {
+    for (int64_t c = 0; c < count; c++)
+        for (int64_t k = 0; k < K; k++) out[c * K + k] = packed_weight(format, packed, K, rows[c], k);
 }
 
 void kvg_linear_quant_generic(int format, const float *x, int64_t M, int64_t K, int64_t ldx,
