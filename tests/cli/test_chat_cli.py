@@ -24,7 +24,8 @@ from kvgraft.results import Sampling, TokenLogprob
 from kvgraft.sampling import as_float32
 from kvgraftd.testing.daemon_process import DaemonProcess, wait_model_ready
 
-COUNTING = "Count from 1 to 10, separated by commas."
+# a prompt the default model answers with the count and its end of turn, in both products
+COUNTING = "List the numbers 1 to 10, separated by commas."
 SEEDED = ["--temperature", "0.8", "--top-p", "0.9", "--top-k", "40"]
 HASHES = ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256")
 
