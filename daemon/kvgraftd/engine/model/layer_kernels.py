@@ -46,7 +46,7 @@ def _load() -> tuple[ctypes.CDLL, ctypes.CDLL, int] | None:
     products.kvg_decode_layers.argtypes = [_P, _I32, _P, _P, _F, _P, _P, _P, _P, _P, _P]
     products.kvg_decode_layers.restype = ctypes.c_int
     attend.kvg_decode_live_rows.argtypes = [_I32] * 3 + [_P, _I64] + [_I32] * 3 + [_P] * 5
-    attend.kvg_decode_live_rows.argtypes += [_I64, _F, _P, _I64]
+    attend.kvg_decode_live_rows.argtypes += [_I64, _F, _P, _I64, _I32, _I32]
     attend.kvg_decode_live_rows.restype = ctypes.c_int
     # kvg_decode_layers calls the attention library's step by address
     return products, attend, ctypes.cast(attend.kvg_decode_live_rows, _P).value
@@ -96,7 +96,7 @@ class LiveRows:
         kv_heads, group, dim = geometry
         status = _libraries[1].kvg_decode_live_rows(
             self.count, layer, self.layers, qkv.data_ptr(), qkv.shape[1], kv_heads, group, dim,
-            *self.addresses, self.block, scaling, out.data_ptr(), out.shape[1],
+            *self.addresses, self.block, scaling, out.data_ptr(), out.shape[1], 0, kv_heads,
         )  # fmt: skip
         _check(status, "decode attention")
 

@@ -48,12 +48,14 @@
  *   1 << 3 avx512: linear_formats.h's numbering); each is exported as
  *   kvg_block_partial_NAME, kvg_tile_partial_NAME and kvg_merge_NAME.
  * kvg_decode_live_rows(n, layer, layers, qkv, qkv_stride, H, R, D, keys, values, head_strides,
- *   positions, rows, block, scaling, out, out_stride): the decode steps of n contexts in one
- *   call. Context i's row of the pass is qkv + rows[i] * qkv_stride: its queries [H][R][D],
- *   then its keys [H][D] and values [H][D] (H the KV heads). Its K and V go to position
- *   positions[i] of its live buffers, keys[i * layers + layer] and values[...] (head h,
- *   position j at + h * head_strides[i] + j * D), then kvg_decode_live over positions
- *   [0, positions[i] + 1) writes its output to out + rows[i] * out_stride: what the
+ *   positions, rows, block, scaling, out, out_stride, h0, h1): the decode steps of n contexts
+ *   in one call, for the KV heads [h0, h1) of each (0 <= h0 < h1 <= H; the heads are
+ *   independent, so calls for other heads may run at once). Context i's row of the pass is
+ *   qkv + rows[i] * qkv_stride: its queries [H][R][D], then its keys [H][D] and values
+ *   [H][D] (H the KV heads). The heads' K and V go to position positions[i] of its live
+ *   buffers, keys[i * layers + layer] and values[...] (head h, position j at
+ *   + h * head_strides[i] + j * D), then kvg_decode_live of those heads over positions
+ *   [0, positions[i] + 1) writes their output to out + rows[i] * out_stride: what the
  *   context's own write and kvg_decode_live call would do, context by context.
  */
 #include <math.h>
@@ -270,19 +272,21 @@ int kvg_decode_live_rows(int32_t n, int32_t layer, int32_t layers, const float *
                          int64_t qkv_stride, int32_t H, int32_t R, int32_t D, const int64_t *keys,
                          const int64_t *values, const int64_t *head_strides,
                          const int64_t *positions, const int64_t *rows, int64_t block,
-                         float scaling, float *out, int64_t out_stride) {
+                         float scaling, float *out, int64_t out_stride, int32_t h0, int32_t h1) {
+    if (h0 < 0 || h1 > H || h0 >= h1) return KVG_BAD_ARGS;
     int status = 0;
     for (int32_t i = 0; i < n && !status; i++) {
         const float *q = qkv + rows[i] * qkv_stride, *k = q + (int64_t)H * R * D, *v = k + H * D;
         float *K = (float *)(intptr_t)keys[(int64_t)i * layers + layer];
         float *V = (float *)(intptr_t)values[(int64_t)i * layers + layer];
-        const int64_t at = positions[i] * D;
-        for (int32_t h = 0; h < H; h++) {
-            memcpy(K + h * head_strides[i] + at, k + h * D, sizeof(float) * (size_t)D);
-            memcpy(V + h * head_strides[i] + at, v + h * D, sizeof(float) * (size_t)D);
+        const int64_t at = positions[i] * D, stride = head_strides[i];
+        for (int32_t h = h0; h < h1; h++) {
+            memcpy(K + h * stride + at, k + h * D, sizeof(float) * (size_t)D);
+            memcpy(V + h * stride + at, v + h * D, sizeof(float) * (size_t)D);
         }
-        status = kvg_decode_live(q, K, V, head_strides[i], H, R, D, positions[i] + 1, block,
-                                 scaling, out + rows[i] * out_stride);
+        status = kvg_decode_live(q + (int64_t)h0 * R * D, K + h0 * stride, V + h0 * stride, stride,
+                                 h1 - h0, R, D, positions[i] + 1, block, scaling,
+                                 out + rows[i] * out_stride + (int64_t)h0 * R * D);
     }
     return status;
 }

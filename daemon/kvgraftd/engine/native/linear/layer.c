@@ -22,13 +22,14 @@
  *   threads): every layer of a step whose rows are all decode steps over live positions
  *   (normed: layer 0's normed input; on return, the final norm's output): for each layer,
  *   kvg_layer_qkv, then `attend` (attend.c's kvg_decode_live_rows, handed over by address)
- *   with that layer's index, its rows split between the products' threads (kvg_parallel:
- *   each row's bits are its own), then kvg_layer_mlp. shape = {rows, dim, heads, kv_heads,
- *   head_dim, inter, qkv columns, threads}; table [layers][LAYER_ENTRIES] = {qkv format,
- *   qkv packed, out format, out packed, gate-up format, gate-up packed, down format, down
- *   packed, post norm, next norm} (addresses as integers; the last layer's next norm is the
- *   model's final one); scalings [layers] and eps[0]; rows_of = the attend call's own
- *   arguments for the rows: {keys, values, head strides, positions, row index, block}.
+ *   with that layer's index, its (row, KV head) pairs split between the products' threads
+ *   (kvg_parallel: each head's bits are its own), then kvg_layer_mlp. shape = {rows, dim,
+ *   heads, kv_heads, head_dim, inter, qkv columns, threads}; table [layers][LAYER_ENTRIES] =
+ *   {qkv format, qkv packed, out format, out packed, gate-up format, gate-up packed, down
+ *   format, down packed, post norm, next norm} (addresses as integers; the last layer's next
+ *   norm is the model's final one); scalings [layers] and eps[0]; rows_of = the attend
+ *   call's own arguments for the rows: {keys, values, head strides, positions, row index,
+ *   block}.
  * All return 0, -1 when memory runs out, or the failing call's status.
  */
 #include <stdint.h>
@@ -51,12 +52,13 @@ typedef int (*attend_rows)(int32_t n, int32_t layer, int32_t layers, const float
                            const int64_t *keys, const int64_t *values,
                            const int64_t *head_strides, const int64_t *positions,
                            const int64_t *rows, int64_t block, float scaling, float *out,
-                           int64_t out_stride);
+                           int64_t out_stride, int32_t h0, int32_t h1);
 
 enum { LAYER_ENTRIES = 10 };
 
-/* a layer's attention of a step's rows, split by rows between the pool's threads (each
- * row's bits are its own: the split changes none) */
+/* a layer's attention of a step's rows, its (row, KV head) pairs split between the pool's
+ * threads, so one context's heads spread over the cores too (each head's bits are its own:
+ * the split changes none) */
 struct attention {
     attend_rows attend;
     int32_t rows, layer, layers, H, R, D;
@@ -69,12 +71,21 @@ struct attention {
 
 static int attention_part(const void *arg, int part, int parts) {
     const struct attention *a = arg;
-    const int32_t begin = a->rows * part / parts, end = a->rows * (part + 1) / parts;
-    if (begin >= end) return 0;
-    const int64_t at = (int64_t)begin * a->layers;
-    return a->attend(end - begin, a->layer, a->layers, a->qkv, a->qkv_stride, a->H, a->R, a->D,
-                     a->keys + at, a->values + at, a->head_strides + begin, a->positions + begin,
-                     a->row_index + begin, a->block, a->scaling, a->out, a->out_stride);
+    const int64_t pairs = (int64_t)a->rows * a->H;
+    const int64_t begin = pairs * part / parts, end = pairs * (part + 1) / parts;
+    int status = 0;
+    for (int64_t pair = begin; pair < end && !status;) {
+        const int32_t row = (int32_t)(pair / a->H), h0 = (int32_t)(pair % a->H);
+        const int64_t past = end - (int64_t)row * a->H; /* the part's end, in this row's heads */
+        const int32_t h1 = past < a->H ? (int32_t)past : a->H;
+        const int64_t at = (int64_t)row * a->layers;
+        status = a->attend(1, a->layer, a->layers, a->qkv, a->qkv_stride, a->H, a->R, a->D,
+                           a->keys + at, a->values + at, a->head_strides + row,
+                           a->positions + row, a->row_index + row, a->block, a->scaling, a->out,
+                           a->out_stride, h0, h1);
+        pair = (int64_t)row * a->H + h1;
+    }
+    return status;
 }
 
 static int product(int format, const float *x, int64_t rows, int64_t k, const void *packed,
@@ -164,7 +175,8 @@ int kvg_decode_layers(const int64_t *shape, int32_t layers, const int64_t *table
                 (const int64_t *)(intptr_t)rows_of[0], (const int64_t *)(intptr_t)rows_of[1],
                 (const int64_t *)(intptr_t)rows_of[2], (const int64_t *)(intptr_t)rows_of[3],
                 (const int64_t *)(intptr_t)rows_of[4], scalings[layer], out};
-            status = kvg_parallel(attention_part, &a, rows < threads ? (int)rows : threads);
+            const int64_t pairs = rows * kv_heads;
+            status = kvg_parallel(attention_part, &a, pairs < threads ? (int)pairs : threads);
         }
         if (!status)
             status = mlp(&s, out, rows, width, hidden, dim, t + 2,
