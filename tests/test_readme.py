@@ -148,7 +148,7 @@ def session(tmp_path_factory, real_model_args):
 
 
 # the attention kernel the README's quick-start hashes were computed with (its compute profile:
-# every build of it, portable or AVX-512, gives the same bits; with the default products)
+# every build of it, portable, AVX2 or AVX-512, gives the same bits; with the default products)
 README_KERNEL = "native"
 
 

@@ -183,9 +183,10 @@ ATTEND_BUILDS = {"generic": 1, "avx2": 2, "avx512": 3}  # attend.c's kvg_attend_
 
 
 def test_every_build_of_the_kernel_gives_the_portable_bits() -> None:
-    """The portable and AVX-512 builds (those this CPU runs) over shapes with and
-    without a tail of fewer than 16 tokens, 1-4 rows a KV head: the same bits, the same
-    checks; so the profile names one kernel, not a build."""
+    """The portable, AVX2 and AVX-512 builds (those this CPU runs) over shapes with and
+    without a tail of fewer than 8 tokens, 1-4 rows a KV head: the same bits, the same
+    checks, the same merges (13 rows, not a multiple of 8, with an empty state and a head
+    size off the vector); so the profile names one kernel, not a build."""
     library = decode_attention._library
     mask = library.kvg_attend_builds()
     builds = [name for name, bit in ATTEND_BUILDS.items() if mask & (1 << bit)]
@@ -217,6 +218,23 @@ def test_every_build_of_the_kernel_gives_the_portable_bits() -> None:
         for name, function in functions.items():
             assert run(function, scaled, page, H, R, D, T, checksum) == expected, (name, H, R, D, T)
             assert run(function, scaled, page, H, R, D, T, bytes(16))[0] == 1  # a bad checksum
+    rng = np.random.default_rng(9)
+    for D in (64, 24):
+        rows = 13
+        state = [rng.standard_normal(rows, np.float32) * 4, rng.random(rows, np.float32) * 9]
+        state.append(rng.standard_normal((rows, D), np.float32))
+        state[0][[2, 11]] = -np.inf  # states that hold nothing yet
+        partial = [rng.standard_normal(rows, np.float32) * 4, rng.random(rows, np.float32) * 9]
+        partial.append(rng.standard_normal((rows, D), np.float32))
+        merged = {}
+        for name in builds:
+            into = [array.copy() for array in state]
+            getattr(library, f"kvg_merge_{name}")(
+                rows, D, *(array.ctypes.data_as(pointer) for array in (*into, *partial))
+            )
+            merged[name] = b"".join(array.tobytes() for array in into)
+        assert all(value == merged["generic"] for value in merged.values()), D
+        assert merged["generic"] != b"".join(array.tobytes() for array in state)
 
 
 def test_a_failed_block_waits_for_the_others_before_raising() -> None:

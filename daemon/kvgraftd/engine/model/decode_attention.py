@@ -26,8 +26,8 @@ Contract:
   those of a decode step at that position, whatever the chunk (the exactness
   contract for any schedule, docs/architecture.md).
 * `kernel_for(heads, kv_heads, dim)` names the kernel that decodes a model of
-  that geometry, for the compute profile: "native" (its portable arithmetic, which
-  every build, generic or AVX-512, computes to the bit), or "torch" where the
+  that geometry, for the compute profile: "native" (its written arithmetic, which
+  every build, generic, AVX2 or AVX-512, computes to the bit), or "torch" where the
   library is not built or does not take the geometry (the engine then attends with
   kvgraftd.engine.attention.online_softmax alone). `kernel_build()` says which build
   runs here.
@@ -124,7 +124,7 @@ def kernel_for(heads: int, kv_heads: int, dim: int) -> str:
 
 
 def kernel_build() -> str:
-    """The build of the attention kernel this CPU runs: "avx512" or "generic"."""
+    """The build of the attention kernel this CPU runs: "avx512", "avx2" or "generic"."""
     return _library.kvg_kernel_name().decode() if _library is not None else "none"
 
 
