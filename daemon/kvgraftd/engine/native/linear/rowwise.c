@@ -20,7 +20,7 @@
  *   b = x[i + dim/2]: x[i] = a c - b s, x[i + dim/2] = b c + a s.
  * kvg_silu_mul(gate_up, rows, width, out): out[r][i] = silu(g) * u with g = gate_up[r][i],
  *   u = gate_up[r][width + i]; silu(g) = g * sigmoid(g), sigmoid from e = exp(-|g|)
- *   (1 / (1 + e), or e / (1 + e) for g < 0) with exp_nonpositive below.
+ *   (1 / (1 + e), or e / (1 + e) for g < 0) with the exp of silu_mul8 below.
  */
 #include <math.h>
 #include <stdint.h>
@@ -114,29 +114,10 @@ void kvg_rope(float *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t
     }
 }
 
-/* exp(x) for x <= 0, about 1 ulp (the attention kernel's: x = n ln2 + r, the Cephes
- * polynomial for exp(r), 2^n built in the exponent bits); below -87, exp(-87). */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    const float shifter = 12582912.0f; /* 1.5 * 2^23: rounds to nearest */
-    const float n = (x * 1.44269504088896341f + shifter) - shifter;
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float power;
-    memcpy(&power, &bits, sizeof power);
-    return p * power;
-}
-
-/* silu(g) * u, for 8 lanes at once: exp_nonpositive's and the scalar loop's operations, lane
- * by lane (GCC vectors: the compiler left the scalar loop unvectorized) */
+/* silu(g) * u for 8 lanes at once, each lane's operations those of the contract (GCC
+ * vectors: the compiler left a scalar loop unvectorized). exp(x) for x <= 0, about 1 ulp (the
+ * attention kernel's steps without FMA): x = n ln2 + r, the Cephes polynomial for exp(r), 2^n
+ * built in the exponent bits; below -87, exp(-87). */
 typedef float v8sf __attribute__((vector_size(32)));
 typedef int32_t v8si __attribute__((vector_size(32)));
 
@@ -178,11 +159,12 @@ void kvg_silu_mul(const float *gate_up, int64_t rows, int64_t width, float *out)
             const v8sf y = silu_mul8(g, u);
             memcpy(out + r * width + i, &y, sizeof y);
         }
-        for (; i < width; i++) {
-            const float g = gate[i];
-            const float e = exp_nonpositive(g < 0.0f ? g : -g);
-            const float sigmoid = (g < 0.0f ? e : 1.0f) / (1.0f + e);
-            out[r * width + i] = g * sigmoid * up[i];
+        if (i < width) { /* the tail, in lanes padded with zeros */
+            v8sf g = splat8(0.0f), u = splat8(0.0f);
+            memcpy(&g, gate + i, sizeof(float) * (size_t)(width - i));
+            memcpy(&u, up + i, sizeof(float) * (size_t)(width - i));
+            const v8sf y = silu_mul8(g, u);
+            memcpy(out + r * width + i, &y, sizeof(float) * (size_t)(width - i));
         }
     }
 }
