@@ -185,8 +185,9 @@ ATTEND_BUILDS = {"generic": 1, "avx2": 2, "avx512": 3}  # attend.c's kvg_attend_
 def test_every_build_of_the_kernel_gives_the_portable_bits() -> None:
     """The portable, AVX2 and AVX-512 builds (those this CPU runs) over shapes with and
     without a tail of fewer than 8 tokens, 1-4 rows a KV head: the same bits, the same
-    checks, the same merges (13 rows, not a multiple of 8, with an empty state and a head
-    size off the vector); so the profile names one kernel, not a build."""
+    checks, the same tiles of a prefill's tokens (each its own number of keys), the same
+    merges (13 rows, not a multiple of 8, with an empty state and a head size off the
+    vector); so the profile names one kernel, not a build."""
     library = decode_attention._library
     mask = library.kvg_attend_builds()
     builds = [name for name, bit in ATTEND_BUILDS.items() if mask & (1 << bit)]
@@ -218,6 +219,28 @@ def test_every_build_of_the_kernel_gives_the_portable_bits() -> None:
         for name, function in functions.items():
             assert run(function, scaled, page, H, R, D, T, checksum) == expected, (name, H, R, D, T)
             assert run(function, scaled, page, H, R, D, T, bytes(16))[0] == 1  # a bad checksum
+    tiles = {name: getattr(library, f"kvg_tile_partial_{name}") for name in builds}
+    for H, R, D, G in ((3, 3, 64, 16), (2, 2, 32, 5)):
+        T = 77  # the largest Ts: a tail of 5 past 72
+        Ts = np.array([T - 4 * g if g % 3 else T - g for g in range(G)], np.int32)  # 21-77
+        q = np.random.default_rng(G).standard_normal((G, H, R, D), np.float32) * 0.125
+        _, keys, values = _inputs(H * R, H, D, T, seed=G)
+        page = _slot(keys, values, T).numpy().view(np.uint8).reshape(-1).copy()
+        tiled = set()
+        for name, function in tiles.items():
+            out = [np.empty(G * H * R, np.float32), np.empty(G * H * R, np.float32)]
+            out.append(np.empty((G * H * R, D), np.float32))
+            scores = np.empty(G * R * T, np.float32)
+            base = page.ctypes.data
+            status = function(
+                ctypes.c_void_p(q.ctypes.data), ctypes.c_void_p(base),
+                ctypes.c_void_p(base + H * T * D * 4), ctypes.c_int64(T * D), H, R, D, G,
+                Ts.ctypes.data_as(pointer), scores.ctypes.data_as(pointer),
+                *(array.ctypes.data_as(pointer) for array in out), None,
+            )  # fmt: skip
+            assert status == 0, name
+            tiled.add(b"".join(array.tobytes() for array in out))
+        assert len(tiled) == 1, (H, R, D, G)
     rng = np.random.default_rng(9)
     for D in (64, 24):
         rows = 13

@@ -326,5 +326,11 @@ def test_an_artifact_of_the_other_products_is_refused_and_recomputed(
         assert result.receipt.reused_tokens == 0
         again = list(fp32.generate(prompt[:90], DecodeOptions(max_new_tokens=2)))[-1]
         assert again.receipt.reused_tokens == 80
+        # regression: an artifact of an earlier version's products (the int8 profile before
+        # it dropped libc) was told to go to a --products fp32 daemon, where it fails too
+        old = store.get_record(deposited.artifact_id).manifest()
+        old.profile.products = "int8-dot/1 row-invariant-fma rowwise=1 libc=glibc-2.36"
+        with pytest.raises(FailedPrecondition, match=r"deposit\)$"):
+            integer._check_compatible(old, deposited.artifact_id)
     finally:
         store.close()

@@ -60,9 +60,9 @@ def _silu_mul_reference(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 
 
 def test_the_gated_activation_is_its_written_arithmetic_in_every_lane() -> None:
-    """kvg_silu_mul (8 lanes at a time, then a scalar tail) against the same operations in
-    numpy float32, bit for bit: 300 rows of 1,539 (not a multiple of 8), with zeros, signed
-    zeros, tiny, huge and infinite gates; a NaN gate gives NaN."""
+    """kvg_silu_mul (8 lanes at a time, the tail in lanes padded with zeros) against the
+    same operations in numpy float32, bit for bit: 300 rows of 1,539 (not a multiple of 8),
+    with zeros, signed zeros, tiny, huge and infinite gates; a NaN gate gives NaN."""
     generator = torch.Generator().manual_seed(3)
     gate_up = torch.randn(300, 2 * 1539, generator=generator) * 6
     specials = [0.0, -0.0, 1e-30, -1e-30, 88.0, -88.0, -100.0, 100.0, 1e30, -1e30]

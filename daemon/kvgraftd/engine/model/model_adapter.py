@@ -136,8 +136,9 @@ class ModelAdapter:
         the model's float32 copies of them: they are freed (bytes returned; 0 where the
         model does not run there). Afterwards only the native forward runs this model.
 
-        What the model keeps (the embedding, the norms) is copied out of the converted file's
-        mapping, so the mapping goes too: its pages counted in the daemon's resident memory."""
+        What the model keeps (the norms; the embedding where it is not read from the tied
+        output product's blocks) is copied out of the converted file's mapping, so the
+        mapping goes too: its pages counted in the daemon's resident memory."""
         if self.native is None:
             return 0
         freed = self.native.release_model_weights()

@@ -2,7 +2,8 @@
 
 A Llama-family decoder (attention q/k/v/o projections, a SiLU-gated MLP, RMS
 norms, rotary positions with a fixed inv_freq, no biases) computed layer by
-layer: the model's embedding (a lookup), kvgraftd.engine.model.linear for every
+layer: the embedding (a lookup: in the output product's GGUF blocks where the two are
+tied, else the model's table), kvgraftd.engine.model.linear for every
 product (q, k and v as one product, the gate and up projections as one, the
 logits), kvgraftd.engine.model.rowwise for the residual adds, norms, rotary positions
 and activation, and the context (kvgraftd.engine.attention.kv_context) for attention and

@@ -3,8 +3,8 @@
  * which it runs: one detection and one way of compiling a build, for every kernel
  * (attend*.c, linear*.c, store/native/sha256_lanes.c).
  *
- * A build for an instruction set is a .c file of its own (attend_avx512.c,
- * linear_avx2.c, linear_avx512.c) or a section of one (sha256_lanes.c) that opens with
+ * A build for an instruction set is a .c file of its own (attend_avx2.c, attend_avx512.c,
+ * linear_avx2.c, linear_avx512.c, linear_int8_avx2.c) or a section of one (sha256_lanes.c) that opens with
  * KVG_TARGET_AVX512 or KVG_TARGET_AVX2 (closed by KVG_TARGET_END) before its kernel: every
  * function defined in between is compiled for that set, and is called only where
  * kvg_cpu_has_avx512() or kvg_cpu_has_avx2_fma() says the CPU runs it. The portable

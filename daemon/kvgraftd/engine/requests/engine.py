@@ -45,7 +45,7 @@ from kvgraft.tenancy import owner_of
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine.attention.kv_context import KvContext
 from kvgraftd.engine.model.model_adapter import ModelAdapter
-from kvgraftd.engine.model.native_forward import INTEGER_PRODUCTS
+from kvgraftd.engine.model.native_forward import FLOAT_PRODUCTS, INTEGER_PRODUCTS
 from kvgraftd.engine.requests.decoding import DecodeOptions, ResultEvent, TokenEvent
 from kvgraftd.engine.requests.deposits import Deposits
 from kvgraftd.engine.requests.passes import Admitting, Passes
@@ -199,13 +199,14 @@ class Engine:
             )
         profile = manifest.profile
         if profile.products != self.profile.products:
-            flag = "int8-dot" if profile.products.startswith(INTEGER_PRODUCTS) else "fp32"
+            # a daemon of this version computes it where the products are one of today's
+            flag = {INTEGER_PRODUCTS: "int8-dot", FLOAT_PRODUCTS: "fp32"}.get(profile.products)
+            elsewhere = f", or graft it on a daemon started with --products {flag}" if flag else ""
             raise FailedPrecondition(
                 f"artifact {artifact_id[:16]} was computed with other products "
                 f"({profile.products or 'torch'}) than this daemon's "
                 f"({self.profile.products or 'torch'}): its bytes would not match a fresh run "
-                "here. Recompute it here (Generate with no_cache and deposit), or graft it on a "
-                f"daemon started with --products {flag}"
+                f"here. Recompute it here (Generate with no_cache and deposit){elsewhere}"
             )
         if profile != self.profile or manifest.layout != self.layout:
             raise FailedPrecondition(

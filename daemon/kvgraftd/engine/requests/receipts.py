@@ -25,7 +25,10 @@ from kvgraftd.engine.model import decode_attention
 if TYPE_CHECKING:  # the model's module loads transformers; the profile needs only the shape
     from kvgraftd.engine.model.geometry import ModelGeometry
 
-ATTENTION = "kvgraft-blockwise-online-softmax/2"
+ATTENTION = "kvgraft-blockwise-online-softmax"
+# its arithmetic's version by the kernel that decodes: the native kernel's second (FMA chains,
+# attend_kernel.h); torch's own operations (online_softmax.py) are still the first's
+ATTENTION_VERSIONS = {"native": 2, "torch": 1}
 
 
 def pin_determinism() -> None:
@@ -62,8 +65,9 @@ def compute_profile(
 ) -> pb.ComputeProfile:
     """`products`: the row-invariant forward's (kvgraftd.engine.model.native_forward names
     them), "" on the fixed schedule (torch's). The row-invariant arithmetic calls no C
-    library's function (its exp, sin and cos are the kernels' own), so the profile names
-    none: a receipt re-checks on any x86-64 Linux with the same names."""
+    library's transcendental function (its exp, sin and cos are the kernels' own; fmaf, where
+    called, is exact by IEEE 754), so the profile names none: a receipt re-checks on any
+    x86-64 Linux with the same names."""
     on_cuda = device.type == "cuda"
     shape = geometry.num_heads, geometry.kv_heads, geometry.head_dim
     decode = "torch" if on_cuda else decode_attention.kernel_for(*shape)  # decoding's last bits
@@ -72,7 +76,7 @@ def compute_profile(
         device_kind=device.type,
         device_name=torch.cuda.get_device_name(device) if on_cuda else cpu_name(),
         compute_dtype="float32",
-        attention=f"{ATTENTION} block={block_tokens} decode={decode}",
+        attention=f"{ATTENTION}/{ATTENTION_VERSIONS[decode]} block={block_tokens} decode={decode}",
         page_tokens=page_tokens,
         products=products,
     )

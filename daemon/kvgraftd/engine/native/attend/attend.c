@@ -4,8 +4,10 @@
  * AVX-512 ones where the CPU has them, and the merge of per-block partial results. Every
  * build gives the portable build's bits: the kernel's operations are IEEE operations in a
  * written order (FMAs where its contract says so, nothing else fused: -ffp-contract=off),
- * so the wider vector changes the speed only. Its exp is its own (attend_kernel.h's exp8):
- * the attention's bits depend on no C library.
+ * so the wider vector changes the speed only. Its exp is its own (attend_kernel.h's exp8), so
+ * the attention's bits depend on no C library's transcendental functions (the portable build
+ * calls fmaf, which IEEE 754 defines to the bit; glibc's and musl's are exact, and slow where
+ * the CPU has no FMA).
  *
  * kvg_block_partial: see attend_kernel.h.
  * kvg_blocks_partial(n, q, blocks, checksums, checked, H, R, D, scores, out_max, out_sum,

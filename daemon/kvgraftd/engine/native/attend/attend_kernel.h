@@ -12,11 +12,13 @@
  *   score   a = q[0:16] * k_j[0:16], then a = fma(q[16l:16l+16], k_j[16l:16l+16], a) for
  *           l = 1 .. L-1; x_i = a_i + a_(i+8); s_j = ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))
  *   max     m_i = max over j = i mod 8 of s_j in ascending j (running m > s ? m : s, from
- *           -inf), then m = max of m_0 .. m_7 in that order
+ *           -inf; a last group of fewer than 8 tokens pads its lanes with -inf), then
+ *           m = max of m_0 .. m_7 in that order
  *   weight  w_j = exp(s_j - m) by exp8 below (FMA steps)
  *   sum     t_i = sum over j = i mod 8 of w_j in ascending j (from 0), then
  *           ((t0+t1)+(t2+t3)) + ((t4+t5)+(t6+t7))
  *   values  acc = 0, then acc = fma(w_j, v_j, acc) for j = 0 .. T-1, lane by lane
+ * Each value is defined; a NaN's payload is not (an add's operand order may differ by build).
  *
  * block_partial(q, k, v, head_stride, H, R, D, T, scores, out_max, out_sum,
  *               out_acc, expected)
@@ -46,8 +48,8 @@
  *   one pass of its own before it is read.
  *
  * merge(rows, D, max, sum, acc, pmax, psum, pacc): one block's partial folded into the
- *   running state, row by row (attend.c's kvg_merge): m = max > pmax ... as written there,
- *   the two factors by exp8, each product and sum rounded once.
+ *   running state, row by row (attend.c's kvg_merge): m = pmax > max ? pmax : max, the two
+ *   factors by exp8, each product and sum rounded once (as written there).
  *
  * Every sum runs in one fixed order, so the result is a function of the
  * inputs' values alone (not of strides, threads or where the bytes live).

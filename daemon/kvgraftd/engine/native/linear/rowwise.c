@@ -14,7 +14,7 @@
  *   ascending i), folded pairwise (sum j + sum j + w, for w = 8, 4, 2, 1).
  * kvg_rope_table(positions, rows, inv_freq, half, scaling, cos, sin): [rows][half] of
  *   cos(angle) * scaling and sin(angle) * scaling, angle = inv_freq[i] * (float)position,
- *   cos and sin this file's own (rotary_cos_sin: no C library's), within 1 ulp.
+ *   cos and sin this file's own (rotary_cos_sin: no C library's), within 0.51 ulp.
  * kvg_rope(x, rows, row_stride, heads, dim, cos, sin): each of the first `heads` heads
  *   (dim floats each) of each row, rotated in place: for i < dim/2, with a = x[i],
  *   b = x[i + dim/2]: x[i] = a c - b s, x[i + dim/2] = b c + a s.
