@@ -129,6 +129,27 @@ def test_a_request_that_leaves_frees_its_place(tiny, tmp_path) -> None:
         engine.store.close()
 
 
+def test_a_request_whose_result_is_out_holds_no_place(tiny, tmp_path) -> None:
+    """Regression: the result was handed out while the request still held its place, so a
+    client that saw its stream end and called again at once (nothing may wait) was refused
+    (the HTTP API's 429 right after a [DONE])."""
+    engine = tiny_engine(tiny, tmp_path, max_running_contexts=1, max_queued_requests=0)
+    try:
+        for request in ("graft", "generate"):
+            if request == "graft":
+                options = DecodeOptions(max_new_tokens=0, deposit=True)
+                stored = list(engine.generate([1, 2, 3, 4], options))[-1].artifact_id
+                events = engine.graft(stored, [5, 6], DecodeOptions(max_new_tokens=2))
+            else:
+                events = engine.generate([1, 2, 3], DecodeOptions(max_new_tokens=3))
+            result = next(event for event in events if isinstance(event, ResultEvent))
+            assert engine.admission.running == 0, request  # the generator not yet closed
+            assert outcome(engine.generate([4, 5], DecodeOptions(max_new_tokens=2)))[0]
+            assert result.receipt.generated_token_ids
+    finally:
+        engine.store.close()
+
+
 def test_a_flood_beyond_the_queue_is_refused_at_once(tiny, tmp_path) -> None:
     engine = tiny_engine(tiny, tmp_path, max_running_contexts=1, max_queued_requests=2)
     try:

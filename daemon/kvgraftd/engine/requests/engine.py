@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import ExitStack
 
 import torch
@@ -268,7 +268,7 @@ class Engine:
                     context.attach(prompt[:reused], hashes)
                 logits = yield from self._passes.prompt(context, prompt[reused:], options, reused)
                 auto = (self.auto_cache or options.keep) and not options.deposit
-                yield from self._decode(
+                result = yield from self._decode(
                     context,
                     logits,
                     options,
@@ -277,6 +277,7 @@ class Engine:
                     match.grafted,
                     auto_deposit=auto,
                 )
+        yield result  # its context released and its admission slot free: a next call is let in
 
     def verify(
         self, artifact_id: str, is_active: Callable[[], bool] | None = None
@@ -357,9 +358,10 @@ class Engine:
             computed += len(continuation)
             auto = options.keep and not options.deposit  # cache = "auto" is Generate's
             whole = full_id if reused else ""
-            yield from self._decode(
+            result = yield from self._decode(
                 context, logits, options, reused, computed, grafted, whole, auto_deposit=auto
             )
+        yield result  # released first, as Generate's
 
     def _decode(
         self,
@@ -371,7 +373,9 @@ class Engine:
         grafted: list[pb.GraftedArtifact],
         whole_artifact: str = "",  # Graft: the artifact restored whole
         auto_deposit: bool = False,  # keep the context if the store has room (cache = "auto")
-    ) -> Iterator[TokenEvent | ResultEvent]:
+    ) -> Generator[TokenEvent, None, ResultEvent]:
+        """The tokens as they come; returns the result (the caller yields it once the context
+        and its admission slot are released, so a client that saw the end may call again)."""
         receipt = pb.Receipt(
             input_sha256=input_sha256(context.token_ids, context.segment_ends),
             prompt_logits_sha256=logits_sha256(logits),
@@ -413,7 +417,7 @@ class Engine:
         text = StopStrings(options.stop, self._text).cut(
             self._text(list(receipt.generated_token_ids))
         )
-        yield ResultEvent(
+        return ResultEvent(
             receipt, text, artifact_id, prompt_logits, tuple(generated_logits), finish_reason
         )
 
