@@ -21,9 +21,6 @@
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
-typedef struct {
-    v8 lo, hi;
-} v16;
 
 static inline v8 v8_load(const float *p) {
     v8 v;
@@ -53,19 +50,6 @@ static inline v8 v8_halves(v8 a, v8 b) {
     return __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11) +
            __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
 }
-static inline v16 v16_load(const float *p) { return (v16){v8_load(p), v8_load(p + 8)}; }
-static inline void v16_store(float *p, v16 v) {
-    v8_store(p, v.lo);
-    v8_store(p + 8, v.hi);
-}
-static inline v16 v16_splat(float x) { return (v16){v8_splat(x), v8_splat(x)}; }
-static inline v16 v16_add(v16 a, v16 b) { return (v16){a.lo + b.lo, a.hi + b.hi}; }
-static inline v16 v16_mul(v16 a, v16 b) { return (v16){a.lo * b.lo, a.hi * b.hi}; }
-static inline v16 v16_fma(v16 a, v16 b, v16 c) {
-    return (v16){v8_fma(a.lo, b.lo, c.lo), v8_fma(a.hi, b.hi, c.hi)};
-}
-static inline v8 v16_fold(v16 v) { return v.lo + v.hi; }
-
 #elif defined(KVG_VECTORS_AVX2) || defined(KVG_VECTORS_AVX512)
 #include <immintrin.h>
 
@@ -88,9 +72,24 @@ static inline v8 v8_halves(v8 a, v8 b) {
     return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
 }
 
-#if defined(KVG_VECTORS_AVX2)
+#else
+#error "say which build: KVG_VECTORS_GENERIC, KVG_VECTORS_AVX2 or KVG_VECTORS_AVX512"
+#endif
+
+#if defined(KVG_VECTORS_AVX512)
+typedef __m512 v16;
+static inline v16 v16_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void v16_store(float *p, v16 v) { _mm512_storeu_ps(p, v); }
+static inline v16 v16_splat(float x) { return _mm512_set1_ps(x); }
+static inline v16 v16_add(v16 a, v16 b) { return _mm512_add_ps(a, b); }
+static inline v16 v16_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
+static inline v16 v16_fma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
+static inline v8 v16_fold(v16 v) {
+    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+}
+#else /* 16 floats as two halves (the portable and AVX2 builds) */
 typedef struct {
-    __m256 lo, hi;
+    v8 lo, hi;
 } v16;
 static inline v16 v16_load(const float *p) { return (v16){v8_load(p), v8_load(p + 8)}; }
 static inline void v16_store(float *p, v16 v) {
@@ -104,19 +103,4 @@ static inline v16 v16_fma(v16 a, v16 b, v16 c) {
     return (v16){v8_fma(a.lo, b.lo, c.lo), v8_fma(a.hi, b.hi, c.hi)};
 }
 static inline v8 v16_fold(v16 v) { return v8_add(v.lo, v.hi); }
-#else
-typedef __m512 v16;
-static inline v16 v16_load(const float *p) { return _mm512_loadu_ps(p); }
-static inline void v16_store(float *p, v16 v) { _mm512_storeu_ps(p, v); }
-static inline v16 v16_splat(float x) { return _mm512_set1_ps(x); }
-static inline v16 v16_add(v16 a, v16 b) { return _mm512_add_ps(a, b); }
-static inline v16 v16_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
-static inline v16 v16_fma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
-static inline v8 v16_fold(v16 v) {
-    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-}
-#endif
-
-#else
-#error "say which build: KVG_VECTORS_GENERIC, KVG_VECTORS_AVX2 or KVG_VECTORS_AVX512"
 #endif

@@ -100,15 +100,18 @@ static float packed_weight(int format, const uint8_t *packed, int64_t K, int64_t
     return (float)(int8_t)byte * d;
 }
 
+/* the K weights of column n */
+static void unpack_row(int format, const uint8_t *packed, int64_t K, int64_t n, float *out) {
+    for (int64_t k = 0; k < K; k++) out[k] = packed_weight(format, packed, K, n, k);
+}
+
 void kvg_quant_unpack(int format, const uint8_t *packed, int64_t N, int64_t K, float *W) {
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t k = 0; k < K; k++) W[n * K + k] = packed_weight(format, packed, K, n, k);
+    for (int64_t n = 0; n < N; n++) unpack_row(format, packed, K, n, W + n * K);
 }
 
 void kvg_quant_rows(int format, const uint8_t *packed, int64_t K, const int64_t *rows,
                     int64_t count, float *out) {
-    for (int64_t c = 0; c < count; c++)
-        for (int64_t k = 0; k < K; k++) out[c * K + k] = packed_weight(format, packed, K, rows[c], k);
+    for (int64_t c = 0; c < count; c++) unpack_row(format, packed, K, rows[c], out + c * K);
 }
 
 void kvg_linear_quant_generic(int format, const float *x, int64_t M, int64_t K, int64_t ldx,
