@@ -220,9 +220,13 @@ def test_every_build_of_the_kernel_gives_the_portable_bits() -> None:
             assert run(function, scaled, page, H, R, D, T, checksum) == expected, (name, H, R, D, T)
             assert run(function, scaled, page, H, R, D, T, bytes(16))[0] == 1  # a bad checksum
     tiles = {name: getattr(library, f"kvg_tile_partial_{name}") for name in builds}
-    for H, R, D, G in ((3, 3, 64, 16), (2, 2, 32, 5)):
+    # plain; a sliding window (keys before lo left out, lo inside and past 8-key groups) and
+    # a softcap (the models that have them)
+    for (H, R, D, G), windowed in itertools.product(((3, 3, 64, 16), (2, 2, 32, 5)), (0, 1)):
         T = 77  # the largest Ts: a tail of 5 past 72
         Ts = np.array([T - 4 * g if g % 3 else T - g for g in range(G)], np.int32)  # 21-77
+        Los = np.array([(5 * g + 3) % 20 * windowed for g in range(G)], np.int32)
+        cap = 2.5 * windowed
         q = np.random.default_rng(G).standard_normal((G, H, R, D), np.float32) * 0.125
         _, keys, values = _inputs(H * R, H, D, T, seed=G)
         page = _slot(keys, values, T).numpy().view(np.uint8).reshape(-1).copy()
@@ -235,7 +239,8 @@ def test_every_build_of_the_kernel_gives_the_portable_bits() -> None:
             status = function(
                 ctypes.c_void_p(q.ctypes.data), ctypes.c_void_p(base),
                 ctypes.c_void_p(base + H * T * D * 4), ctypes.c_int64(T * D), H, R, D, G,
-                Ts.ctypes.data_as(pointer), scores.ctypes.data_as(pointer),
+                Ts.ctypes.data_as(pointer), Los.ctypes.data_as(pointer), ctypes.c_float(cap),
+                scores.ctypes.data_as(pointer),
                 *(array.ctypes.data_as(pointer) for array in out), None,
             )  # fmt: skip
             assert status == 0, name

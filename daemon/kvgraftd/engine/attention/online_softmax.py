@@ -17,12 +17,19 @@ from kvgraftd.engine.model.decode_attention import DecodeSoftmax, RowsSoftmax
 
 
 def softmax_for(
-    q: torch.Tensor, kv_heads: int, q_start: int, scaling: float, rows: bool = False
-) -> OnlineSoftmax | DecodeSoftmax:
+    q: torch.Tensor, kv_heads: int, q_start: int, scaling: float, rows: bool = False,
+    window: int = 0, softcap: float = 0.0,
+) -> OnlineSoftmax | DecodeSoftmax:  # fmt: skip
     """The softmax a forward pass of q [heads, n, D] at positions [q_start, ...) attends with.
 
     `rows`: every row as a decode step at its position (RowsSoftmax), where the
-    native kernel takes the geometry: the row-invariant forward's attention."""
+    native kernel takes the geometry: the row-invariant forward's attention. A layer with a
+    sliding `window` or a score `softcap` attends through RowsSoftmax alone (a model that
+    has them runs on the row-invariant forward or not at all)."""
+    if window or softcap:
+        if not RowsSoftmax.takes(q, kv_heads):
+            raise ValueError("a sliding window or a softcap needs the native attention kernel")
+        return RowsSoftmax(q, kv_heads, q_start, scaling, window, softcap)
     if DecodeSoftmax.takes(q, kv_heads):
         return DecodeSoftmax(q, kv_heads, scaling)
     if rows and RowsSoftmax.takes(q, kv_heads):

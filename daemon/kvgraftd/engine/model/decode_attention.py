@@ -24,7 +24,11 @@ Contract:
   token's partial over a block is the kernel's for the keys up to its own
   position, and its partials merge in block order, so every row's bits are
   those of a decode step at that position, whatever the chunk (the exactness
-  contract for any schedule, docs/architecture.md).
+  contract for any schedule, docs/architecture.md). With a sliding `window`
+  (the keys of the last `window` positions) or a score `softcap` (a model's
+  layer that has them), it is how every pass attends, a decode step too: the
+  window and the cap are part of each position's arithmetic (the kernel's
+  tile_partial), the same whatever the pass.
 * `kernel_for(heads, kv_heads, dim)` names the kernel that decodes a model of
   that geometry, for the compute profile: "native" (its written arithmetic, which
   every build, generic, AVX2 or AVX-512, computes to the bit), or "torch" where the
@@ -65,7 +69,8 @@ def _load() -> ctypes.CDLL | None:
     library.kvg_merge_blocks.argtypes = [ctypes.c_int32] * 3 + [_P] * 6
     library.kvg_merge_blocks.restype = None
     library.kvg_rows_partial.argtypes = [ctypes.c_int32, _P, _P, ctypes.c_int64]
-    library.kvg_rows_partial.argtypes += [ctypes.c_int32] * 3 + [_P] * 2 + [ctypes.c_int32] * 3
+    library.kvg_rows_partial.argtypes += [ctypes.c_int32] * 3 + [ctypes.c_int64, ctypes.c_float]
+    library.kvg_rows_partial.argtypes += [_P] * 2 + [ctypes.c_int32] * 3
     library.kvg_rows_partial.argtypes += [_P] * 6
     library.kvg_rows_partial.restype = ctypes.c_int
     library.kvg_rows_merge.argtypes = [ctypes.c_int32] * 4 + [_P] * 7
@@ -267,10 +272,14 @@ class RowsSoftmax(DecodeSoftmax):
         on_cpu = q.device.type == "cpu" and q.dtype == torch.float32
         return on_cpu and takes_geometry(heads, kv_heads, dim)
 
-    def __init__(self, q: torch.Tensor, kv_heads: int, first: int, scaling: float) -> None:
+    def __init__(
+        self, q: torch.Tensor, kv_heads: int, first: int, scaling: float, window: int = 0,
+        softcap: float = 0.0,
+    ) -> None:  # fmt: skip
         heads, n, dim = q.shape
         self._kv_heads, self._group, self._dim = kv_heads, heads // kv_heads, dim
         self._first, self._count = first, n
+        self._window, self._softcap = window, softcap
         # per token, as DecodeSoftmax scales its one token: [n, kv_heads, group, D]
         rows = q.transpose(0, 1).reshape(n, kv_heads, self._group, dim)
         self._q = (rows * scaling).contiguous().numpy()
@@ -301,7 +310,8 @@ class RowsSoftmax(DecodeSoftmax):
             failed = ctypes.c_int32(-1)
             status = _library.kvg_rows_partial(
                 n, self._q.ctypes.data, shape.ctypes.data, self._first, count, t0, t1,
-                checksums, checked, self._kv_heads, self._group, dim, scratch.ctypes.data,
+                self._window, self._softcap, checksums, checked, self._kv_heads, self._group,
+                dim, scratch.ctypes.data,
                 *(array.ctypes.data for array in outputs), ctypes.byref(failed),
             )  # fmt: skip
             return status, failed.value

@@ -1,8 +1,10 @@
 """The model adapter: the only module that imports transformers.
 
 It loads a causal LM (the default GGUF of SmolLM2-135M-Instruct, any GGUF
-file, a Hugging Face model directory, or a tiny seeded random Llama for
-tests), caches GGUF conversions as safetensors, computes the model
+file, a Hugging Face model directory, a tiny seeded random Llama for tests
+(tiny:SEED), or a tiny random model of another family written as safetensors and
+GGUF (tiny:FAMILY:SEED, kvgraftd.engine.model.tiny_models)), caches GGUF conversions as
+safetensors, computes the model
 fingerprint once per model source, and runs one forward pass of a chunk of
 tokens at explicit positions with kvgraft's own attention: transformers
 computes projections, RoPE, norms and MLPs; attention and the KV it reads are
@@ -10,7 +12,10 @@ delegated to the `KvContext` passed in (registered as the attention
 implementation "kvgraft", with no mask: the context applies causality). On
 CPU, a model kvgraftd.engine.model.native_forward supports runs there instead, with
 row-invariant products (`row_invariant`): then a position's bits depend on
-the tokens up to it alone, not on how the passes were cut.
+the tokens up to it alone, not on how the passes were cut. A model whose
+attention only that forward computes (sliding windows, soft caps) is refused
+where it cannot run there, with what is missing named; any other runs on
+torch's fixed schedule, and `schedule` says which.
 
 Contract: `forward` returns the float32 logits of the chunk's last position
 (or of every position); the same tokens, positions and context bytes give the
@@ -37,7 +42,8 @@ from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
 from transformers.masking_utils import AttentionMaskInterface
 
 from kvgraft.errors import FailedPrecondition, InvalidArgument
-from kvgraftd.engine.model import native_forward
+from kvgraftd.engine.model import native_forward, tiny_models
+from kvgraftd.engine.model.families import Family
 from kvgraftd.engine.model.geometry import ModelGeometry
 
 log = logging.getLogger(__name__)
@@ -80,12 +86,15 @@ class ModelAdapter:
         self.fingerprint = fingerprint
         config = model.config
         num_heads = config.num_attention_heads
+        self.family = Family.of(model)
         self.geometry = ModelGeometry(
             num_layers=config.num_hidden_layers,
             num_heads=num_heads,
             kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
             head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
             vocab_size=config.vocab_size,
+            windows=self.family.windows if any(self.family.windows) else (),
+            softcap=self.family.attention_softcap,
         )
         self.eos_token_ids = _eos_ids(config, tokenizer)
         self.device = torch.device("cpu")
@@ -98,6 +107,16 @@ class ModelAdapter:
         return self.native is not None
 
     @property
+    def schedule(self) -> str:
+        """ "any" where every schedule gives the same bits (the row-invariant forward),
+        "fixed" where the engine keeps one (torch's products), with what the row-invariant
+        forward lacks for this model."""
+        if self.native is not None:
+            return "any"
+        lacking = native_forward.missing(self.model) if self.device.type == "cpu" else []
+        return "fixed" + (f" ({'; '.join(lacking)})" if lacking else " (not on CPU)")
+
+    @property
     def products(self) -> str:
         """The products' arithmetic as the compute profile names it ("" on the fixed
         schedule: torch's)."""
@@ -108,24 +127,37 @@ class ModelAdapter:
     def load(
         cls, source: str | None, cache_dir: Path, device: str = "cpu", products: str = "int8-dot"
     ) -> ModelAdapter:
-        """Load `source`: None (default model), 'tiny:SEED', a GGUF file or an HF directory;
-        `products`: the CPU forward's arithmetic over a GGUF file's blocks (native_forward)."""
+        """Load `source`: None (default model), 'tiny:SEED', 'tiny:FAMILY:SEED', a GGUF file or
+        an HF directory; `products`: the CPU forward's arithmetic over a GGUF file's blocks
+        (native_forward)."""
         started = time.monotonic()
         gguf_path = None
-        if source and source.startswith(TINY_PREFIX):
-            adapter = cls._tiny(int(source[len(TINY_PREFIX) :] or 0))
+        family, seed = cls._tiny_spec(source)
+        if source and source.startswith(TINY_PREFIX) and not family:
+            adapter = cls._tiny(seed)
         else:
-            path = Path(source) if source else default_model_path()
+            path = Path(source) if source and not family else default_model_path()
+            if family:
+                path = tiny_models.tiny_files(family, seed, cache_dir)[0]
             if not path.exists():
                 raise InvalidArgument(
                     f"model {path} does not exist; pass a GGUF file or an HF directory"
                 )
             adapter = cls._load_path(path, cache_dir)
             gguf_path = None if path.is_dir() else path
+            if family:
+                adapter.name = source
         if device != "cpu":
             adapter.model.to(device)
         elif native_forward.supports(adapter.model):
             adapter.native = native_forward.NativeForward(adapter.model, gguf_path, products)
+        if adapter.native is None and not adapter.geometry.plain_attention:
+            lacking = native_forward.missing(adapter.model) if device == "cpu" else ["a CPU"]
+            raise FailedPrecondition(
+                f"{adapter.name} ({adapter.family.name}) attends with sliding windows or soft "
+                "caps, which only the row-invariant CPU forward computes; here it lacks "
+                f"{'; '.join(lacking)}"
+            )
         adapter.gguf_path = gguf_path
         adapter.device = torch.device(device)
         log.info("model %s loaded in %.1f s", adapter.name, time.monotonic() - started)
@@ -157,6 +189,17 @@ class ModelAdapter:
         other.gguf_path = self.gguf_path
         return other
 
+    @staticmethod
+    def _tiny_spec(source: str | None) -> tuple[str, int]:
+        """(family, seed) of a tiny:... source ("" and 0 otherwise, and for tiny:SEED's Llama
+        its seed)."""
+        if not source or not source.startswith(TINY_PREFIX):
+            return "", 0
+        try:
+            return tiny_models.parse(source[len(TINY_PREFIX) :])
+        except ValueError as error:
+            raise InvalidArgument(str(error)) from None
+
     @classmethod
     def _tiny(cls, seed: int) -> ModelAdapter:
         config = LlamaConfig(
@@ -182,15 +225,14 @@ class ModelAdapter:
     def _load_path(cls, path: Path, cache_dir: Path) -> ModelAdapter:
         if path.is_dir():
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            return cls._prepared(model, tokenizer, str(path))
+            return cls._prepared(model, _tokenizer(path), str(path))
         converted = cache_dir / _source_key(path)
         if not (converted / "config.json").exists():
             log.info("converting %s to float32 safetensors in %s (once)", path.name, converted)
             model = AutoModelForCausalLM.from_pretrained(
                 path.parent, gguf_file=path.name, dtype=torch.float32
             )
-            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            tokenizer = _tokenizer(path)
             # save_pretrained refuses a GGUF-loaded model while it still carries its quantizer.
             model.hf_quantizer = None
             if hasattr(model.config, "quantization_config"):
@@ -199,16 +241,15 @@ class ModelAdapter:
             # same time (two daemons sharing the cache) writes its own, and the first wins
             partial = converted.with_name(f"{converted.name}.partial-{os.getpid()}")
             model.save_pretrained(partial)
-            tokenizer.save_pretrained(partial)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(partial)
             try:
                 os.replace(partial, converted)
             except OSError:  # the other one's is there (a non-empty directory)
                 shutil.rmtree(partial, ignore_errors=True)
         model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(converted)
-        return cls._prepared(
-            model, tokenizer, path.name, fingerprint_cache=converted / "fingerprint.json"
-        )
+        fingerprint = converted / "fingerprint.json"
+        return cls._prepared(model, _tokenizer(converted), path.name, fingerprint_cache=fingerprint)
 
     @classmethod
     def _prepared(
@@ -216,7 +257,6 @@ class ModelAdapter:
     ) -> ModelAdapter:
         model.eval()
         model.requires_grad_(False)
-        _check_supported(model.config)
         model.set_attn_implementation(ATTENTION_NAME)
         fingerprint = _cached_fingerprint(model, tokenizer, fingerprint_cache)
         return cls(model, tokenizer, name, fingerprint)
@@ -280,15 +320,19 @@ class ModelAdapter:
         }
 
 
-def _check_supported(config) -> None:
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        raise FailedPrecondition(
-            f"{config.model_type} uses sliding-window attention, which kvgraft does not serve yet"
-        )
-    if getattr(config, "attn_logit_softcapping", None):
-        raise FailedPrecondition(
-            f"{config.model_type} uses attention softcapping: not supported yet"
-        )
+def _tokenizer(path: Path):
+    """The tokenizer a model directory or GGUF file holds; None where it holds none (the
+    tiny test models: requests send token ids)."""
+    if path.is_dir():
+        names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+        if not any((path / name).exists() for name in names):
+            return None
+        return AutoTokenizer.from_pretrained(path)
+    from gguf import GGUFReader
+
+    if "tokenizer.ggml.model" not in GGUFReader(str(path)).fields:
+        return None
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
 def _eos_ids(config, tokenizer) -> frozenset[int]:

@@ -1,29 +1,34 @@
 """The CPU forward pass with row-invariant matrix products (kvgraftd.engine.model.linear).
 
-A Llama-family decoder (attention q/k/v/o projections, a SiLU-gated MLP, RMS
-norms, rotary positions with a fixed inv_freq, no biases) computed layer by
-layer: the embedding (a lookup: in the output product's GGUF blocks where the two are
-tied, else the model's table), kvgraftd.engine.model.linear for every
-product (q, k and v as one product, the gate and up projections as one, the
-logits), kvgraftd.engine.model.rowwise for the residual adds, norms, rotary positions
-and activation, and the context (kvgraftd.engine.attention.kv_context) for attention and
-the KV it keeps.
+A decoder of any family kvgraftd.engine.model.families reads (Llama, Mistral, Qwen 2 and 3,
+Gemma 2 and 3, Phi-3), computed layer by layer: the embedding (a lookup: in the output
+product's GGUF blocks where the two are tied, else the model's table; scaled where the
+family scales it), kvgraftd.engine.model.linear for every product (q, k and v as one
+product, the gate and up projections as one, the logits), kvgraftd.engine.model.rowwise
+for the residual adds, norms, rotary positions, activations and soft caps, and the
+context (kvgraftd.engine.attention.kv_context) for attention and the KV it keeps, with
+each layer's sliding window and score cap. A Llama (families.Family.plain) runs each
+layer in the fused native calls of kvgraftd.engine.model.layer_kernels, and a step of
+decode rows through every layer in one; the other families compose the same
+operations from Python, adding their own (biases, head norms, norms after attention
+and the MLP, GELU), each row-wise.
 
 Contract: a row's bits depend on its token, its position and the KV it attends,
 never on how many rows share the pass. Each product sums every output in one
 fixed order and each row-wise operation is one fixed sequence per row (their
 own contracts); the real-model tests check it end to end
-(tests/engine/test_native_forward.py). The arithmetic is the model's up to the
-order of sums and its own exp, cos and sin: logits agree with transformers' to
+(tests/engine/test_native_forward.py, and every family's tiny model in
+tests/engine/test_model_families.py). The arithmetic is the model's up to the
+order of sums and its own exp, tanh, cos and sin: logits agree with transformers' to
 about 1e-4, argmax equal.
 `forward` returns the float32 logits of the last row, or of every row;
 `forward_many` runs the rows of several contexts, each at its own positions and
 attending its own KV, in one pass (the engine's batch).
 
-Weights are packed once when the model loads, next to the model's own (which
-the CUDA path and the fingerprint still read): from the GGUF file's quantized
-blocks where the model came from one and they are proven bit-equal to its
-weights (kvgraftd.engine.model.gguf_weights), else as float32. `products` chooses
+Weights are packed once when the model loads (kvgraftd.engine.model.packed_layers), next
+to the model's own (which the CUDA path and the fingerprint still read): from the GGUF
+file's quantized blocks where the model came from one and they are proven bit-equal to
+its weights (kvgraftd.engine.model.gguf_weights), else as float32. `products` chooses
 the arithmetic over those blocks: "int8-dot" (integer dot products over activations
 quantized to 8 bits; the default) or "fp32" (the dequantized weights in float, whose
 logits agree with transformers' to ~1e-4); `products_profile` is what the compute
@@ -41,93 +46,34 @@ import torch
 
 from kvgraftd.config import PRODUCTS
 from kvgraftd.engine.model import decode_attention, layer_kernels, linear, rowwise
+from kvgraftd.engine.model.families import Family
 from kvgraftd.engine.model.gguf_weights import GgufWeights
-from kvgraftd.engine.model.linear import PackedWeight
+from kvgraftd.engine.model.packed_layers import PackedLayer, WeightPacker, norm_weight
 
-SUPPORTED_TYPES = frozenset({"llama"})
 # the products as a compute profile names them: float FMA chains (linear.c), or integer dot
 # products over 8-bit activations (linear_int8.c; weights without GGUF blocks keep the chains)
 FLOAT_PRODUCTS = "row-invariant-fma rowwise=2"
 INTEGER_PRODUCTS = "int8-dot/1 row-invariant-fma rowwise=2"
-STATIC_ROPE = frozenset({"default", "linear", "llama3"})  # inv_freq fixed at load
 
 
-def supports(model) -> bool:
-    """Whether `model` is a decoder this forward computes exactly as its own modules do,
-    with every row's attention in the native kernel (else a pass's rows would attend
-    through torch's products, whose bits depend on the number of rows)."""
+def missing(model) -> list[str]:
+    """What this forward lacks to compute `model` exactly as its own modules do, with every
+    row's attention in the native kernel (else a pass's rows would attend through torch's
+    products, whose bits depend on the number of rows); empty where it takes it."""
     config = model.config
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return (
-        rowwise.available()
-        and decode_attention.takes_geometry(heads, kv_heads, head_dim)
-        and config.model_type in SUPPORTED_TYPES
-        and not getattr(config, "attention_bias", False)
-        and not getattr(config, "mlp_bias", False)
-        and getattr(config, "hidden_act", None) == "silu"
-        and getattr(model.model.rotary_emb, "rope_type", None) in STATIC_ROPE
-        and len(_norm_epsilons(model.model)) == 1
-    )
+    lacking = list(Family.of(model).missing)
+    if not rowwise.available():
+        lacking.append("the native kernels (not built: make install)")
+    elif not decode_attention.takes_geometry(heads, kv_heads, head_dim):
+        lacking.append(f"attention heads of {head_dim} values, {heads // kv_heads} a KV head")
+    return lacking
 
 
-def _norm_epsilons(decoder) -> set[float]:
-    norms = [decoder.norm]
-    for layer in decoder.layers:
-        norms += [layer.input_layernorm, layer.post_attention_layernorm]
-    return {getattr(norm, "variance_epsilon", None) for norm in norms}
-
-
-class _Layer:
-    def __init__(self, index: int, layer, weights: _Weights) -> None:
-        attention, mlp = layer.self_attn, layer.mlp
-        self.input_norm = _norm(layer.input_layernorm)
-        self.post_norm = _norm(layer.post_attention_layernorm)
-        prefix = f"model.layers.{index}."
-        self.qkv = weights.pack(
-            prefix, [attention.q_proj, attention.k_proj, attention.v_proj],
-            ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-        )  # fmt: skip
-        self.splits = [
-            attention.q_proj.out_features,
-            attention.k_proj.out_features,
-            attention.v_proj.out_features,
-        ]
-        self.out = weights.pack(prefix, [attention.o_proj], ["self_attn.o_proj"])
-        self.gate_up = weights.pack(
-            prefix, [mlp.gate_proj, mlp.up_proj], ["mlp.gate_proj", "mlp.up_proj"]
-        )
-        self.intermediate = mlp.gate_proj.out_features
-        self.down = weights.pack(prefix, [mlp.down_proj], ["mlp.down_proj"])
-        self.scaling = attention.scaling
-
-
-def _norm(module) -> torch.Tensor:
-    """A norm's weight, a copy of its own (not a view of the model file's mapping)."""
-    return module.weight.detach().to(torch.float32).clone()
-
-
-class _Weights:
-    """Packs a product's weights: from the GGUF file's blocks where they are proven equal to
-    the model's (kvgraftd.engine.model.gguf_weights; for the integer products with
-    `integer`), else the model's float32 weights."""
-
-    def __init__(self, gguf: GgufWeights | None, integer: bool) -> None:
-        self.gguf = gguf
-        self.integer = integer
-        self.formats: dict[str, int] = {}
-        self.from_blocks: list = []  # the modules whose product reads the file's blocks
-
-    def pack(self, prefix: str, modules: list, names: list[str]) -> PackedWeight:
-        names = [f"{prefix}{name}.weight" for name in names]
-        packed = self.gguf.packed(names, self.integer) if self.gguf else None
-        if packed is None:
-            packed = PackedWeight.of(torch.cat([module.weight for module in modules]))
-        else:
-            self.from_blocks += modules
-        self.formats[packed.format] = self.formats.get(packed.format, 0) + 1
-        return packed
+def supports(model) -> bool:
+    return not missing(model)
 
 
 class NativeForward:
@@ -135,32 +81,40 @@ class NativeForward:
         if products not in PRODUCTS:
             raise ValueError(f"products {products!r}: use {' or '.join(PRODUCTS)}")
         config = model.config
+        self.family = family = Family.of(model)
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         decoder = model.model
         self.embed = decoder.embed_tokens
-        self.inv_freq = decoder.rotary_emb.inv_freq.detach().to(torch.float32).clone()
-        self.rope_scaling = float(decoder.rotary_emb.attention_scaling)
-        self.norm = _norm(decoder.norm)
-        self.eps = float(decoder.norm.variance_epsilon)
+        scale = getattr(self.embed, "embed_scale", None)  # Gemma's, in its embedding's forward
+        self._embed_scale = None if scale is None else scale.to(torch.float32).clone()
+        self.norm = norm_weight(decoder.norm, family.norm_offset)
+        self.eps = family.eps
         gguf = GgufWeights.open(gguf_path, model) if gguf_path else None
-        weights = _Weights(gguf, products == "int8-dot")
-        self.layers = [_Layer(index, layer, weights) for index, layer in enumerate(decoder.layers)]
-        self.logits = weights.pack("", [model.lm_head], ["lm_head"])
+        packer = WeightPacker(gguf, products == "int8-dot")
+        dim, kv = self.head_dim, self.kv_heads
+        splits = [self.heads * dim, kv * dim, kv * dim]
+        self.layers = [
+            PackedLayer(index, layer, packer, family, splits)
+            for index, layer in enumerate(decoder.layers)
+        ]
+        self.logits = packer.pack("", [model.lm_head], ["lm_head"])
         # a tied embedding read from the output product's blocks: the same floats (proven
         # equal with them), so the float32 table need not stay (release_model_weights)
         tied = model.lm_head.weight.data_ptr() == self.embed.weight.data_ptr()
         self._embedding_blocks = self.logits if tied and self.logits.format != "f32" else None
-        first = self.layers[0]
-        shape = {
-            "heads": self.heads, "kv_heads": self.kv_heads, "dim": self.head_dim,
-            "inter": first.intermediate, "qkv_n": first.qkv.n, "eps": self.eps,
-        }  # fmt: skip
-        self.native_layers = layer_kernels.Layers.of(self.layers, self.norm, shape)
+        self.native_layers = None  # the fused calls, for a Llama
+        if family.plain:
+            shape = {
+                "heads": self.heads, "kv_heads": kv, "dim": dim,
+                "inter": self.layers[0].intermediate, "qkv_n": self.layers[0].qkv.n,
+                "eps": self.eps,
+            }  # fmt: skip
+            self.native_layers = layer_kernels.Layers.of(self.layers, self.norm, shape)
         # products by weight format, e.g. {"q4_1": 120, "q8_0": 1}: what the kernels stream
-        self.weight_formats = dict(sorted(weights.formats.items()))
-        self._from_blocks = weights.from_blocks
+        self.weight_formats = dict(sorted(packer.formats.items()))
+        self._from_blocks = packer.from_blocks
         integer = any(format.endswith("_i8") for format in self.weight_formats)
         self.products_profile = INTEGER_PRODUCTS if integer else FLOAT_PRODUCTS
 
@@ -182,9 +136,10 @@ class NativeForward:
     def _embedding(self, ids: list[int]) -> torch.Tensor:
         """The input rows of `ids`: [rows, hidden]."""
         at = torch.tensor(ids, dtype=torch.long)
-        if self._embedding_blocks is not None:
-            return self._embedding_blocks.rows(at)
-        return self.embed(at).contiguous()
+        if self._embedding_blocks is None:
+            return self.embed(at).contiguous()  # the module scales where its family does
+        rows = self._embedding_blocks.rows(at)
+        return rows if self._embed_scale is None else rows * self._embed_scale
 
     def forward(
         self,
@@ -213,33 +168,88 @@ class NativeForward:
         tensor of the logits of those rows of the pass only (the logits are the pass's
         costliest product: a replay takes just the rows it hashes)."""
         if torch.get_num_threads() != 1:
-            # what torch still computes (the embedding, attention's scaling, copies) stays on
-            # one thread: the products and row-wise operations have their own
+            # what torch still computes (the embedding, biases, attention's scaling, copies)
+            # stays on one thread: the products and row-wise operations have their own
             torch.set_num_threads(1)
         sizes = [len(ids) for _, ids, _ in parts]
         ids = [token for _, part_ids, _ in parts for token in part_ids]
         positions = [p for _, part_ids, start in parts for p in range(start, start + len(part_ids))]
         hidden = self._embedding(ids)
-        table = rowwise.RopeTable.of(positions, self.inv_freq, self.rope_scaling)
+        tables = {
+            kind: rowwise.RopeTable.of(positions, table.inv_freq, table.scaling)
+            for kind, table in self.family.rope_tables.items()
+        }
         contexts = [context for context, _, _ in parts]
         one_call = [c.decodes_in_one_call(size) for c, size in zip(contexts, sizes, strict=True)]
         live = self._live_rows(contexts, sizes, one_call)
         normed = rowwise.add_rmsnorm(hidden, None, self.layers[0].input_norm, self.eps)
         layers = self.native_layers
-        if live is not None and live.count == len(parts):  # decode rows only: one call
-            normed = layers.decode(live, hidden, normed, table)
+        if layers is not None and live is not None and live.count == len(parts):
+            normed = layers.decode(live, hidden, normed, tables[""])  # decode rows only: one call
         else:
             for index, layer in enumerate(self.layers):
-                attended = self._attention(index, layer, normed, table, parts, one_call, live)
-                normed = layers.mlp(index, attended, hidden)
+                table = tables[self.family.rope_types[index]]
+                if layers is not None:
+                    qkv = layers.qkv(index, normed, table)
+                else:
+                    qkv = self._queries_keys_values(layer, normed, table)
+                attended = self._attention(index, layer, qkv, parts, one_call, live)
+                if layers is not None:
+                    normed = layers.mlp(index, attended, hidden)
+                else:
+                    last = index + 1 == len(self.layers)
+                    after = self.norm if last else self.layers[index + 1].input_norm
+                    normed = self._mlp(layer, attended, hidden, after)
         if rows is not None:
-            logits = linear.linear(normed[torch.tensor(rows, dtype=torch.long)], self.logits)
-            linear.rest()  # the pass is done: its cores serve the request threads meanwhile
+            logits = self._logits(normed[torch.tensor(rows, dtype=torch.long)])
             return [logits]
         ends = torch.tensor(sizes).cumsum(0)
-        logits = linear.linear(normed if every_row else normed[ends - 1], self.logits)
-        linear.rest()
+        logits = self._logits(normed if every_row else normed[ends - 1])
         return list(logits.split(sizes)) if every_row else list(logits)
+
+    def _logits(self, normed: torch.Tensor) -> torch.Tensor:
+        logits = linear.linear(normed, self.logits)
+        linear.rest()  # the pass is done: its cores serve the request threads meanwhile
+        if self.family.final_softcap:
+            rowwise.softcap_(logits, self.family.final_softcap)
+        return logits
+
+    def _queries_keys_values(self, layer: PackedLayer, normed, table) -> torch.Tensor:
+        """The q, k, v product [rows, n] with the family's biases and head norms, the queries'
+        and keys' heads rotated (what layer_kernels' qkv call does for a Llama)."""
+        qkv = linear.linear(normed, layer.qkv)
+        if layer.bias is not None:
+            qkv += layer.bias  # one rounded add an element
+        rows, dim = qkv.shape[0], self.head_dim
+        if layer.q_norm is not None:
+            for weight, lo, hi in (
+                (layer.q_norm, 0, self.heads),
+                (layer.k_norm, self.heads, self.heads + self.kv_heads),
+            ):
+                heads = qkv[:, lo * dim : hi * dim].reshape(rows * (hi - lo), dim)
+                normed_heads = rowwise.add_rmsnorm(heads, None, weight, self.eps)
+                qkv[:, lo * dim : hi * dim] = normed_heads.view(rows, (hi - lo) * dim)
+        rowwise.rope_(qkv, table, self.heads + self.kv_heads, dim)
+        return qkv
+
+    def _mlp(self, layer: PackedLayer, attended, hidden, after) -> torch.Tensor:
+        """Attention's output through the output product into the residual stream `hidden`
+        (in place), then the gated MLP into it; returns the next layer's normed input (its
+        norm's weight `after`): layer_kernels' mlp call, with the family's norms on the
+        outputs and its activation."""
+        out = linear.linear(attended, layer.out)
+        if layer.attention_out_norm is not None:
+            out = rowwise.add_rmsnorm(out, None, layer.attention_out_norm, self.eps)
+        normed = rowwise.add_rmsnorm(hidden, out, layer.post_norm, self.eps)
+        gate_up = linear.linear(normed, layer.gate_up)
+        if self.family.activation == "gelu_tanh":
+            activated = rowwise.gelu_tanh_mul(gate_up, layer.intermediate)
+        else:
+            activated = rowwise.silu_mul(gate_up, layer.intermediate)
+        down = linear.linear(activated, layer.down)
+        if layer.mlp_out_norm is not None:
+            down = rowwise.add_rmsnorm(down, None, layer.mlp_out_norm, self.eps)
+        return rowwise.add_rmsnorm(hidden, down, after, self.eps)
 
     def _live_rows(
         self, contexts: list, sizes: list[int], one_call: list[bool]
@@ -257,11 +267,11 @@ class NativeForward:
         block = picked[0].block_tokens
         return layer_kernels.LiveRows(picked, rows, len(self.layers), block)
 
-    def _attention(self, index: int, layer: _Layer, normed, table, parts, one_call, live):
-        """Each context's attention of this layer, its K and V kept: [rows, heads * D]
-        (those of `live` in one call, the others each through its own `attend`)."""
-        n, dim = normed.shape[0], self.head_dim
-        qkv = self.native_layers.qkv(index, normed, table)
+    def _attention(self, index: int, layer: PackedLayer, qkv, parts, one_call, live):
+        """Each context's attention of this layer over its rows of `qkv`, its K and V kept:
+        [rows, heads * D] (those of `live` in one call, the others each through its own
+        `attend`)."""
+        n, dim = qkv.shape[0], self.head_dim
         out = torch.empty(n, self.heads * dim, dtype=torch.float32)
         geometry = (self.kv_heads, self.heads // self.kv_heads, dim)
         if live is not None:

@@ -10,7 +10,9 @@ microseconds of dispatch a decode step pays 40 times a layer).
   None), then the RMS norm of each row times `weight`, as a new tensor.
 * `RopeTable.of(positions, inv_freq, scaling)`: the cos and sin of each row's angles;
   `rope_(x, table, heads, dim)` rotates the first `heads` heads of each row of x in place.
-* `silu_mul(gate_up, width)`: SiLU of each row's first `width` values times the next `width`.
+* `silu_mul(gate_up, width)`: SiLU of each row's first `width` values times the next `width`;
+  `gelu_tanh_mul(gate_up, width)` the same with GELU's tanh form (Gemma's).
+* `softcap_(x, cap)`: tanh(x / cap) * cap of every value, in place (Gemma 2's logits).
 
 All take float32 CPU tensors, rows contiguous; shapes are checked. Loaded from the
 linear kernel's library (`kvgraftd.engine.model._linear`); `available()` says whether it was built.
@@ -37,7 +39,10 @@ def _load():
     library.kvg_rope_table.argtypes = [_PTR, _I64, _PTR, _I64, ctypes.c_float, _PTR, _PTR]
     library.kvg_rope.argtypes = [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR]
     library.kvg_silu_mul.argtypes = [_PTR, _I64, _I64, _PTR]
-    for function in ("kvg_add_rmsnorm", "kvg_rope_table", "kvg_rope", "kvg_silu_mul"):
+    library.kvg_gelu_tanh_mul.argtypes = [_PTR, _I64, _I64, _PTR]
+    library.kvg_softcap.argtypes = [_PTR, _I64, ctypes.c_float]
+    functions = ("kvg_add_rmsnorm", "kvg_rope_table", "kvg_rope", "kvg_silu_mul")
+    for function in (*functions, "kvg_gelu_tanh_mul", "kvg_softcap"):
         getattr(library, function).restype = None
     return library
 
@@ -109,9 +114,26 @@ def rope_(x: torch.Tensor, table: RopeTable, heads: int, dim: int) -> None:
 
 def silu_mul(gate_up: torch.Tensor, width: int) -> torch.Tensor:
     """SiLU(gate) * up of rows [gate (width values) | up (width values)]: [rows, width]."""
+    return _gated(_library.kvg_silu_mul, gate_up, width)
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor, width: int) -> torch.Tensor:
+    """GELU(gate) (its tanh form) * up of rows [gate | up]: [rows, width]."""
+    return _gated(_library.kvg_gelu_tanh_mul, gate_up, width)
+
+
+def _gated(function, gate_up: torch.Tensor, width: int) -> torch.Tensor:
     rows, double = _rows(gate_up, "gate_up").shape
     if double != 2 * width:
         raise ValueError(f"rows of {double} values are not a gate and an up of {width}")
     out = torch.empty(rows, width, dtype=torch.float32)
-    _library.kvg_silu_mul(gate_up.data_ptr(), rows, width, out.data_ptr())
+    function(gate_up.data_ptr(), rows, width, out.data_ptr())
     return out
+
+
+def softcap_(x: torch.Tensor, cap: float) -> None:
+    """x = tanh(x / cap) * cap, every value, in place."""
+    rows, width = _rows(x, "x").shape
+    if not cap > 0:
+        raise ValueError(f"a soft cap is a positive number, not {cap}")
+    _library.kvg_softcap(x.data_ptr(), rows * width, cap)

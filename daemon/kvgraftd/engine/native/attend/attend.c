@@ -24,15 +24,18 @@
  *   lane by lane (each product and sum rounded once).
  * kvg_merge_blocks(n, rows, D, max, sum, acc, pmax, psum, pacc): kvg_merge of n
  *   partials laid out as kvg_blocks_partial writes them, in index order.
- * kvg_rows_partial(n, q, blocks, first, count, t0, t1, checksums, checked, H, R, D,
- *   scores, out_max, out_sum, out_acc, used, failed): the partials of tokens [t0, t1) of
+ * kvg_rows_partial(n, q, blocks, first, count, t0, t1, window, cap, checksums, checked, H,
+ *   R, D, scores, out_max, out_sum, out_acc, used, failed): the partials of tokens [t0, t1) of
  *   `count` query tokens (a tile of up to KVG_TILE_TOKENS of them a call of the kernel's
  *   tile_partial; scores holds KVG_TILE_TOKENS * R * (the most tokens of a block)) at
  *   positions first, first + 1, ... (q: [count][H][R][D]) over n blocks, each token's
  *   exactly the one a decode step at its position computes: block i is
  *   blocks[5i..5i+4] = {K, V, head_stride, tokens, first position}, and token t sees
- *   its first min(tokens, first + t + 1 - block's first position) keys. used[i*count + t]
- *   says whether it saw any (a token before the block has no partial there). Partial
+ *   its first min(tokens, first + t + 1 - block's first position) keys, less those before
+ *   its sliding window where `window` is not 0 (the keys at positions p - window + 1 .. p
+ *   of a token at p: tile_partial's Los), scores soft-capped at `cap` (0: not).
+ *   used[i*count + t] says whether it saw any (a token before the block, or past it by a
+ *   window, has no partial there). Partial
  *   (i, t) goes to out_max + (i*count + t)*H*R, ... A checked block (a whole stored
  *   page, before every token) is hashed once, with token t0's pass. Calls for disjoint
  *   token ranges may run at once (each with its own scores).
@@ -76,8 +79,8 @@ typedef int (*block_partial)(const float *, const float *, const float *, int64_
                              int32_t, int32_t, int32_t, float *, float *, float *, float *,
                              const uint8_t *);
 typedef int (*tile_partial)(const float *, const float *, const float *, int64_t, int32_t,
-                            int32_t, int32_t, int32_t, const int32_t *, float *, float *, float *,
-                            float *, const uint8_t *);
+                            int32_t, int32_t, int32_t, const int32_t *, const int32_t *, float,
+                            float *, float *, float *, float *, const uint8_t *);
 typedef void (*merge)(int32_t, int32_t, float *, float *, float *, const float *, const float *,
                       const float *);
 
@@ -88,7 +91,8 @@ typedef void (*merge)(int32_t, int32_t, float *, float *, float *, const float *
                                    float *, float *, const uint8_t *);                        \
     int kvg_tile_partial_##suffix(const float *, const float *, const float *, int64_t,       \
                                   int32_t, int32_t, int32_t, int32_t, const int32_t *,        \
-                                  float *, float *, float *, float *, const uint8_t *);       \
+                                  const int32_t *, float, float *, float *, float *, float *, \
+                                  const uint8_t *);                                           \
     void kvg_merge_##suffix(int32_t, int32_t, float *, float *, float *, const float *,       \
                             const float *, const float *);
 #if KVG_X86_BUILDS
@@ -187,11 +191,13 @@ void kvg_merge_blocks(int32_t n, int32_t rows, int32_t D, float *max, float *sum
 }
 
 int kvg_rows_partial(int32_t n, const float *q, const int64_t *blocks, int64_t first,
-                     int32_t count, int32_t t0, int32_t t1, const uint8_t *checksums,
+                     int32_t count, int32_t t0, int32_t t1, int64_t window, float cap,
+                     const uint8_t *checksums,
                      const uint8_t *checked, int32_t H, int32_t R, int32_t D, float *scores,
                      float *out_max, float *out_sum, float *out_acc, uint8_t *used,
                      int32_t *failed) {
     const int64_t rows = (int64_t)H * R;
+    if (window < 0) return KVG_BAD_ARGS;
     pthread_once(&chosen, choose_best);
     for (int32_t i = 0; i < n; i++) {
         const int64_t *block = blocks + 5 * (int64_t)i;
@@ -202,20 +208,24 @@ int kvg_rows_partial(int32_t n, const float *q, const int64_t *blocks, int64_t f
         }
         /* the tokens that see the block, KVG_TILE_TOKENS at a time: consecutive, as their
          * partials lie */
-        int32_t t = t0;
+        int32_t t = t0, end = t1; /* [t, end): the tokens that see some of the block */
         for (; t < t1 && first + t + 1 - begin < 1; t++) used[(int64_t)i * count + t] = 0;
-        for (int32_t tile = t; tile < t1; tile += KVG_TILE_TOKENS) {
-            const int32_t G = t1 - tile < KVG_TILE_TOKENS ? t1 - tile : KVG_TILE_TOKENS;
-            int32_t Ts[KVG_TILE_TOKENS];
+        while (window && end > t && first + end - window - begin >= tokens)
+            used[(int64_t)i * count + --end] = 0; /* the block lies before its window */
+        for (int32_t tile = t; tile < end; tile += KVG_TILE_TOKENS) {
+            const int32_t G = end - tile < KVG_TILE_TOKENS ? end - tile : KVG_TILE_TOKENS;
+            int32_t Ts[KVG_TILE_TOKENS], Los[KVG_TILE_TOKENS];
             for (int32_t g = 0; g < G; g++) {
                 const int64_t seen = first + tile + g + 1 - begin;
+                const int64_t before = window ? seen - window : 0; /* keys before the window */
                 Ts[g] = (int32_t)(seen < tokens ? seen : tokens);
+                Los[g] = (int32_t)(before > 0 ? before : 0);
                 used[(int64_t)i * count + tile + g] = 1;
             }
             const int64_t at = (int64_t)i * count + tile;
             int status = best.tile(
                 q + (int64_t)tile * rows * D, (const float *)(uintptr_t)block[0],
-                (const float *)(uintptr_t)block[1], block[2], H, R, D, G, Ts, scores,
+                (const float *)(uintptr_t)block[1], block[2], H, R, D, G, Ts, Los, cap, scores,
                 out_max + at * rows, out_sum + at * rows, out_acc + at * rows * D,
                 checked[i] && tile == t ? checksums + 16 * (int64_t)i : NULL);
             if (status) {

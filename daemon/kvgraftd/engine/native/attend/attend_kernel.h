@@ -18,6 +18,12 @@
  *   sum     t_i = sum over j = i mod 8 of w_j in ascending j (from 0), then
  *           ((t0+t1)+(t2+t3)) + ((t4+t5)+(t6+t7))
  *   values  acc = 0, then acc = fma(w_j, v_j, acc) for j = 0 .. T-1, lane by lane
+ * Two variants of the models that have them (tile_partial's lo and cap; 0 for neither):
+ *   softcap s_j = tanh8(s_j / cap) * cap (tanh8 below), before the max
+ *   window  the keys j < lo (those before a sliding window) count as s_j = -inf in the max
+ *           and weigh exactly 0: left out of the sum and the values' chain (the lanes are
+ *           still j mod 8 from the block's first key, so a key's place in the
+ *           arithmetic depends on its position alone)
  * Each value is defined; a NaN's payload is not (an add's operand order may differ by build).
  *
  * block_partial(q, k, v, head_stride, H, R, D, T, scores, out_max, out_sum,
@@ -37,12 +43,16 @@
  * not take (D not a multiple of 16 or over 256, R outside 1..KVG_MAX_ROWS):
  * attend_limits.h.
  *
- * tile_partial(q, k, v, head_stride, H, R, D, G, Ts, scores, out_max, out_sum, out_acc,
- *              expected)
+ * tile_partial(q, k, v, head_stride, H, R, D, G, Ts, Los, cap, scores, out_max, out_sum,
+ *              out_acc, expected)
  *   G (1..KVG_TILE_TOKENS) tokens of a prefill over the same block: token g's rows at
- *   q + g*H*R*D, its first Ts[g] (>= 1) keys, its outputs at out_max + g*H*R, out_sum + g*H*R,
+ *   q + g*H*R*D, its first Ts[g] (>= 1) keys less the first Los[g] (0 <= Los[g] < Ts[g];
+ *   Los NULL: none) of them, with scores soft-capped at `cap` (0: not), its outputs at
+ *   out_max + g*H*R, out_sum + g*H*R,
  *   out_acc + g*H*R*D; scores holds G*R*(the largest Ts) floats. Each token's outputs are
- *   block_partial's bits for (its q, Ts[g]): every row makes the same operations in the
+ *   block_partial's bits for (its q, Ts[g]) where Los[g] and cap are 0 (block_partial has
+ *   neither: a model with a window or a softcap attends through tiles alone, a decode step
+ *   as a tile of one token): every row makes the same operations in the
  *   same order; only the loops are nested otherwise (a head at a time, a chunk of keys read
  *   once for every token of the tile, not once a token), and a checked page is hashed in
  *   one pass of its own before it is read.
@@ -93,6 +103,13 @@ static inline v8 KVG_NAME(exp8)(v8 x) {
     return v8_mul(p, v8_pow2(n));
 }
 
+/* tanh(y) = (1 - e) / (1 + e) with e = exp8(-2 |y|), y's sign (|y| > 43.5: exp8's floor, 1) */
+static inline v8 KVG_NAME(tanh8)(v8 y) {
+    const v8 one = v8_splat(1.0f);
+    const v8 e = KVG_NAME(exp8)(v8_mul(v8_splat(-2.0f), v8_abs(y)));
+    return v8_copysign(v8_div(v8_sub(one, e), v8_add(one, e)), y);
+}
+
 /* x of one token's score (the 16-lane FMA chain over the row, folded to 8 lanes) */
 static inline __attribute__((always_inline)) v8 KVG_NAME(dot)(
     const v16 *q, const float *row, int lanes) {
@@ -119,21 +136,26 @@ static inline __attribute__((always_inline)) v8 KVG_NAME(scores8)(
     return v8_halves(quads[0], quads[1]);
 }
 
-/* scores of tokens [j0, j1) of one head (j0 a multiple of 8): s[r][j] = q[r] . k_j, and
- * their running max per lane (a tail of fewer than 8 tokens counts as -inf) */
+/* scores of tokens [j0, j1) of one head (j0 a multiple of 8; those before lo left out, as
+ * the contract says), soft-capped where cap is not 0: s[r][j] = q[r] . k_j, and their
+ * running max per lane (a tail of fewer than 8 tokens, and keys before lo, count as -inf) */
 static inline __attribute__((always_inline)) void KVG_NAME(scores)(
-    const v16 *q, const float *k, int R, int lanes, int D, int j0, int j1, int T,
-    float *scores, v8 *max) {
+    const v16 *q, const float *k, int R, int lanes, int D, int j0, int j1, int T, int lo,
+    float cap, float *scores, v8 *max) {
+    const int start = j0 > (lo & ~7) ? j0 : (lo & ~7);
     for (int r = 0; r < R; r++) {
-        for (int j = j0; j < j1; j += 8) {
+        for (int j = start; j < j1; j += 8) {
             const int n = j1 - j < 8 ? j1 - j : 8;
             const float *first = k + (int64_t)j * D;
             v8 s = n == 8 ? KVG_NAME(scores8)(q + r * lanes, first, lanes, D, 8)
                           : KVG_NAME(scores8)(q + r * lanes, first, lanes, D, n);
-            if (n < 8) {
+            if (cap != 0.0f)
+                s = v8_mul(KVG_NAME(tanh8)(v8_div(s, v8_splat(cap))), v8_splat(cap));
+            if (n < 8 || j < lo) {
                 float lanes_of[8];
                 v8_store(lanes_of, s);
-                for (int i = n; i < 8; i++) lanes_of[i] = -INFINITY;
+                for (int i = 0; i < 8; i++)
+                    if (i >= n || j + i < lo) lanes_of[i] = -INFINITY;
                 s = v8_load(lanes_of);
                 memcpy(scores + (int64_t)r * T + j, lanes_of, (size_t)n * sizeof(float));
             } else {
@@ -147,11 +169,12 @@ static inline __attribute__((always_inline)) void KVG_NAME(scores)(
 /* acc[r] = fma(w[r][j], v_j, acc[r]) for the tokens [j0, j1), one after the other; a row's
  * accumulators stay in registers while the tokens stream through */
 static inline __attribute__((always_inline)) void KVG_NAME(values)(
-    const float *w, const float *v, int R, int lanes, int D, int j0, int j1, int T, v16 *acc) {
+    const float *w, const float *v, int R, int lanes, int D, int j0, int j1, int T, int lo,
+    v16 *acc) {
     for (int r = 0; r < R; r++) {
         v16 row[KVG_MAX_LANES];
         for (int l = 0; l < lanes; l++) row[l] = acc[r * lanes + l];
-        for (int j = j0; j < j1; j++) {
+        for (int j = j0 > lo ? j0 : lo; j < j1; j++) {
             const v16 weight = v16_splat(w[(int64_t)r * T + j]);
             for (int l = 0; l < lanes; l++)
                 row[l] = v16_fma(weight, v16_load(v + (int64_t)j * D + 16 * l), row[l]);
@@ -168,22 +191,31 @@ static inline float KVG_NAME(lanes_max)(v8 lane_max) {
     return m;
 }
 
-/* weights in place of the scores, and their sum (8 lanes, then one fixed tree) */
+/* weights in place of the scores, and their sum (8 lanes, then one fixed tree); the keys
+ * before lo weigh 0 */
 static inline __attribute__((always_inline)) void KVG_NAME(weights)(
-    float *s, int T, float max, float *sum) {
+    float *s, int T, float max, float *sum, int lo) {
     v8 total = v8_splat(0.0f);
     const v8 top = v8_splat(max);
-    int j = 0;
+    int j = lo & ~7;
+    for (int i = 0; i < j; i++) s[i] = 0.0f;
     for (; j + 8 <= T; j += 8) {
-        const v8 w = KVG_NAME(exp8)(v8_sub(v8_load(s + j), top));
+        v8 w = KVG_NAME(exp8)(v8_sub(v8_load(s + j), top));
+        if (j < lo) {
+            float lanes[8];
+            v8_store(lanes, w);
+            for (int i = 0; i < lo - j; i++) lanes[i] = 0.0f;
+            w = v8_load(lanes);
+        }
         v8_store(s + j, w);
         total = v8_add(total, w);
     }
     if (j < T) { /* the tail, padded with weights of 0 */
         float lanes[8];
-        for (int i = 0; i < 8; i++) lanes[i] = j + i < T ? s[j + i] : max;
+        for (int i = 0; i < 8; i++) lanes[i] = j + i < T && j + i >= lo ? s[j + i] : max;
         v8_store(lanes, KVG_NAME(exp8)(v8_sub(v8_load(lanes), top)));
-        for (int i = T - j; i < 8; i++) lanes[i] = 0.0f;
+        for (int i = 0; i < 8; i++)
+            if (j + i >= T || j + i < lo) lanes[i] = 0.0f;
         memcpy(s + j, lanes, (size_t)(T - j) * sizeof(float));
         total = v8_add(total, v8_load(lanes));
     }
@@ -210,11 +242,11 @@ static inline __attribute__((always_inline)) int KVG_NAME(partial_shaped)(
             int j1 = j0 + KVG_CHUNK_TOKENS < T ? j0 + KVG_CHUNK_TOKENS : T;
             if (expected)
                 XXH3_128bits_update(&state, kh + (int64_t)j0 * D, (size_t)(j1 - j0) * D * 4);
-            KVG_NAME(scores)(qv, kh, R, lanes, D, j0, j1, T, sh, lane_max);
+            KVG_NAME(scores)(qv, kh, R, lanes, D, j0, j1, T, 0, 0.0f, sh, lane_max);
         }
         for (int r = 0; r < R; r++) max[r] = KVG_NAME(lanes_max)(lane_max[r]);
         for (int r = 0; r < R; r++)
-            KVG_NAME(weights)(sh + (int64_t)r * T, T, max[r], out_sum + h * R + r);
+            KVG_NAME(weights)(sh + (int64_t)r * T, T, max[r], out_sum + h * R + r, 0);
     }
     for (int h = 0; h < H; h++) { /* then V of every head */
         v16 acc[KVG_MAX_ROWS * KVG_MAX_LANES];
@@ -224,7 +256,7 @@ static inline __attribute__((always_inline)) int KVG_NAME(partial_shaped)(
             int j1 = j0 + KVG_CHUNK_TOKENS < T ? j0 + KVG_CHUNK_TOKENS : T;
             if (expected)
                 XXH3_128bits_update(&state, vh + (int64_t)j0 * D, (size_t)(j1 - j0) * D * 4);
-            KVG_NAME(values)(scores + (int64_t)h * R * T, vh, R, lanes, D, j0, j1, T, acc);
+            KVG_NAME(values)(scores + (int64_t)h * R * T, vh, R, lanes, D, j0, j1, T, 0, acc);
         }
         for (int i = 0; i < R * lanes; i++) v16_store(out_acc + (int64_t)h * R * D + 16 * i, acc[i]);
     }
@@ -259,8 +291,8 @@ int KVG_CAT(kvg_block_partial, KVG_SUFFIX)(
 /* tile_partial's work, its arguments checked; R and D constants where the caller knows them */
 static inline __attribute__((always_inline)) void KVG_NAME(tile_shaped)(
     const float *q, const float *k, const float *v, int64_t head_stride, int H, int R, int D,
-    int G, const int32_t *Ts, int32_t most, float *scores, float *out_max, float *out_sum,
-    float *out_acc) {
+    int G, const int32_t *Ts, const int32_t *Los, float cap, int32_t most, float *scores,
+    float *out_max, float *out_sum, float *out_acc) {
     const int lanes = D / 16;
     const int64_t rows = (int64_t)H * R;
     for (int h = 0; h < H; h++) {
@@ -270,12 +302,12 @@ static inline __attribute__((always_inline)) void KVG_NAME(tile_shaped)(
         for (int j0 = 0; j0 < most; j0 += KVG_CHUNK_TOKENS) { /* the scores, chunk by chunk */
             const int j1 = j0 + KVG_CHUNK_TOKENS < most ? j0 + KVG_CHUNK_TOKENS : most;
             for (int g = 0; g < G; g++) {
-                if (Ts[g] <= j0) continue;
+                if (Ts[g] <= j0 || j1 <= (Los[g] & ~7)) continue;
                 v16 qv[KVG_MAX_ROWS * KVG_MAX_LANES];
                 const float *qg = q + g * rows * D + (int64_t)h * R * D;
                 for (int i = 0; i < R * lanes; i++) qv[i] = v16_load(qg + 16 * i);
-                KVG_NAME(scores)(qv, kh, R, lanes, D, j0, j1 < Ts[g] ? j1 : Ts[g], Ts[g],
-                                 scores + (int64_t)g * R * most, lane_max + g * R);
+                KVG_NAME(scores)(qv, kh, R, lanes, D, j0, j1 < Ts[g] ? j1 : Ts[g], Ts[g], Los[g],
+                                 cap, scores + (int64_t)g * R * most, lane_max + g * R);
             }
         }
         for (int g = 0; g < G; g++) { /* the weights, row by row */
@@ -283,7 +315,8 @@ static inline __attribute__((always_inline)) void KVG_NAME(tile_shaped)(
             for (int r = 0; r < R; r++) {
                 const float m = KVG_NAME(lanes_max)(lane_max[g * R + r]);
                 max[r] = m;
-                KVG_NAME(weights)(scores + (int64_t)g * R * most + (int64_t)r * Ts[g], Ts[g], m, sum + r);
+                KVG_NAME(weights)(scores + (int64_t)g * R * most + (int64_t)r * Ts[g], Ts[g], m,
+                                  sum + r, Los[g]);
             }
             float *acc = out_acc + (g * rows + (int64_t)h * R) * D;
             memset(acc, 0, sizeof(float) * (size_t)(R * D));
@@ -291,12 +324,12 @@ static inline __attribute__((always_inline)) void KVG_NAME(tile_shaped)(
         for (int j0 = 0; j0 < most; j0 += KVG_CHUNK_TOKENS) { /* the values, chunk by chunk */
             const int j1 = j0 + KVG_CHUNK_TOKENS < most ? j0 + KVG_CHUNK_TOKENS : most;
             for (int g = 0; g < G; g++) {
-                if (Ts[g] <= j0) continue;
+                if (Ts[g] <= j0 || j1 <= Los[g]) continue;
                 float *acc_g = out_acc + (g * rows + (int64_t)h * R) * D;
                 v16 acc[KVG_MAX_ROWS * KVG_MAX_LANES];
                 memcpy(acc, acc_g, sizeof(float) * (size_t)(R * D));
                 KVG_NAME(values)(scores + (int64_t)g * R * most, vh, R, lanes, D, j0,
-                                 j1 < Ts[g] ? j1 : Ts[g], Ts[g], acc);
+                                 j1 < Ts[g] ? j1 : Ts[g], Ts[g], Los[g], acc);
                 memcpy(acc_g, acc, sizeof(float) * (size_t)(R * D));
             }
         }
@@ -305,14 +338,16 @@ static inline __attribute__((always_inline)) void KVG_NAME(tile_shaped)(
 
 int KVG_CAT(kvg_tile_partial, KVG_SUFFIX)(
     const float *q, const float *k, const float *v, int64_t head_stride, int32_t H, int32_t R,
-    int32_t D, int32_t G, const int32_t *Ts, float *scores, float *out_max, float *out_sum,
-    float *out_acc, const uint8_t *expected) {
+    int32_t D, int32_t G, const int32_t *Ts, const int32_t *Los, float cap, float *scores,
+    float *out_max, float *out_sum, float *out_acc, const uint8_t *expected) {
     if (D % KVG_LANE_FLOATS || D <= 0 || D > KVG_LANE_FLOATS * KVG_MAX_LANES || R < 1 ||
         R > KVG_MAX_ROWS || H < 1 || G < 1 || G > KVG_TILE_TOKENS)
         return KVG_BAD_ARGS;
-    int32_t most = 0;
+    int32_t most = 0, none[KVG_TILE_TOKENS] = {0};
+    if (!Los) Los = none;
+    if (!(cap >= 0.0f)) return KVG_BAD_ARGS;
     for (int g = 0; g < G; g++) {
-        if (Ts[g] < 1) return KVG_BAD_ARGS;
+        if (Ts[g] < 1 || Los[g] < 0 || Los[g] >= Ts[g]) return KVG_BAD_ARGS;
         most = Ts[g] > most ? Ts[g] : most;
     }
     if (expected) {
@@ -324,14 +359,14 @@ int KVG_CAT(kvg_tile_partial, KVG_SUFFIX)(
     }
     /* the shapes of the models this project serves, with every loop bound known */
     if (R == 3 && D == 64)
-        KVG_NAME(tile_shaped)(q, k, v, head_stride, H, 3, 64, G, Ts, most, scores, out_max,
-                              out_sum, out_acc);
+        KVG_NAME(tile_shaped)(q, k, v, head_stride, H, 3, 64, G, Ts, Los, cap, most, scores,
+                              out_max, out_sum, out_acc);
     else if (R == 2 && D == 16)
-        KVG_NAME(tile_shaped)(q, k, v, head_stride, H, 2, 16, G, Ts, most, scores, out_max,
-                              out_sum, out_acc);
+        KVG_NAME(tile_shaped)(q, k, v, head_stride, H, 2, 16, G, Ts, Los, cap, most, scores,
+                              out_max, out_sum, out_acc);
     else
-        KVG_NAME(tile_shaped)(q, k, v, head_stride, H, R, D, G, Ts, most, scores, out_max,
-                              out_sum, out_acc);
+        KVG_NAME(tile_shaped)(q, k, v, head_stride, H, R, D, G, Ts, Los, cap, most, scores,
+                              out_max, out_sum, out_acc);
     return 0;
 }
 

@@ -8,6 +8,8 @@
  *   v8_halves(a, b)    [a0+a4, a1+a5, a2+a6, a3+a7, b0+b4, b1+b5, b2+b6, b3+b7]
  *   v8_max(a, b)       a > b ? a : b, lane by lane (b where either is NaN)
  *   v8_pow2(n)         2^n for integral n in [-126, 127], built in the exponent bits
+ *   v8_abs(a)          a with its sign bit cleared
+ *   v8_copysign(a, b)  a's magnitude with b's sign bit
  *   v16_fold(v)        [v0+v8, v1+v9, ..., v7+v15]
  *
  * The including file says which build with KVG_VECTORS_GENERIC (GCC vector extensions,
@@ -32,6 +34,11 @@ static inline v8 v8_splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
 static inline v8 v8_add(v8 a, v8 b) { return a + b; }
 static inline v8 v8_sub(v8 a, v8 b) { return a - b; }
 static inline v8 v8_mul(v8 a, v8 b) { return a * b; }
+static inline v8 v8_div(v8 a, v8 b) { return a / b; }
+static inline v8 v8_abs(v8 a) { return (v8)((v8i)a & 0x7fffffff); }
+static inline v8 v8_copysign(v8 a, v8 b) {
+    return (v8)(((v8i)a & 0x7fffffff) | ((v8i)b & (int32_t)0x80000000));
+}
 static inline v8 v8_fma(v8 a, v8 b, v8 c) {
     v8 r;
     for (int i = 0; i < 8; i++) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
@@ -61,6 +68,12 @@ static inline v8 v8_splat(float x) { return _mm256_set1_ps(x); }
 static inline v8 v8_add(v8 a, v8 b) { return _mm256_add_ps(a, b); }
 static inline v8 v8_sub(v8 a, v8 b) { return _mm256_sub_ps(a, b); }
 static inline v8 v8_mul(v8 a, v8 b) { return _mm256_mul_ps(a, b); }
+static inline v8 v8_div(v8 a, v8 b) { return _mm256_div_ps(a, b); }
+static inline v8 v8_abs(v8 a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+static inline v8 v8_copysign(v8 a, v8 b) {
+    const v8 sign = _mm256_set1_ps(-0.0f);
+    return _mm256_or_ps(_mm256_andnot_ps(sign, a), _mm256_and_ps(sign, b));
+}
 static inline v8 v8_fma(v8 a, v8 b, v8 c) { return _mm256_fmadd_ps(a, b, c); }
 static inline v8 v8_max(v8 a, v8 b) { return _mm256_max_ps(a, b); }
 static inline v8 v8_pow2(v8 n) {

@@ -1,7 +1,7 @@
 /*
  * The row-wise operations of kvgraftd's row-invariant forward (loaded with ctypes by
  * kvgraftd.engine.model.rowwise): RMS norm with the residual add before it, rotary positions,
- * and the SiLU-gated product of the MLP.
+ * the gated products of the MLP (SiLU or GELU's tanh form), and the soft cap of logits.
  *
  * The contract: each output row comes from its own input row by one fixed sequence of
  * float operations, each rounded once (compiled with -ffp-contract=off: nothing fused),
@@ -20,7 +20,11 @@
  *   b = x[i + dim/2]: x[i] = a c - b s, x[i + dim/2] = b c + a s.
  * kvg_silu_mul(gate_up, rows, width, out): out[r][i] = silu(g) * u with g = gate_up[r][i],
  *   u = gate_up[r][width + i]; silu(g) = g * sigmoid(g), sigmoid from e = exp(-|g|)
- *   (1 / (1 + e), or e / (1 + e) for g < 0) with the exp of silu_mul8 below.
+ *   (1 / (1 + e), or e / (1 + e) for g < 0) with the exp of exp_neg8 below.
+ * kvg_gelu_tanh_mul(gate_up, rows, width, out): the same with gelu(g) = (0.5 g) (1 + tanh(c (g
+ *   + 0.044715 (g g) g))), c = sqrt(2 / pi) as a float, in that order (torch's tanh GELU).
+ * kvg_softcap(x, n, cap): x[i] = tanh(x[i] / cap) * cap in place.
+ * tanh(y) = (1 - e) / (1 + e) with e = exp(-2 |y|) (exp_neg8), y's sign.
  */
 #include <math.h>
 #include <stdint.h>
@@ -114,7 +118,7 @@ void kvg_rope(float *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t
     }
 }
 
-/* silu(g) * u for 8 lanes at once, each lane's operations those of the contract (GCC
+/* The activations 8 lanes at once, each lane's operations those of the contract (GCC
  * vectors: the compiler left a scalar loop unvectorized). exp(x) for x <= 0, about 1 ulp (the
  * attention kernel's steps without FMA): x = n ln2 + r, the Cephes polynomial for exp(r), 2^n
  * built in the exponent bits; below -87, exp(-87). */
@@ -127,9 +131,7 @@ static inline v8sf select8(v8si mask, v8sf yes, v8sf no) {
     return (v8sf)((mask & (v8si)yes) | (~mask & (v8si)no));
 }
 
-static inline v8sf silu_mul8(v8sf g, v8sf u) {
-    const v8si negative = g < 0.0f;
-    v8sf x = select8(negative, g, -g);
+static inline v8sf exp_neg8(v8sf x) {
     x = select8(x < -87.0f, splat8(-87.0f), x);
     const v8sf shifter = splat8(12582912.0f);
     const v8sf n = (x * 1.44269504088896341f + shifter) - shifter;
@@ -142,29 +144,56 @@ static inline v8sf silu_mul8(v8sf g, v8sf u) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * (r * r) + r + 1.0f;
-    const v8sf e = p * (v8sf)((__builtin_convertvector(n, v8si) + 127) << 23);
+    return p * (v8sf)((__builtin_convertvector(n, v8si) + 127) << 23);
+}
+
+static inline v8sf silu_mul8(v8sf g, v8sf u) {
+    const v8si negative = g < 0.0f;
+    const v8sf e = exp_neg8(select8(negative, g, -g));
     const v8sf sigmoid = select8(negative, e, splat8(1.0f)) / (1.0f + e);
     return g * sigmoid * u;
 }
 
+static inline v8sf tanh8(v8sf y) {
+    const v8si magnitude = (v8si)y & 0x7fffffff;
+    const v8sf e = exp_neg8(-2.0f * (v8sf)magnitude);
+    const v8sf t = (1.0f - e) / (1.0f + e);
+    return (v8sf)((v8si)t | ((v8si)y & (int32_t)0x80000000));
+}
+
+static inline v8sf gelu_tanh_mul8(v8sf g, v8sf u) {
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    const v8sf inner = c * (g + 0.044715f * ((g * g) * g));
+    return ((0.5f * g) * (1.0f + tanh8(inner))) * u;
+}
+
+/* out[r][i] = activation(gate) * up over rows [gate | up], 8 lanes at a time (the tail in lanes
+ * padded with zeros, through the same code) */
+#define GATED_PRODUCT(name, gated8)                                                           \
+    VECTOR_CLONES                                                                             \
+    void name(const float *gate_up, int64_t rows, int64_t width, float *out) {               \
+        for (int64_t r = 0; r < rows; r++) {                                                  \
+            const float *gate = gate_up + r * 2 * width, *up = gate + width;                  \
+            for (int64_t i = 0; i < width; i += 8) {                                          \
+                const size_t n = (size_t)(width - i < 8 ? width - i : 8);                     \
+                v8sf g = splat8(0.0f), u = splat8(0.0f);                                      \
+                memcpy(&g, gate + i, sizeof(float) * n);                                      \
+                memcpy(&u, up + i, sizeof(float) * n);                                        \
+                const v8sf y = gated8(g, u);                                                  \
+                memcpy(out + r * width + i, &y, sizeof(float) * n);                           \
+            }                                                                                 \
+        }                                                                                     \
+    }
+GATED_PRODUCT(kvg_silu_mul, silu_mul8)
+GATED_PRODUCT(kvg_gelu_tanh_mul, gelu_tanh_mul8)
+
 VECTOR_CLONES
-void kvg_silu_mul(const float *gate_up, int64_t rows, int64_t width, float *out) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *gate = gate_up + r * 2 * width, *up = gate + width;
-        int64_t i = 0;
-        for (; i + 8 <= width; i += 8) {
-            v8sf g, u;
-            memcpy(&g, gate + i, sizeof g);
-            memcpy(&u, up + i, sizeof u);
-            const v8sf y = silu_mul8(g, u);
-            memcpy(out + r * width + i, &y, sizeof y);
-        }
-        if (i < width) { /* the tail, in lanes padded with zeros */
-            v8sf g = splat8(0.0f), u = splat8(0.0f);
-            memcpy(&g, gate + i, sizeof(float) * (size_t)(width - i));
-            memcpy(&u, up + i, sizeof(float) * (size_t)(width - i));
-            const v8sf y = silu_mul8(g, u);
-            memcpy(out + r * width + i, &y, sizeof(float) * (size_t)(width - i));
-        }
+void kvg_softcap(float *x, int64_t n, float cap) {
+    for (int64_t i = 0; i < n; i += 8) {
+        const size_t count = (size_t)(n - i < 8 ? n - i : 8);
+        v8sf y = splat8(0.0f);
+        memcpy(&y, x + i, sizeof(float) * count);
+        y = tanh8(y / cap) * cap;
+        memcpy(x + i, &y, sizeof(float) * count);
     }
 }

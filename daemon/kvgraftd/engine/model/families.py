@@ -1,0 +1,166 @@
+"""The decoder families the row-invariant forward computes, read from a transformers model.
+
+`Family.of(model)` says which family a loaded causal LM is and what its layers do, in
+the terms kvgraftd.engine.model.native_forward computes them:
+
+* llama (and SmolLM), mistral: RMS norms, SiLU-gated MLP, rotary positions; mistral
+  with a sliding window;
+* qwen2 (Qwen 2 and 2.5): q, k and v biases; qwen3: an RMS norm on each query and key head;
+* gemma2, gemma3 (gemma3_text): norms that scale by (1 + w), a GELU-tanh gated MLP, the
+  embedding scaled by the square root of the hidden size, norms after attention and
+  after the MLP too, sliding-window layers among global ones (gemma3: with their own
+  rotary base), gemma2's soft caps on attention scores and final logits;
+* phi3: q, k and v as one fused projection, gate and up as another.
+
+`missing` lists what the exact forward lacks for this model (an unknown family, a
+rotary scaling that moves with the length, a partial rotary, biases elsewhere, more than
+one norm epsilon); empty where it takes it. The per-layer facts (`windows`,
+`rope_types`, `rope_tables`) are the model's own modules' values, not defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# model_type -> the family's name as `kvgraft info` shows it
+FAMILIES = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+    "gemma3": "gemma3",
+    "phi3": "phi3",
+}
+GEMMA = frozenset({"gemma2", "gemma3"})
+STATIC_ROPE = frozenset({"default", "linear", "llama3"})  # inv_freq fixed at load
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+@dataclass(frozen=True)
+class RopeTable:
+    """A rotary embedding's inverse frequencies and the factor its cos and sin carry."""
+
+    inv_freq: torch.Tensor
+    scaling: float
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # FAMILIES' name, or the model_type of a model no family takes
+    missing: tuple[str, ...]  # what the exact forward lacks for it (empty: it takes it)
+    activation: str  # "silu" or "gelu_tanh"
+    norm_offset: float  # a norm multiplies by (offset + w): 1 in Gemma, else 0
+    qkv_bias: bool
+    qk_norm: bool
+    sandwich_norms: bool  # norms on attention's and the MLP's outputs too (Gemma)
+    windows: tuple[int, ...]  # each layer's sliding window (0: every position)
+    attention_softcap: float  # 0: none
+    final_softcap: float  # 0: none
+    rope_types: tuple[str, ...]  # each layer's key into rope_tables
+    rope_tables: dict[str, RopeTable]
+    fused: bool  # q, k, v one weight and gate, up another (Phi-3)
+    eps: float
+
+    @property
+    def plain(self) -> bool:
+        """Whether it is a Llama: what the fused native layer calls compute (layer_kernels)."""
+        return not (
+            self.qkv_bias or self.qk_norm or self.sandwich_norms or self.norm_offset
+            or self.activation != "silu" or any(self.windows) or self.attention_softcap
+            or self.final_softcap or len(self.rope_tables) != 1
+        )  # fmt: skip
+
+    @classmethod
+    def of(cls, model) -> Family:
+        config = model.config
+        model_type = getattr(config, "model_type", "")
+        name = FAMILIES.get(model_type, model_type)
+        decoder = getattr(model, "model", None)
+        layers = list(getattr(decoder, "layers", []))
+        missing = [] if model_type in FAMILIES else [f"the {model_type!r} architecture"]
+        if not layers or getattr(decoder, "norm", None) is None:
+            missing.append("a decoder of layers")
+            layers = []
+        attentions = [layer.self_attn for layer in layers]
+        activation = ACTIVATIONS.get(
+            getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+        )
+        if activation is None:
+            missing.append(f"the activation {getattr(config, 'hidden_act', None)!r}")
+        if getattr(config, "mlp_bias", False):
+            missing.append("MLP biases")
+        out = getattr(attentions[0], "o_proj", None) if attentions else None
+        if out is not None and out.bias is not None:
+            missing.append("an output projection bias")
+        qkv_bias = bool(attentions) and _qkv_bias(attentions[0])
+        if qkv_bias and name not in ("qwen2",):
+            missing.append(f"q, k, v biases in {name}")
+        tables, rope_types = _rope(decoder, config, len(layers), missing) if layers else ({}, ())
+        eps = _epsilons(decoder, layers)
+        if len(eps) > 1:
+            missing.append(f"norms with different epsilons {sorted(eps)}")
+        gemma = name in GEMMA
+        return cls(
+            name=name,
+            missing=tuple(missing),
+            activation=activation or "",
+            norm_offset=1.0 if gemma else 0.0,
+            qkv_bias=qkv_bias,
+            qk_norm=bool(attentions) and getattr(attentions[0], "q_norm", None) is not None,
+            sandwich_norms=gemma,
+            windows=tuple(_window(attention, config) for attention in attentions),
+            attention_softcap=float(getattr(config, "attn_logit_softcapping", None) or 0)
+            if name == "gemma2"
+            else 0.0,
+            final_softcap=float(getattr(config, "final_logit_softcapping", None) or 0),
+            rope_types=rope_types,
+            rope_tables=tables,
+            fused=bool(attentions) and hasattr(attentions[0], "qkv_proj"),
+            eps=next(iter(eps)) if eps else 0.0,
+        )
+
+
+def _qkv_bias(attention) -> bool:
+    if hasattr(attention, "qkv_proj"):
+        return attention.qkv_proj.bias is not None
+    return attention.q_proj.bias is not None
+
+
+def _window(attention, config) -> int:
+    """A layer's sliding window: its module's where it keeps one (Gemma, Qwen: per layer),
+    else the config's (Mistral, Phi-3: every layer)."""
+    if hasattr(attention, "sliding_window"):
+        return int(attention.sliding_window or 0)
+    return int(getattr(config, "sliding_window", None) or 0)
+
+
+def _rope(decoder, config, layers: int, missing: list[str]):
+    """The rotary tables by name and each layer's: one ("") for most, one per layer type
+    for Gemma 3 (its local layers' own base)."""
+    rotary = decoder.rotary_emb
+    kinds = rotary.rope_type if isinstance(rotary.rope_type, dict) else {"": rotary.rope_type}
+    tables = {}
+    for kind, rope_type in kinds.items():
+        if rope_type not in STATIC_ROPE:
+            missing.append(f"the rotary scaling {rope_type!r}")
+        prefix = f"{kind}_" if kind else ""
+        inv_freq = getattr(rotary, f"{prefix}inv_freq")
+        scaling = float(getattr(rotary, f"{prefix}attention_scaling"))
+        tables[kind] = RopeTable(inv_freq.detach().to(torch.float32).clone(), scaling)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if any(2 * table.inv_freq.numel() != head_dim for table in tables.values()):
+        missing.append("a partial rotary embedding")
+    if list(kinds) == [""]:
+        return tables, ("",) * layers
+    return tables, tuple(config.layer_types[:layers])
+
+
+def _epsilons(decoder, layers) -> set[float]:
+    norms = [decoder.norm]
+    for layer in layers:
+        norms += [module for name, module in layer.named_modules() if name.endswith("norm")]
+    return {float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 0.0))) for norm in norms}
