@@ -131,6 +131,26 @@ def test_info_says_what_the_cache_figures_mean(start_daemon) -> None:
     assert "host: checked copies of stored pages in RAM" in text
 
 
+def test_info_names_the_family_and_a_family_generates(start_daemon) -> None:
+    """A daemon serving a tiny Gemma 3 (sliding windows among global layers) in its own process:
+    info names the family, the products and the schedule; a generate twice with a deposit
+    between gives the same receipt hashes, the second grafting the first's prompt."""
+    daemon = start_daemon(extra_args=["--model", "tiny:gemma3:1"])
+    wait_model_ready(daemon.address)
+    info = kvgraft_json("info", server=daemon.address)["info"]
+    assert (info["model_family"], info["schedule"]) == ("gemma3", "any")
+    text = kvgraft("info", server=daemon.address).stdout
+    assert "family: gemma3; products: row-invariant-fma rowwise=2; schedule: any" in text
+    prompt = ",".join(str(7 * i % 500) for i in range(40))
+    args = ("generate", "--tokens", prompt, "--max-new-tokens", "6")
+    first = kvgraft_json(*args, "--deposit", server=daemon.address)
+    second = kvgraft_json(*args, server=daemon.address)
+    # every token of the prompt but its last (whose logits the first new token needs)
+    assert (first.get("reused_tokens", 0), second["reused_tokens"]) == (0, 39)
+    for name in ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256"):
+        assert first[name] == second[name], name
+
+
 def test_ls_lists_and_filters_by_label(daemon: DaemonProcess, client: Client, rng) -> None:
     a = _artifact(rng, team="red", kind="chat")
     b = _artifact(rng, team="red", kind="doc")

@@ -33,7 +33,7 @@ from tests.support.factory import random_artifact
 
 KEY = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
 OTHER_KEY = "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c"
-MODEL_CHOICES = "give a GGUF file, a Hugging Face model directory, tiny:SEED or none"
+MODEL_CHOICES = "give a GGUF file, a Hugging Face model directory, tiny:[FAMILY:]SEED or none"
 GRPC_LOG_LINE = re.compile(r"^[DIWEF]\d{4} \d\d:\d\d:\d\d")  # the C core's own format
 
 
@@ -132,8 +132,10 @@ def test_a_model_that_cannot_load_stops_the_daemon_at_once(tmp_path: Path, taken
     for model, expected in refused.items():
         with pytest.raises(ConfigError, match=re.escape(f"model {model} {expected}")):
             check_model(DaemonConfig(model=model))
-    with pytest.raises(ConfigError, match=re.escape("'tiny:x': tiny:SEED takes a whole number")):
-        DaemonConfig(model="tiny:x")
+    for tiny in ("tiny:x", "tiny:falcon:1", "tiny:gemma3:x"):
+        with pytest.raises(ConfigError, match=re.escape(f"'{tiny}': use tiny:SEED (a whole")):
+            DaemonConfig(model=tiny)
+    DaemonConfig(model="tiny:gemma3:1")  # a family's tiny model
     with pytest.raises(ConfigError, match=re.escape("products 'int4': use int8-dot or fp32")):
         DaemonConfig(products="int4")
     hf = tmp_path / "hf"

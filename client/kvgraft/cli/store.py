@@ -84,6 +84,7 @@ def cmd_info(client: Client, args: argparse.Namespace) -> None:
         f"kvgraftd {info.version} at {client.address} (store format {info.store_format_version})",
         f"model: {info.model_name or '-'} ({info.model_state})"
         + (f", fingerprint {info.model_fingerprint.hex()[:16]}" if info.model_fingerprint else ""),
+        *model_lines(info),
         f"signing key: {info.signing_key.hex()} (other daemons trust it with [trust] keys)",
         f"store: artifacts {stats.artifacts}, distinct pages {stats.pages} "
         f"({human_bytes(stats.page_bytes)}), staged pages {stats.staged_pages} (of uploads "
@@ -111,6 +112,17 @@ def cmd_info(client: Client, args: argparse.Namespace) -> None:
     lines += cache_lines(info)
     lines += tenant_lines(info)
     emit(args.json, document, "\n".join(lines))
+
+
+def model_lines(info: pb.InfoResponse) -> list[str]:
+    """The served model's family, its compute profile's products and the schedules it takes."""
+    if not info.model_family:
+        return []
+    products = info.profile.products or "torch's"
+    return [
+        f"family: {info.model_family}; products: {products}; schedule: {info.schedule} "
+        "(any: every chunking and batch gives the same bits)"
+    ]
 
 
 def state(info: pb.ArtifactInfo) -> str:

@@ -30,6 +30,8 @@ DEFAULT_LISTEN = "127.0.0.1:50551"
 DEFAULT_HTTP_LISTEN = "127.0.0.1:8551"
 # the CPU forward's arithmetic over GGUF blocks (kvgraftd.engine.model.native_forward)
 PRODUCTS = ("int8-dot", "fp32")
+# the tiny random models --model tiny:FAMILY:SEED names (kvgraftd.engine.model.tiny_models)
+TINY_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 
 
 def _opt(default: Any, help: str) -> Any:
@@ -93,8 +95,8 @@ class DaemonConfig:
     )
     model: str = _opt(
         "",
-        "a GGUF file, a Hugging Face directory, tiny:SEED (a small random test model) or none "
-        "(store only); empty: the default model, SmolLM2-135M-Instruct",
+        "a GGUF file, a Hugging Face directory, tiny:SEED or tiny:FAMILY:SEED (small random "
+        "test models) or none (store only); empty: the default model, SmolLM2-135M-Instruct",
     )
     model_cache: str = _opt("", "where converted models are cached (empty: DATA/models)")
     products: str = _opt(
@@ -245,8 +247,13 @@ class DaemonConfig:
                 "[tenants] need the operator's token_file: the daemon's own token sees every "
                 "tenant and runs replication; set token_file too"
             )
-        if self.model.startswith("tiny:") and not self.model[5:].isdigit():
-            raise ConfigError(f"model {self.model!r}: tiny:SEED takes a whole number, e.g. tiny:0")
+        if self.model.startswith("tiny:"):
+            family, _, seed = self.model[5:].rpartition(":")
+            if not seed.isdigit() or (family and family not in TINY_FAMILIES):
+                raise ConfigError(
+                    f"model {self.model!r}: use tiny:SEED (a whole number, e.g. tiny:0) or "
+                    f"tiny:FAMILY:SEED with a family of {', '.join(TINY_FAMILIES)}"
+                )
         for source in self.replication_pull_from:
             if source != "*" and (problem := address_problem(source)):
                 raise ConfigError(
@@ -280,7 +287,7 @@ class DaemonConfig:
             raise ConfigError("remote_prefix must not be empty")
 
 
-MODEL_CHOICES = "give a GGUF file, a Hugging Face model directory, tiny:SEED or none"
+MODEL_CHOICES = "give a GGUF file, a Hugging Face model directory, tiny:[FAMILY:]SEED or none"
 
 
 def check_model(config: DaemonConfig) -> None:

@@ -78,13 +78,12 @@ class Family:
     def of(cls, model) -> Family:
         config = model.config
         model_type = getattr(config, "model_type", "")
-        name = FAMILIES.get(model_type, model_type)
-        decoder = getattr(model, "model", None)
-        layers = list(getattr(decoder, "layers", []))
-        missing = [] if model_type in FAMILIES else [f"the {model_type!r} architecture"]
-        if not layers or getattr(decoder, "norm", None) is None:
-            missing.append("a decoder of layers")
-            layers = []
+        if model_type not in FAMILIES:
+            return cls._unknown(config, model_type)
+        name = FAMILIES[model_type]
+        decoder = model.model
+        layers = list(decoder.layers)
+        missing: list[str] = []
         attentions = [layer.self_attn for layer in layers]
         activation = ACTIVATIONS.get(
             getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
@@ -99,7 +98,7 @@ class Family:
         qkv_bias = bool(attentions) and _qkv_bias(attentions[0])
         if qkv_bias and name not in ("qwen2",):
             missing.append(f"q, k, v biases in {name}")
-        tables, rope_types = _rope(decoder, config, len(layers), missing) if layers else ({}, ())
+        tables, rope_types = _rope(decoder, config, len(layers), missing)
         eps = _epsilons(decoder, layers)
         if len(eps) > 1:
             missing.append(f"norms with different epsilons {sorted(eps)}")
@@ -120,8 +119,24 @@ class Family:
             rope_types=rope_types,
             rope_tables=tables,
             fused=bool(attentions) and hasattr(attentions[0], "qkv_proj"),
-            eps=next(iter(eps)) if eps else 0.0,
+            eps=next(iter(eps)),
         )
+
+    @classmethod
+    def _unknown(cls, config, model_type: str) -> Family:
+        """A model of no family here: what its config says of its attention (a window or a
+        soft cap: torch's fixed schedule would leave them out, so the adapter refuses it)."""
+        layers = getattr(config, "num_hidden_layers", 0)
+        window = getattr(config, "sliding_window", None) or 0
+        if not getattr(config, "use_sliding_window", True):
+            window = 0
+        return cls(
+            name=model_type, missing=(f"the {model_type!r} architecture",), activation="",
+            norm_offset=0.0, qkv_bias=False, qk_norm=False, sandwich_norms=False,
+            windows=(int(window),) * layers,
+            attention_softcap=float(getattr(config, "attn_logit_softcapping", None) or 0),
+            final_softcap=0.0, rope_types=(), rope_tables={}, fused=False, eps=0.0,
+        )  # fmt: skip
 
 
 def _qkv_bias(attention) -> bool:

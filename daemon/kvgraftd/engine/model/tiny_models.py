@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kvgraftd.config import TINY_FAMILIES
+
 SHAPE = {
     "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
     "num_key_value_heads": 2, "max_position_embeddings": 1 << 20,
@@ -69,6 +71,7 @@ FAMILIES = {
     ),
     "phi3": ("Phi3Config", {"num_hidden_layers": 2}),
 }
+assert tuple(FAMILIES) == TINY_FAMILIES, "the families --model tiny:FAMILY:SEED names"
 TIED = frozenset({"gemma2", "gemma3", "qwen2"})  # as the small models of these families are
 # llama.cpp's architecture for each (Mistral is "llama", told apart by its name)
 _ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",

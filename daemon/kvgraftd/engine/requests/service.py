@@ -121,6 +121,8 @@ class EngineService:
             response.model_state = "ready"
             engine = self._engine
             response.model_name = engine.adapter.name
+            response.model_family = engine.adapter.family.name
+            response.schedule = engine.adapter.schedule
             response.model_fingerprint = engine.fingerprint
             response.profile.CopyFrom(engine.profile)
             response.page_tokens = engine.page_tokens

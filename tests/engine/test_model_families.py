@@ -1,0 +1,231 @@
+"""Every family the exact forward takes, on its tiny random model: a position's bits depend on
+the tokens up to it alone, grafts equal fresh runs, and the logits are transformers'.
+
+Each family (kvgraftd.engine.model.tiny_models: Llama, Mistral, Qwen 2 and 3, Gemma 2 and
+3, Phi-3) runs as three models: its safetensors directory (tiny:FAMILY:1, float32
+weights: the family as defined there, sliding windows of 8 positions, Gemma 2's soft
+caps) and its GGUF file (Q8_0 and Q4_1 blocks, as transformers reads the file) with the
+integer products and with the float ones. Prompts of 96 tokens cross three blocks of 32
+keys and many windows. For each:
+
+* the logits at every position and every layer's KV are SHA-256-equal across one pass,
+  random chunkings, token by token, and rows batched with other contexts;
+* a prefix deposited at a random token offset, grafted by a longer prompt, gives the
+  receipt hashes of a fresh run;
+* against transformers' own forward of the same model (eager attention, its masks): the
+  float products' argmax at every position (the max |delta| printed: `pytest -s`), the
+  integer products' within what 8-bit activations move.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+
+import pytest
+import torch
+import transformers
+
+from kvgraft.errors import FailedPrecondition
+from kvgraftd.engine.model import linear, native_forward, tiny_models
+from kvgraftd.engine.model.model_adapter import ModelAdapter
+from kvgraftd.engine.requests.decoding import DecodeOptions
+from kvgraftd.engine.requests.engine import Engine
+from kvgraftd.store.artifact_store import Store
+from tests.support import native_kernels
+
+PROMPT_TOKENS = 96
+PAGE, BLOCK = 16, 32
+VARIANTS = [
+    (family, loader, products)
+    for family in tiny_models.FAMILIES
+    for loader, products in (("safetensors", "fp32"), ("gguf", "int8-dot"), ("gguf", "fp32"))
+]
+
+if not linear.available():
+    native_kernels.missing("the native kernels are not built")
+
+
+@pytest.fixture(scope="module")
+def model_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiny-models")
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: "-".join(v))
+def variant(request) -> tuple[str, str, str]:
+    """(family, loader, products)"""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def engine(variant, model_cache, tmp_path_factory):
+    family, loader, products = variant
+    source = f"tiny:{family}:1"
+    if loader == "gguf":
+        source = str(tiny_models.tiny_files(family, 1, model_cache)[1])
+    adapter = ModelAdapter.load(source, model_cache, products=products)
+    store = Store(tmp_path_factory.mktemp("store"))
+    try:
+        yield Engine(adapter, store, page_tokens=PAGE, block_tokens=BLOCK)
+    finally:
+        store.close()
+
+
+def tokens(seed: int, count: int = PROMPT_TOKENS) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(500) for _ in range(count)]
+
+
+def run(engine: Engine, prompt: list[int], sizes: Callable[[int], int]) -> tuple[str, str]:
+    """SHA-256 of the logits at every position and of every layer's KV under one schedule."""
+    logits = hashlib.sha256()
+    with engine._context() as context:
+        done = 0
+        while done < len(prompt):
+            chunk = prompt[done : done + sizes(done)]
+            context.begin_chunk(done, chunk)
+            logits.update(engine.adapter.forward(chunk, done, context, every_row=True).numpy())
+            context.end_chunk(chunk)
+            done += len(chunk)
+        return logits.hexdigest(), kv_digest(engine, context, len(prompt))
+
+
+def kv_digest(engine: Engine, context, length: int) -> str:
+    kv = hashlib.sha256()
+    for layer in range(engine.adapter.geometry.num_layers):
+        keys, values = context._keys[layer], context._values[layer]
+        kv.update(keys[:, :length].contiguous().numpy())
+        kv.update(values[:, :length].contiguous().numpy())
+    return kv.hexdigest()
+
+
+def test_the_family_runs_on_the_exact_forward(engine, variant) -> None:
+    adapter = engine.adapter
+    family, loader, products = variant
+    # a Mistral's GGUF is read by transformers as the Llama it is (gguf-py names no Mistral)
+    expected = "llama" if (family, loader) == ("mistral", "gguf") else family
+    assert adapter.family.name == expected
+    assert adapter.row_invariant and adapter.schedule == "any"
+    formats = adapter.native.weight_formats
+    if loader == "gguf":  # every product streams the file's blocks
+        assert "f32" not in formats and formats
+        suffix = "_i8" if products == "int8-dot" else ""
+        assert all(name.endswith(suffix) for name in formats)
+    else:
+        assert set(formats) == {"f32"}
+    windows = adapter.geometry.windows
+    if loader == "safetensors" and family in ("mistral", "gemma2", "gemma3"):
+        assert tiny_models.WINDOW in windows  # the window is exercised, not defaulted away
+
+
+def test_every_schedule_gives_the_same_bits(engine) -> None:
+    prompt = tokens(1)
+    one_pass = run(engine, prompt, lambda done: len(prompt))
+    assert run(engine, prompt, lambda done: 1) == one_pass
+    rng = random.Random(23)
+    for _ in range(2):
+        assert run(engine, prompt, lambda done: rng.randint(1, 40)) == one_pass
+
+
+def test_rows_batched_with_other_contexts_keep_their_bits(engine) -> None:
+    prompt, other_tokens = tokens(2), tokens(3, 4 * PROMPT_TOKENS)
+    alone = run(engine, prompt, lambda done: len(prompt))
+    rng = random.Random(5)
+    others = [engine._context() for _ in range(5)]
+    logits = hashlib.sha256()
+    try:
+        with engine._context() as context:
+            done = 0
+            while done < len(prompt):
+                chunk = prompt[done : done + rng.randint(1, 20)]
+                parts = [(context, chunk, done)]
+                for other in rng.sample(others, rng.randint(1, 5)):
+                    start = other.length
+                    parts.append((other, other_tokens[start : start + rng.randint(1, 6)], start))
+                for part_context, ids, start in parts:
+                    part_context.begin_chunk(start, ids)
+                rows = engine.adapter.native.forward_many(parts, every_row=True)
+                for part_context, ids, _ in parts:
+                    part_context.end_chunk(ids)
+                logits.update(rows[0].numpy())
+                done += len(chunk)
+            batched = logits.hexdigest(), kv_digest(engine, context, len(prompt))
+    finally:
+        for other in others:
+            other.close()
+    assert batched == alone
+
+
+def test_grafts_at_random_offsets_equal_fresh_runs(engine) -> None:
+    rng = random.Random(11)
+    for offset in (rng.randint(3, PAGE - 1), PAGE * 2, rng.randint(PAGE * 2 + 1, 70)):
+        prompt = tokens(100 + offset, offset + 20)
+
+        def result(ids, new_tokens=4, **options):
+            events = list(engine.generate(ids, DecodeOptions(max_new_tokens=new_tokens, **options)))
+            return events[-1]
+
+        assert result(prompt[:offset], new_tokens=0, deposit=True).artifact_id
+        grafted, fresh = result(prompt), result(prompt, no_cache=True)
+        assert grafted.receipt.reused_tokens == offset
+        assert fresh.receipt.reused_tokens == 0
+        for name in ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256"):
+            assert getattr(grafted.receipt, name) == getattr(fresh.receipt, name), (offset, name)
+
+
+def test_the_logits_agree_with_transformers(engine, variant) -> None:
+    prompt = tokens(4)
+    adapter = engine.adapter
+    with engine._context() as context:
+        context.begin_chunk(0, prompt)
+        ours = adapter.forward(prompt, 0, context, every_row=True)
+    model = adapter.model
+    previous = model.config._attn_implementation
+    try:
+        model.set_attn_implementation("eager")  # Gemma 2's soft caps: not in sdpa
+        with torch.inference_mode():
+            theirs = model(torch.tensor([prompt])).logits[0]
+    finally:
+        model.set_attn_implementation(previous)
+    agree = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
+    delta = (ours - theirs).abs().max().item()
+    family, loader, products = variant
+    print(f"{family} {loader} {products}: max |logit delta| vs transformers {delta:.2e}, "
+          f"argmax equal at {agree:.1%} of {len(prompt)} positions")  # fmt: skip
+    if adapter.products.startswith(native_forward.INTEGER_PRODUCTS):
+        assert agree >= 0.85 and delta < 0.5  # 8-bit activations against float32 ones
+    else:
+        assert agree == 1.0
+        assert delta < 1e-4
+
+
+def test_a_model_the_exact_forward_cannot_take_is_refused_or_served_on_the_fixed_schedule(
+    model_cache, tmp_path
+) -> None:
+    """A rotary scaling that moves with the length: a Llama runs on torch's fixed schedule and
+    says why; a Gemma 2 (sliding windows, soft caps: only the exact forward has them) is
+    refused with what is missing named, and so is a model of another architecture with a
+    sliding window."""
+    for family, expect_refusal in (("llama", False), ("gemma2", True)):
+        model = tiny_models.build(family, 1)
+        model.config.rope_parameters = {
+            "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0,
+        }  # fmt: skip
+        model.save_pretrained(tmp_path / family)
+        if expect_refusal:
+            with pytest.raises(FailedPrecondition, match="rotary scaling 'dynamic'"):
+                ModelAdapter.load(str(tmp_path / family), model_cache)
+        else:
+            adapter = ModelAdapter.load(str(tmp_path / family), model_cache)
+            assert not adapter.row_invariant
+            assert adapter.schedule == "fixed (the rotary scaling 'dynamic')"
+    # an architecture of no family here, with a sliding window torch's schedule would leave out
+    config = transformers.Starcoder2Config(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=512, sliding_window=8, bos_token_id=None,
+        eos_token_id=None,
+    )  # fmt: skip
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "other")
+    with pytest.raises(FailedPrecondition, match="here it lacks the 'starcoder2' architecture"):
+        ModelAdapter.load(str(tmp_path / "other"), model_cache)
