@@ -20,6 +20,7 @@ keys and many windows. For each:
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Callable
 
@@ -33,6 +34,9 @@ from kvgraftd.engine.model.model_adapter import ModelAdapter
 from kvgraftd.engine.requests.decoding import DecodeOptions
 from kvgraftd.engine.requests.engine import Engine
 from kvgraftd.store.artifact_store import Store
+from kvgraftd.tiers.device_pool import DevicePool
+from kvgraftd.tiers.host_cache import HostCache
+from kvgraftd.tiers.stack import Tiers
 from tests.support import native_kernels
 
 PROMPT_TOKENS = 96
@@ -157,7 +161,17 @@ def test_rows_batched_with_other_contexts_keep_their_bits(engine) -> None:
     assert batched == alone
 
 
-def test_grafts_at_random_offsets_equal_fresh_runs(engine) -> None:
+@pytest.mark.parametrize("block", [BLOCK, PAGE])
+def test_grafts_at_random_offsets_equal_fresh_runs(engine, block, tmp_path) -> None:
+    """Blocks of two pages (the stored ones through pool slots) and of one with a pool of two
+    slots (a scan: stored pages read in place): a window's blocks before it are skipped either
+    way."""
+    if block != BLOCK:
+        store = Store(tmp_path / "store")
+        geometry = engine.adapter.geometry
+        slot = (2, geometry.kv_heads, block, geometry.head_dim)
+        scan = Tiers(DevicePool(2 * 4 * math.prod(slot), slot), HostCache(store, 0))
+        engine = Engine(engine.adapter, store, page_tokens=PAGE, block_tokens=block, tiers=scan)
     rng = random.Random(11)
     for offset in (rng.randint(3, PAGE - 1), PAGE * 2, rng.randint(PAGE * 2 + 1, 70)):
         prompt = tokens(100 + offset, offset + 20)
@@ -172,6 +186,8 @@ def test_grafts_at_random_offsets_equal_fresh_runs(engine) -> None:
         assert fresh.receipt.reused_tokens == 0
         for name in ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256"):
             assert getattr(grafted.receipt, name) == getattr(fresh.receipt, name), (offset, name)
+    if block != BLOCK:
+        store.close()
 
 
 def test_the_logits_agree_with_transformers(engine, variant) -> None:

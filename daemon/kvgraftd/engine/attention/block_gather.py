@@ -89,16 +89,18 @@ class BlockGather:
     def decode(
         self, layer: int, softmax: DecodeSoftmax, in_place: int, total: int, cache: bool
     ) -> None:
-        """Merge into `softmax` the partials of every block of `layer` up to `total`, in
-        block order: the first `in_place` stored one-page blocks read where they are, then
-        blocks through pool slots (`cache`: whether stored ones stay cached there), then,
-        on CPU, blocks of live positions only read in the live buffers."""
+        """Merge into `softmax` the partials of every block of `layer` up to `total` that
+        its rows see (a sliding window's rows none before its first block), in block order:
+        the first `in_place` stored one-page blocks read where they are, then blocks through
+        pool slots (`cache`: whether stored ones stay cached there), then, on CPU, blocks of
+        live positions only read in the live buffers."""
         block_tokens = self._context.block_tokens
-        live_from = self._live_blocks_read_in_place_from(total)
+        first = softmax.first_block(block_tokens)
+        live_from = max(first, self._live_blocks_read_in_place_from(total))
         slots_end = min(total, live_from * block_tokens)
         with self._ordered_partials(softmax.merge, total) as partials:
-            self._decode_in_place(layer, in_place, softmax, partials)
-            self._decode_slots(layer, in_place, slots_end, cache, softmax, partials)
+            self._decode_in_place(layer, first, in_place, softmax, partials)
+            self._decode_slots(layer, max(first, in_place), slots_end, cache, softmax, partials)
             self._decode_live_blocks(layer, live_from, total, softmax, partials)
 
     def _inline(self, total: int) -> bool:
@@ -181,19 +183,19 @@ class BlockGather:
                 self._context.tiers.pool.release(slot)
 
     def _decode_in_place(
-        self, layer: int, blocks: int, softmax: DecodeSoftmax, partials: OrderedPartials
+        self, layer: int, start: int, end: int, softmax: DecodeSoftmax, partials: OrderedPartials
     ) -> None:
-        """The first `blocks` one-page stored blocks, in batches, checked as they are read."""
-        if not blocks:
+        """The one-page stored blocks [start, end), in batches, checked as they are read."""
+        if start >= end:
             return
         context = self._context
-        digests = context.stored_digests(layer, 0, blocks)
+        digests = context.stored_digests(layer, start, end)
         admit = context.cache_stored_pages()
-        size = context.tiers.attention_batch(blocks)
+        size = context.tiers.attention_batch(end - start)
         try:
-            for first in range(0, blocks, size):
-                part = digests[first : first + size]
-                partials.submit(self._pages_partial, softmax, first, part, admit)
+            for offset in range(0, end - start, size):
+                part = digests[offset : offset + size]
+                partials.submit(self._pages_partial, softmax, start + offset, part, admit)
             partials.drain()
         finally:  # an earlier batch's error, raised while handing over a later one
             partials.settle()

@@ -248,6 +248,10 @@ class DecodeSoftmax:
             scores = self._scratch.scores = np.empty(size, np.float32)
         return scores
 
+    def first_block(self, block_tokens: int) -> int:
+        """The first block of `block_tokens` keys any of its rows sees (every one)."""
+        return 0
+
     def merge(self, partials: Partials) -> None:
         """Fold the partials into the result, in their order."""
         maximum, total, acc = partials
@@ -287,6 +291,13 @@ class RowsSoftmax(DecodeSoftmax):
         self._sum = np.zeros((n, heads), np.float32)
         self._acc = np.zeros((n, heads, dim), np.float32)
         self._scratch = threading.local()
+
+    def first_block(self, block_tokens: int) -> int:
+        """The first block its first row's window reaches (the later rows' start later): the
+        blocks before it are no row's, not merged whatever they would give."""
+        if not self._window:
+            return 0
+        return max(0, self._first - self._window + 1) // block_tokens
 
     def _score_rows(self) -> int:
         """A tile of tokens' rows of one head (the kernel's tile_partial)."""
