@@ -59,7 +59,7 @@ CHECKED_TOKENS = 8  # greedy tokens compared with transformers'
 
 def build(family: str, window: int):
     class_name, extra = tiny_models.FAMILIES[family]
-    extra = {key: value for key, value in extra.items() if key != "num_hidden_layers"}
+    extra = {k: v for k, v in extra.items() if k not in ("num_hidden_layers", "head_dim")}
     if "sliding_window" in extra:
         extra["sliding_window"] = window
     if "layer_types" in extra:  # Gemma 3: five local layers to a global one

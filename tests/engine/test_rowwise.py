@@ -4,6 +4,7 @@ and sin are the kernel's own (no C library's), within a rounding of the true val
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from kvgraftd.engine.model import rowwise
@@ -39,11 +40,9 @@ def test_rotary_table_cos_and_sin_are_nearly_correctly_rounded() -> None:
     assert torch.equal(scaled.sin, table.sin[:100] * 0.75)
 
 
-def _silu_mul_reference(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """rowwise.c's silu(g) * u, operation by operation in numpy float32 (each rounded once)."""
+def _exp_neg_reference(x: np.ndarray) -> np.ndarray:
+    """rowwise.c's exp_neg8 (x <= 0), operation by operation in numpy float32."""
     f = np.float32
-    g = gate.astype(f)
-    x = np.where(g < 0, g, -g)
     x = np.where(x < f(-87), f(-87), x)
     shifter = f(12582912.0)
     n = (x * f(1.44269504088896341) + shifter) - shifter
@@ -53,10 +52,29 @@ def _silu_mul_reference(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
         p = p * r + f(c)
     p = p * (r * r) + r + f(1.0)
-    power = ((n.astype(np.int32) + 127) << 23).view(f)
-    e = p * power
+    return p * ((n.astype(np.int32) + 127) << 23).view(f)
+
+
+def _silu_mul_reference(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """rowwise.c's silu(g) * u, operation by operation in numpy float32 (each rounded once)."""
+    f = np.float32
+    g = gate.astype(f)
+    e = _exp_neg_reference(np.where(g < 0, g, -g))
     sigmoid = np.where(g < 0, e, f(1.0)) / (f(1.0) + e)
     return g * sigmoid * up.astype(f)
+
+
+def _tanh_reference(y: np.ndarray) -> np.ndarray:
+    f = np.float32
+    e = _exp_neg_reference(f(-2.0) * np.abs(y))
+    return np.copysign((f(1.0) - e) / (f(1.0) + e), y)
+
+
+def _gelu_tanh_mul_reference(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    f = np.float32
+    g = gate.astype(f)
+    inner = f(0.7978845608028654) * (g + f(0.044715) * ((g * g) * g))
+    return ((f(0.5) * g) * (f(1.0) + _tanh_reference(inner))) * up.astype(f)
 
 
 def test_the_gated_activation_is_its_written_arithmetic_in_every_lane() -> None:
@@ -74,3 +92,31 @@ def test_the_gated_activation_is_its_written_arithmetic_in_every_lane() -> None:
     assert out.numpy().tobytes() == expected.tobytes()
     gate_up[1, 5] = float("nan")
     assert rowwise.silu_mul(gate_up, 1539)[1, 5].isnan()
+
+
+def test_the_gelu_gate_and_the_soft_cap_are_their_written_arithmetic_in_every_lane() -> None:
+    """kvg_gelu_tanh_mul (Gemma's gate) and kvg_softcap (Gemma 2's logits) against the same
+    operations in numpy float32, bit for bit, tails and specials included; and against
+    torch's own GELU (tanh) and tanh in float64, to within their float32 rounding."""
+    generator = torch.Generator().manual_seed(4)
+    gate_up = torch.randn(200, 2 * 1539, generator=generator) * 4
+    specials = [0.0, -0.0, 1e-30, -1e-30, 20.0, -20.0, 1e30, -1e30]
+    gate_up[0, : len(specials) + 2] = torch.tensor([*specials, float("inf"), -float("inf")])
+    gate, up = gate_up[:, :1539].numpy(), gate_up[:, 1539:].numpy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = _gelu_tanh_mul_reference(gate, up)
+    out = rowwise.gelu_tanh_mul(gate_up, 1539)
+    assert out.numpy().tobytes() == expected.tobytes()
+    finite = gate_up[1:].double()
+    exact = torch.nn.functional.gelu(finite[:, :1539], approximate="tanh") * finite[:, 1539:]
+    assert (out[1:].double() - exact).abs().max().item() < 1e-5
+    logits = torch.randn(3, 1001, generator=generator) * 40
+    capped = logits.clone()
+    rowwise.softcap_(capped, 30.0)
+    f = np.float32
+    with np.errstate(over="ignore"):
+        expected = _tanh_reference(logits.numpy() / f(30.0)) * f(30.0)
+    assert capped.numpy().tobytes() == expected.tobytes()
+    assert (capped.double() - torch.tanh(logits.double() / 30) * 30).abs().max().item() < 1e-4
+    with pytest.raises(ValueError, match="a soft cap is a positive number"):
+        rowwise.softcap_(capped, 0.0)
