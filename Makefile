@@ -84,6 +84,7 @@ bench: $(STAMP) ## run the benchmarks (each ends with one JSON line; ~30 min)
 	$(BIN)/python bench/graft_bench.py
 	$(BIN)/python bench/engine_bench.py
 	$(BIN)/python bench/quality_bench.py
+	$(BIN)/python bench/family_bench.py
 	$(BIN)/python bench/serve_bench.py
 	$(BIN)/python bench/replication_bench.py
 	$(BIN)/python bench/remote_bench.py

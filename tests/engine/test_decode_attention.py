@@ -182,10 +182,59 @@ def test_prefill_rows_attend_in_tiles_with_the_bits_of_decode_steps() -> None:
 ATTEND_BUILDS = {"generic": 1, "avx2": 2, "avx512": 3}  # attend.c's kvg_attend_builds bits
 
 
+def _check_windowed_tiles(tile, pointer) -> None:
+    """A tile with sliding windows and a soft cap: each token's outputs are those of a tile of
+    that token alone (a decode step's), bit for bit, and are the attention they stand for:
+    over keys [Los[g], Ts[g]) of scores cap * tanh(s / cap), against float64."""
+    H, R, D, G, T, cap = 2, 2, 32, 7, 77, 2.5
+    Ts = np.array([77, 70, 64, 41, 33, 9, 1], np.int32)
+    Los = np.array([60, 0, 57, 8, 31, 1, 0], np.int32)  # in and past 8-key groups
+    q = np.random.default_rng(2).standard_normal((G, H, R, D), np.float32) * 0.3
+    _, keys, values = _inputs(H * R, H, D, T, seed=2)
+    page = _slot(keys, values, T).numpy().view(np.uint8).reshape(-1).copy()
+
+    def call(q, Ts, Los):
+        count = len(Ts)
+        out = [np.empty(count * H * R, np.float32), np.empty(count * H * R, np.float32)]
+        out.append(np.empty((count * H * R, D), np.float32))
+        scores = np.empty(count * R * T, np.float32)
+        status = tile(
+            ctypes.c_void_p(q.ctypes.data), ctypes.c_void_p(page.ctypes.data),
+            ctypes.c_void_p(page.ctypes.data + H * T * D * 4), ctypes.c_int64(T * D), H, R, D,
+            count, Ts.ctypes.data_as(pointer), Los.ctypes.data_as(pointer), ctypes.c_float(cap),
+            scores.ctypes.data_as(pointer), *(array.ctypes.data_as(pointer) for array in out),
+            None,
+        )  # fmt: skip
+        assert status == 0
+        return out
+
+    together = call(q, Ts, Los)
+    k64, v64 = keys.double().numpy(), values.double().numpy()
+    for g in range(G):
+        alone = call(q[g : g + 1].copy(), Ts[g : g + 1].copy(), Los[g : g + 1].copy())
+        rows = slice(g * H * R, (g + 1) * H * R)
+        assert all(
+            a[rows].tobytes() == b.tobytes() for a, b in zip(together, alone, strict=True)
+        ), g
+        _, total, acc = alone
+        out = acc / total[:, None]
+        for h in range(H):
+            seen = slice(Los[g], Ts[g])
+            s = q[g, h].astype(np.float64) @ k64[h, seen].T  # [R, keys]
+            s = cap * np.tanh(s / cap)
+            w = np.exp(s - s.max(axis=1, keepdims=True))
+            expected = (w @ v64[h, seen]) / w.sum(axis=1, keepdims=True)
+            assert np.abs(out[h * R : (h + 1) * R] - expected).max() < 1e-5, (g, h)
+    with pytest.raises(AssertionError):  # a window past its keys is refused (KVG_BAD_ARGS)
+        call(q[:1].copy(), np.array([9], np.int32), np.array([9], np.int32))
+
+
 def test_every_build_of_the_kernel_gives_the_portable_bits() -> None:
     """The portable, AVX2 and AVX-512 builds (those this CPU runs) over shapes with and
     without a tail of fewer than 8 tokens, 1-4 rows a KV head: the same bits, the same
-    checks, the same tiles of a prefill's tokens (each its own number of keys), the same
+    checks, the same tiles of a prefill's tokens (each its own number of keys; with sliding
+    windows and a soft cap too, each token's the bits of its own tile and the attention it
+    stands for), the same
     merges (13 rows, not a multiple of 8, with an empty state and a head size off the
     vector); so the profile names one kernel, not a build."""
     library = decode_attention._library
@@ -246,6 +295,7 @@ def test_every_build_of_the_kernel_gives_the_portable_bits() -> None:
             assert status == 0, name
             tiled.add(b"".join(array.tobytes() for array in out))
         assert len(tiled) == 1, (H, R, D, G)
+    _check_windowed_tiles(tiles[builds[-1]], pointer)
     rng = np.random.default_rng(9)
     for D in (64, 24):
         rows = 13

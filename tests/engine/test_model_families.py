@@ -30,7 +30,11 @@ import transformers
 
 from kvgraft.errors import FailedPrecondition
 from kvgraftd.engine.model import linear, native_forward, tiny_models
-from kvgraftd.engine.model.model_adapter import ModelAdapter
+from kvgraftd.engine.model.model_adapter import (
+    ModelAdapter,
+    computed_beyond_config,
+    model_fingerprint,
+)
 from kvgraftd.engine.requests.decoding import DecodeOptions
 from kvgraftd.engine.requests.engine import Engine
 from kvgraftd.store.artifact_store import Store
@@ -119,7 +123,7 @@ def test_the_family_runs_on_the_exact_forward(engine, variant) -> None:
     else:
         assert set(formats) == {"f32"}
     windows = adapter.geometry.windows
-    if loader == "safetensors" and family in ("mistral", "gemma2", "gemma3"):
+    if loader == "safetensors" and family in ("mistral", "qwen2", "gemma2", "gemma3"):
         assert tiny_models.WINDOW in windows  # the window is exercised, not defaulted away
 
 
@@ -190,8 +194,8 @@ def test_grafts_at_random_offsets_equal_fresh_runs(engine, block, tmp_path) -> N
         store.close()
 
 
-def test_the_logits_agree_with_transformers(engine, variant) -> None:
-    prompt = tokens(4)
+def against_transformers(engine: Engine, prompt: list[int]) -> tuple[float, float]:
+    """(the share of positions whose argmax is transformers', the max |logit delta|)"""
     adapter = engine.adapter
     with engine._context() as context:
         context.begin_chunk(0, prompt)
@@ -205,7 +209,13 @@ def test_the_logits_agree_with_transformers(engine, variant) -> None:
     finally:
         model.set_attn_implementation(previous)
     agree = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
-    delta = (ours - theirs).abs().max().item()
+    return agree, (ours - theirs).abs().max().item()
+
+
+def test_the_logits_agree_with_transformers(engine, variant) -> None:
+    prompt = tokens(4)
+    adapter = engine.adapter
+    agree, delta = against_transformers(engine, prompt)
     family, loader, products = variant
     print(f"{family} {loader} {products}: max |logit delta| vs transformers {delta:.2e}, "
           f"argmax equal at {agree:.1%} of {len(prompt)} positions")  # fmt: skip
@@ -245,3 +255,34 @@ def test_a_model_the_exact_forward_cannot_take_is_refused_or_served_on_the_fixed
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "other")
     with pytest.raises(FailedPrecondition, match="here it lacks the 'starcoder2' architecture"):
         ModelAdapter.load(str(tmp_path / "other"), model_cache)
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "gemma2", "gemma3"])
+def test_windows_over_several_blocks(family, model_cache, tmp_path) -> None:
+    """Blocks of 4 keys under windows of 8: a row's window over two or three blocks, those
+    before it skipped. Every schedule gives the same bits, and the logits are transformers'."""
+    adapter = ModelAdapter.load(f"tiny:{family}:1", model_cache, products="fp32")
+    store = Store(tmp_path / "store")
+    try:
+        engine = Engine(adapter, store, page_tokens=4, block_tokens=4)
+        prompt = tokens(6, 60)
+        one_pass = run(engine, prompt, lambda done: len(prompt))
+        assert run(engine, prompt, lambda done: 1) == one_pass
+        rng = random.Random(7)
+        assert run(engine, prompt, lambda done: rng.randint(1, 13)) == one_pass
+        agree, delta = against_transformers(engine, prompt)
+        assert agree == 1.0 and delta < 1e-4, (agree, delta)
+    finally:
+        store.close()
+
+
+def test_the_fingerprint_names_what_the_family_computes() -> None:
+    """Two models of the same weights whose windows or soft caps differ compute different KV:
+    their fingerprints differ (a Llama's names nothing more than before)."""
+    fingerprints = {
+        model_fingerprint(tiny_models.build("gemma2", 1, **overrides), None)
+        for overrides in ({}, {"sliding_window": 16}, {"final_logit_softcapping": 7.0},
+                          {"attn_logit_softcapping": 3.0}, {"query_pre_attn_scalar": 64})
+    }  # fmt: skip
+    assert len(fingerprints) == 5
+    assert computed_beyond_config(tiny_models.build("llama", 1)) == {}

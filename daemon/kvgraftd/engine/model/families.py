@@ -5,7 +5,8 @@ the terms kvgraftd.engine.model.native_forward computes them:
 
 * llama (and SmolLM), mistral: RMS norms, SiLU-gated MLP, rotary positions; mistral
   with a sliding window;
-* qwen2 (Qwen 2 and 2.5): q, k and v biases; qwen3: an RMS norm on each query and key head;
+* qwen2 (Qwen 2 and 2.5): q, k and v biases, a window on the layers from max_window_layers
+  where use_sliding_window says so; qwen3: an RMS norm on each query and key head;
 * gemma2, gemma3 (gemma3_text): norms that scale by (1 + w), a GELU-tanh gated MLP, the
   embedding scaled by the square root of the hidden size, norms after attention and
   after the MLP too, sliding-window layers among global ones (gemma3: with their own
@@ -32,8 +33,8 @@ FAMILIES = {
     "qwen3": "qwen3",
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
-    "gemma3": "gemma3",
     "phi3": "phi3",
+    # (a "gemma3" checkpoint is Gemma 3 with its vision tower: refused, of no family here)
 }
 GEMMA = frozenset({"gemma2", "gemma3"})
 STATIC_ROPE = frozenset({"default", "linear", "llama3"})  # inv_freq fixed at load
@@ -124,12 +125,15 @@ class Family:
 
     @classmethod
     def _unknown(cls, config, model_type: str) -> Family:
-        """A model of no family here: what its config says of its attention (a window or a
-        soft cap: torch's fixed schedule would leave them out, so the adapter refuses it)."""
-        layers = getattr(config, "num_hidden_layers", 0)
-        window = getattr(config, "sliding_window", None) or 0
-        if not getattr(config, "use_sliding_window", True):
+        """A model of no family here: what its config (or its text model's, in a multimodal
+        one) says of its attention (a window or a soft cap: torch's fixed schedule would leave
+        them out, so the adapter refuses it)."""
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        layers = getattr(text, "num_hidden_layers", None) or getattr(config, "num_hidden_layers", 0)
+        window = getattr(text, "sliding_window", None) or 0
+        if not getattr(text, "use_sliding_window", True):
             window = 0
+        config = text
         return cls(
             name=model_type, missing=(f"the {model_type!r} architecture",), activation="",
             norm_offset=0.0, qkv_bias=False, qk_norm=False, sandwich_norms=False,

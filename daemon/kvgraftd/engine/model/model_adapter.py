@@ -136,9 +136,10 @@ class ModelAdapter:
         if source and source.startswith(TINY_PREFIX) and not family:
             adapter = cls._tiny(seed)
         else:
-            path = Path(source) if source and not family else default_model_path()
-            if family:
+            if family:  # written here: no download, no default model needed
                 path = tiny_models.tiny_files(family, seed, cache_dir)[0]
+            else:
+                path = Path(source) if source else default_model_path()
             if not path.exists():
                 raise InvalidArgument(
                     f"model {path} does not exist; pass a GGUF file or an HF directory"
@@ -361,6 +362,27 @@ def _cached_fingerprint(model, tokenizer, cache: Path | None) -> bytes:
     return fingerprint
 
 
+def computed_beyond_config(model) -> dict[str, Any]:
+    """What the family computes that a Llama of the keys hashed above would not: each
+    layer's sliding window, the soft caps, the activation, attention's scaling (the
+    weights name the rest: biases, head norms, the norms after attention and the MLP)."""
+    family = Family.of(model)
+    computed: dict[str, Any] = {}
+    if any(family.windows):
+        computed["windows"] = list(family.windows)
+    if family.attention_softcap or family.final_softcap:
+        computed["softcaps"] = [family.attention_softcap, family.final_softcap]
+    if family.activation != "silu":
+        computed["activation"] = family.activation
+    head_dim = getattr(model.config, "head_dim", None)
+    head_dim = head_dim or model.config.hidden_size // model.config.num_attention_heads
+    layers = getattr(getattr(model, "model", None), "layers", [])
+    scalings = {float(getattr(layer.self_attn, "scaling", head_dim**-0.5)) for layer in layers}
+    if scalings - {head_dim**-0.5}:
+        computed["scaling"] = sorted(scalings)
+    return computed
+
+
 def model_fingerprint(model, tokenizer) -> bytes:
     """SHA-256 of weights (sorted names, dtypes, shapes, bytes), config, tokenizer, KV dtype."""
     digest = hashlib.sha256(b"kvgraft-fingerprint/1\0")
@@ -388,6 +410,9 @@ def model_fingerprint(model, tokenizer) -> bytes:
         )
     }
     digest.update(json.dumps(described, sort_keys=True, default=str).encode())
+    computed = computed_beyond_config(model)
+    if computed:  # what a Llama computes the keys above name (its fingerprints stay)
+        digest.update(json.dumps(computed, sort_keys=True).encode())
     if tokenizer is not None:
         digest.update(
             tokenizer.backend_tokenizer.to_str().encode()

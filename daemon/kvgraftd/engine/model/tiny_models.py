@@ -41,7 +41,16 @@ FAMILIES = {
         "MistralConfig",
         {"num_hidden_layers": 2, "head_dim": 16, "sliding_window": WINDOW},
     ),
-    "qwen2": ("Qwen2Config", {"num_hidden_layers": 2}),
+    # Qwen 2's window on its layers from max_window_layers (off in the released models)
+    "qwen2": (
+        "Qwen2Config",
+        {
+            "num_hidden_layers": 2,
+            "use_sliding_window": True,
+            "sliding_window": WINDOW,
+            "max_window_layers": 1,
+        },
+    ),
     # a head of 128 (Qwen 3's own, and the one its GGUF metadata cannot say otherwise)
     "qwen3": ("Qwen3Config", {"num_hidden_layers": 2, "head_dim": 128}),
     "gemma2": (
@@ -83,18 +92,20 @@ def parse(spec: str) -> tuple[str, int]:
     family, _, seed = spec.rpartition(":")
     if family and family not in FAMILIES:
         raise ValueError(f"no tiny {family!r} model: use one of {', '.join(FAMILIES)}")
-    if not seed.isdigit() and seed:
+    if not seed.isdigit():
         raise ValueError(f"tiny:{spec}: the seed is a number (e.g. tiny:{family or 'llama'}:1)")
-    return family, int(seed or 0)
+    return family, int(seed)
 
 
-def build(family: str, seed: int):
-    """The family's tiny model, its weights drawn from `seed` (float32, eval mode)."""
+def build(family: str, seed: int, **overrides):
+    """The family's tiny model, its weights drawn from `seed` (float32, eval mode);
+    `overrides`: config keys of another value (e.g. sliding_window=16)."""
     import transformers
 
     class_name, extra = FAMILIES[family]
     tied = family in TIED  # the output product reads the embedding's table
-    config = getattr(transformers, class_name)(**SHAPE, **extra, tie_word_embeddings=tied)
+    settings = {**SHAPE, **extra, "tie_word_embeddings": tied, **overrides}
+    config = getattr(transformers, class_name)(**settings)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     generator = torch.Generator().manual_seed(seed)

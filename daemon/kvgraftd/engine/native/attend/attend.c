@@ -37,7 +37,8 @@
  *   used[i*count + t] says whether it saw any (a token before the block, or past it by a
  *   window, has no partial there). Partial
  *   (i, t) goes to out_max + (i*count + t)*H*R, ... A checked block (a whole stored
- *   page, before every token) is hashed once, with token t0's pass. Calls for disjoint
+ *   page, before every token) is hashed once, with the first tile that sees it (one no token
+ *   sees, past every token's window, is neither read nor hashed). Calls for disjoint
  *   token ranges may run at once (each with its own scores).
  * kvg_rows_merge(n, count, rows, D, max, sum, acc, pmax, psum, pacc, used): kvg_merge of
  *   each token's partials in block order, into its state (max + t*rows, ...).
