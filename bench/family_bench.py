@@ -5,10 +5,13 @@ Each family of kvgraftd.engine.model.tiny_models, built at the default model's s
 (SmolLM2-135M: 30 layers, 576 values a row, 9 query heads and 3 KV heads of 64, an MLP of
 1,536, 49,152 tokens; random float32 weights, no download), with its own features: Qwen
 2's biases, Qwen 3's head norms, Gemma's norms, GELU and scaled embedding, Gemma 2's soft
-caps, sliding windows of --window positions (Mistral, Gemma 2 and 3), Gemma 3's local
-rotary table, Phi-3's fused weights. Float32 weights: every family's products are the
-float FMA chains (`row-invariant-fma`), so the figures compare the families' layers,
-not their weights' formats.
+caps, sliding windows of --window positions (Mistral, Qwen 2's upper layers, Gemma 2 and
+3; a Mistral's GGUF is read as a Llama, windowless), Qwen 3's heads of 128, Gemma 3's local
+rotary table, Phi-3's fused weights. By default float32 weights: every family's products
+are the float FMA chains (`row-invariant-fma`), so the figures compare the families'
+layers, not their weights' formats. With --gguf, each model is written as a GGUF of Q8_0
+and Q4_1 blocks (tiny_models.write_gguf) and served from it with the integer products,
+as the default model is: transformers runs the same file, dequantized.
 
 Per family, alternated round by round (the machine is shared and noisy; medians):
 * prefill: a --prompt-token prompt through the engine, from nothing;
@@ -23,7 +26,7 @@ fused native calls and a decode step in one, the others compose their layers fro
 (~10 calls a layer) and attend every step through tiles; windowed layers attend at most
 --window keys a position, the others the whole prompt.
 
-Run: .venv/bin/python bench/family_bench.py [--rounds 2] [--prompt 768] [--decode 48]
+Run: .venv/bin/python bench/family_bench.py [--rounds 2] [--prompt 768] [--decode 48] [--gguf]
 Last stdout line: one JSON object: per family `decode_tps`, `prefill_s`, `decode_vs_llama`,
 `prefill_vs_llama` (> 1: faster than the Llama of the same shape), `decode_vs_hf`,
 `prefill_vs_hf` (> 1: faster than transformers), and whether its first tokens equal
@@ -59,7 +62,9 @@ CHECKED_TOKENS = 8  # greedy tokens compared with transformers'
 
 def build(family: str, window: int):
     class_name, extra = tiny_models.FAMILIES[family]
-    extra = {k: v for k, v in extra.items() if k not in ("num_hidden_layers", "head_dim")}
+    # the default model's heads of 64, but Qwen 3's own 128 (its GGUF cannot say another)
+    dropped = ("num_hidden_layers",) if family == "qwen3" else ("num_hidden_layers", "head_dim")
+    extra = {k: v for k, v in extra.items() if k not in dropped}
     if "sliding_window" in extra:
         extra["sliding_window"] = window
     if "layer_types" in extra:  # Gemma 3: five local layers to a global one
@@ -108,6 +113,7 @@ def main() -> None:
     parser.add_argument("--decode", type=int, default=48)
     parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--families", default=",".join(tiny_models.FAMILIES))
+    parser.add_argument("--gguf", action="store_true", help="serve Q8_0/Q4_1 GGUF files")
     args = parser.parse_args()
     torch.set_num_threads(2)
     families = args.families.split(",")
@@ -119,12 +125,22 @@ def main() -> None:
         for round_index in range(args.rounds):
             for family in families:
                 model = build(family, args.window)
-                directory = Path(scratch) / family
-                if not directory.exists():
-                    model.save_pretrained(directory)  # loaded as a user's model is
+                source = Path(scratch) / (f"{family}.gguf" if args.gguf else family)
+                if not source.exists():  # loaded as a user's model is
+                    if args.gguf:
+                        tiny_models.write_gguf(model, family, source)
+                    else:
+                        model.save_pretrained(source)
+                cache = Path(scratch) / "cache"
+                adapter = ModelAdapter.load(str(source), cache)
+                if args.gguf:  # transformers runs the file's weights, as the engine does
+                    model = transformers.AutoModelForCausalLM.from_pretrained(
+                        cache / next(p.name for p in cache.iterdir() if p.name.startswith(family)),
+                        dtype=torch.float32,
+                    ).eval()
+                    model.set_attn_implementation("eager")
                 hf = hf_run(model, prompt, args.decode)
-                adapter = ModelAdapter.load(str(directory), Path(scratch) / "cache")
-                engine = Engine(adapter, store, page_tokens=64, block_tokens=256)
+                engine = Engine(adapter, store)  # the daemon's pages and blocks
                 native = engine_run(engine, prompt, args.decode)
                 checked[family] = native[2][:CHECKED_TOKENS] == hf[2][:CHECKED_TOKENS]
                 for name, value in (

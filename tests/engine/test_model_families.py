@@ -19,6 +19,7 @@ keys and many windows. For each:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import random
@@ -170,28 +171,28 @@ def test_grafts_at_random_offsets_equal_fresh_runs(engine, block, tmp_path) -> N
     """Blocks of two pages (the stored ones through pool slots) and of one with a pool of two
     slots (a scan: stored pages read in place): a window's blocks before it are skipped either
     way."""
-    if block != BLOCK:
-        store = Store(tmp_path / "store")
-        geometry = engine.adapter.geometry
-        slot = (2, geometry.kv_heads, block, geometry.head_dim)
-        scan = Tiers(DevicePool(2 * 4 * math.prod(slot), slot), HostCache(store, 0))
-        engine = Engine(engine.adapter, store, page_tokens=PAGE, block_tokens=block, tiers=scan)
-    rng = random.Random(11)
-    for offset in (rng.randint(3, PAGE - 1), PAGE * 2, rng.randint(PAGE * 2 + 1, 70)):
-        prompt = tokens(100 + offset, offset + 20)
+    with contextlib.ExitStack() as stack:
+        if block != BLOCK:
+            store = Store(tmp_path / "store")
+            stack.callback(store.close)
+            geometry = engine.adapter.geometry
+            slot = (2, geometry.kv_heads, block, geometry.head_dim)
+            scan = Tiers(DevicePool(2 * 4 * math.prod(slot), slot), HostCache(store, 0))
+            engine = Engine(engine.adapter, store, page_tokens=PAGE, block_tokens=block, tiers=scan)
+        rng = random.Random(11)
+        for offset in (rng.randint(3, PAGE - 1), PAGE * 2, rng.randint(PAGE * 2 + 1, 70)):
+            prompt = tokens(100 + offset, offset + 20)
+            assert generated(engine, prompt[:offset], 0, deposit=True).artifact_id
+            grafted, fresh = generated(engine, prompt), generated(engine, prompt, no_cache=True)
+            assert grafted.receipt.reused_tokens == offset
+            assert fresh.receipt.reused_tokens == 0
+            for name in ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256"):
+                assert getattr(grafted.receipt, name) == getattr(fresh.receipt, name), name
 
-        def result(ids, new_tokens=4, **options):
-            events = list(engine.generate(ids, DecodeOptions(max_new_tokens=new_tokens, **options)))
-            return events[-1]
 
-        assert result(prompt[:offset], new_tokens=0, deposit=True).artifact_id
-        grafted, fresh = result(prompt), result(prompt, no_cache=True)
-        assert grafted.receipt.reused_tokens == offset
-        assert fresh.receipt.reused_tokens == 0
-        for name in ("input_sha256", "prompt_logits_sha256", "generated_logits_sha256"):
-            assert getattr(grafted.receipt, name) == getattr(fresh.receipt, name), (offset, name)
-    if block != BLOCK:
-        store.close()
+def generated(engine: Engine, ids: list[int], new_tokens: int = 4, **options):
+    """A generate's result event."""
+    return list(engine.generate(ids, DecodeOptions(max_new_tokens=new_tokens, **options)))[-1]
 
 
 def against_transformers(engine: Engine, prompt: list[int]) -> tuple[float, float]:
@@ -262,9 +263,24 @@ def test_windows_over_several_blocks(family, model_cache, tmp_path) -> None:
     """Blocks of 4 keys under windows of 8: a row's window over two or three blocks, those
     before it skipped. Every schedule gives the same bits, and the logits are transformers'."""
     adapter = ModelAdapter.load(f"tiny:{family}:1", model_cache, products="fp32")
+    assert_exact(adapter, tmp_path, block=4)
+
+
+def test_a_llama_with_biases_on_every_product(model_cache, tmp_path) -> None:
+    """attention_bias and mlp_bias (q, k, v, o, gate, up and down biases): the exact forward
+    takes it, every schedule the same bits, transformers' logits."""
+    tiny_models.build("llama", 2, attention_bias=True, mlp_bias=True).save_pretrained(
+        tmp_path / "biased"
+    )
+    adapter = ModelAdapter.load(str(tmp_path / "biased"), model_cache)
+    assert adapter.family.biases and adapter.schedule == "any"
+    assert_exact(adapter, tmp_path, block=BLOCK)
+
+
+def assert_exact(adapter: ModelAdapter, tmp_path, block: int) -> None:
     store = Store(tmp_path / "store")
     try:
-        engine = Engine(adapter, store, page_tokens=4, block_tokens=4)
+        engine = Engine(adapter, store, page_tokens=4, block_tokens=block)
         prompt = tokens(6, 60)
         one_pass = run(engine, prompt, lambda done: len(prompt))
         assert run(engine, prompt, lambda done: 1) == one_pass

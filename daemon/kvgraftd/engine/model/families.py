@@ -14,9 +14,11 @@ the terms kvgraftd.engine.model.native_forward computes them:
 * phi3: q, k and v as one fused projection, gate and up as another.
 
 `missing` lists what the exact forward lacks for this model (an unknown family, a
-rotary scaling that moves with the length, a partial rotary, biases elsewhere, more than
-one norm epsilon); empty where it takes it. The per-layer facts (`windows`,
-`rope_types`, `rope_tables`) are the model's own modules' values, not defaults.
+rotary scaling that moves with the length, a partial rotary, more than one norm
+epsilon); empty where it takes it. Biases are taken on any product of any family (Qwen
+2's on q, k and v; a Llama's with attention_bias or mlp_bias). The per-layer facts
+(`windows`, `rope_types`, `rope_tables`) are the model's own modules' values, not
+defaults.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class Family:
     missing: tuple[str, ...]  # what the exact forward lacks for it (empty: it takes it)
     activation: str  # "silu" or "gelu_tanh"
     norm_offset: float  # a norm multiplies by (offset + w): 1 in Gemma, else 0
-    qkv_bias: bool
+    biases: bool  # on any product but the logits
     qk_norm: bool
     sandwich_norms: bool  # norms on attention's and the MLP's outputs too (Gemma)
     windows: tuple[int, ...]  # each layer's sliding window (0: every position)
@@ -70,7 +72,7 @@ class Family:
     def plain(self) -> bool:
         """Whether it is a Llama: what the fused native layer calls compute (layer_kernels)."""
         return not (
-            self.qkv_bias or self.qk_norm or self.sandwich_norms or self.norm_offset
+            self.biases or self.qk_norm or self.sandwich_norms or self.norm_offset
             or self.activation != "silu" or any(self.windows) or self.attention_softcap
             or self.final_softcap or len(self.rope_tables) != 1
         )  # fmt: skip
@@ -91,14 +93,7 @@ class Family:
         )
         if activation is None:
             missing.append(f"the activation {getattr(config, 'hidden_act', None)!r}")
-        if getattr(config, "mlp_bias", False):
-            missing.append("MLP biases")
-        out = getattr(attentions[0], "o_proj", None) if attentions else None
-        if out is not None and out.bias is not None:
-            missing.append("an output projection bias")
-        qkv_bias = bool(attentions) and _qkv_bias(attentions[0])
-        if qkv_bias and name not in ("qwen2",):
-            missing.append(f"q, k, v biases in {name}")
+        biases = _biases(layers[0])
         tables, rope_types = _rope(decoder, config, len(layers), missing)
         eps = _epsilons(decoder, layers)
         if len(eps) > 1:
@@ -109,7 +104,7 @@ class Family:
             missing=tuple(missing),
             activation=activation or "",
             norm_offset=1.0 if gemma else 0.0,
-            qkv_bias=qkv_bias,
+            biases=biases,
             qk_norm=bool(attentions) and getattr(attentions[0], "q_norm", None) is not None,
             sandwich_norms=gemma,
             windows=tuple(_window(attention, config) for attention in attentions),
@@ -136,17 +131,17 @@ class Family:
         config = text
         return cls(
             name=model_type, missing=(f"the {model_type!r} architecture",), activation="",
-            norm_offset=0.0, qkv_bias=False, qk_norm=False, sandwich_norms=False,
+            norm_offset=0.0, biases=False, qk_norm=False, sandwich_norms=False,
             windows=(int(window),) * layers,
             attention_softcap=float(getattr(config, "attn_logit_softcapping", None) or 0),
             final_softcap=0.0, rope_types=(), rope_tables={}, fused=False, eps=0.0,
         )  # fmt: skip
 
 
-def _qkv_bias(attention) -> bool:
-    if hasattr(attention, "qkv_proj"):
-        return attention.qkv_proj.bias is not None
-    return attention.q_proj.bias is not None
+def _biases(layer) -> bool:
+    """Whether a layer's products add biases (a family's layers all do, or none)."""
+    products = [*layer.self_attn.children(), *layer.mlp.children()]
+    return any(getattr(module, "bias", None) is not None for module in products)
 
 
 def _window(attention, config) -> int:

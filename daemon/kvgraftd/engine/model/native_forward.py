@@ -56,6 +56,13 @@ FLOAT_PRODUCTS = "row-invariant-fma rowwise=2"
 INTEGER_PRODUCTS = "int8-dot/1 row-invariant-fma rowwise=2"
 
 
+def _plus(product: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A product's rows plus its bias (in place; one rounded add an element), if it has one."""
+    if bias is not None:
+        product += bias
+    return product
+
+
 def missing(model) -> list[str]:
     """What this forward lacks to compute `model` exactly as its own modules do, with every
     row's attention in the native kernel (else a pass's rows would attend through torch's
@@ -217,9 +224,7 @@ class NativeForward:
     def _queries_keys_values(self, layer: PackedLayer, normed, table) -> torch.Tensor:
         """The q, k, v product [rows, n] with the family's biases and head norms, the queries'
         and keys' heads rotated (what layer_kernels' qkv call does for a Llama)."""
-        qkv = linear.linear(normed, layer.qkv)
-        if layer.bias is not None:
-            qkv += layer.bias  # one rounded add an element
+        qkv = _plus(linear.linear(normed, layer.qkv), layer.qkv_bias)
         rows, dim = qkv.shape[0], self.head_dim
         if layer.q_norm is not None:
             for weight, lo, hi in (
@@ -237,16 +242,16 @@ class NativeForward:
         (in place), then the gated MLP into it; returns the next layer's normed input (its
         norm's weight `after`): layer_kernels' mlp call, with the family's norms on the
         outputs and its activation."""
-        out = linear.linear(attended, layer.out)
+        out = _plus(linear.linear(attended, layer.out), layer.out_bias)
         if layer.attention_out_norm is not None:
             out = rowwise.add_rmsnorm(out, None, layer.attention_out_norm, self.eps)
         normed = rowwise.add_rmsnorm(hidden, out, layer.post_norm, self.eps)
-        gate_up = linear.linear(normed, layer.gate_up)
+        gate_up = _plus(linear.linear(normed, layer.gate_up), layer.gate_up_bias)
         if self.family.activation == "gelu_tanh":
             activated = rowwise.gelu_tanh_mul(gate_up, layer.intermediate)
         else:
             activated = rowwise.silu_mul(gate_up, layer.intermediate)
-        down = linear.linear(activated, layer.down)
+        down = _plus(linear.linear(activated, layer.down), layer.down_bias)
         if layer.mlp_out_norm is not None:
             down = rowwise.add_rmsnorm(down, None, layer.mlp_out_norm, self.eps)
         return rowwise.add_rmsnorm(hidden, down, after, self.eps)

@@ -4,8 +4,9 @@
 proven equal to the model's (kvgraftd.engine.model.gguf_weights; laid out for the
 integer products with `integer`), else the model's float32 weights. `PackedLayer`
 holds one layer of any family kvgraftd.engine.model.families reads: q, k and v as one
-product (one weight in Phi-3, three elsewhere), with their biases (Qwen 2); the output
-product; gate and up as one product; down; and the norms' weights as the forward
+product (one weight in Phi-3, three elsewhere); the output product; gate and up as one
+product; down; each product's bias where the model has one (Qwen 2's q, k, v); and the
+norms' weights as the forward
 multiplies by them (offset by 1 in Gemma: transformers' (1 + w) in float32, the same
 bits): the input norm, the MLP's input norm, and where the family has them the query
 and key heads' norms and the norms after attention and after the MLP.
@@ -38,6 +39,18 @@ class WeightPacker:
         return packed
 
 
+def _bias(modules: list) -> torch.Tensor | None:
+    """The products' biases as one float32 vector (zeros where one has none); None where none
+    has one."""
+    if all(module.bias is None for module in modules):
+        return None
+    parts = [
+        torch.zeros(module.out_features) if module.bias is None else module.bias.detach()
+        for module in modules
+    ]
+    return torch.cat(parts).to(torch.float32).clone()
+
+
 def norm_weight(module, offset: float = 0.0) -> torch.Tensor:
     """A norm's weight as the forward multiplies by it (offset + w, in float32), a copy of its
     own (not a view of the model file's mapping)."""
@@ -54,21 +67,19 @@ class PackedLayer:
         self.splits = splits
         prefix = f"model.layers.{index}."
         if family.fused:
-            projections = [attention.qkv_proj]
+            projections, gate_up = [attention.qkv_proj], [mlp.gate_up_proj]
             self.qkv = packer.pack(prefix, projections, ["self_attn.qkv_proj"])
-            self.gate_up = packer.pack(prefix, [mlp.gate_up_proj], ["mlp.gate_up_proj"])
+            self.gate_up = packer.pack(prefix, gate_up, ["mlp.gate_up_proj"])
         else:
             projections = [attention.q_proj, attention.k_proj, attention.v_proj]
             names = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
             self.qkv = packer.pack(prefix, projections, names)
             gate_up = [mlp.gate_proj, mlp.up_proj]
             self.gate_up = packer.pack(prefix, gate_up, ["mlp.gate_proj", "mlp.up_proj"])
-        self.bias = None
-        if family.qkv_bias:
-            biases = [projection.bias.detach() for projection in projections]
-            self.bias = torch.cat(biases).to(torch.float32).clone()
         self.out = packer.pack(prefix, [attention.o_proj], ["self_attn.o_proj"])
         self.down = packer.pack(prefix, [mlp.down_proj], ["mlp.down_proj"])
+        self.qkv_bias, self.gate_up_bias = _bias(projections), _bias(gate_up)
+        self.out_bias, self.down_bias = _bias([attention.o_proj]), _bias([mlp.down_proj])
         self.intermediate = self.gate_up.n // 2
         self.scaling = attention.scaling
         self.input_norm = norm_weight(layer.input_layernorm, offset)

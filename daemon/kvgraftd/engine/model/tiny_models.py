@@ -133,7 +133,7 @@ def tiny_files(family: str, seed: int, cache: Path) -> tuple[Path, Path]:
         shutil.rmtree(partial, ignore_errors=True)
         model = build(family, seed)
         model.save_pretrained(partial / "safetensors")
-        _write_gguf(model, family, partial / "model.gguf")
+        write_gguf(model, family, partial / "model.gguf")
         home.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.replace(partial, home)
@@ -142,7 +142,9 @@ def tiny_files(family: str, seed: int, cache: Path) -> tuple[Path, Path]:
     return home / "safetensors", home / "model.gguf"
 
 
-def _write_gguf(model, family: str, path: Path) -> None:
+def write_gguf(model, family: str, path: Path) -> None:
+    """`model` (of `family`) as llama.cpp's converter would write it, in Q8_0 and Q4_1 blocks
+    (bench/family_bench.py writes its models with it too)."""
     import gguf
 
     config = model.config
