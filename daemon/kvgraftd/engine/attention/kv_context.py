@@ -162,8 +162,7 @@ class KvContext:
         """Whether this pass (begun, of `tokens`) is a decode step over live positions only
         that one kernel call attends: its row may go to layer_kernels.LiveRows (model), which
         writes its K, V where `attend` would and computes the same bits."""
-        plain = self.geometry.plain_attention  # else every step attends through tiles
-        return tokens == 1 and plain and self._gather.one_call_step(self.length + 1)
+        return tokens == 1 and self._gather.one_call_step(self.length + 1)
 
     def live_buffers(self) -> tuple[np.ndarray, np.ndarray, int]:
         """The addresses of the live keys and values of each layer, and the floats between
@@ -184,11 +183,12 @@ class KvContext:
         self._values[layer][:, live : live + n] = v.to(self._values[layer].device)
         total = start + n
         geometry = self.geometry
-        one_call = n == 1 and geometry.plain_attention and self._gather.one_call_step(total)
+        window, softcap = geometry.window(layer), geometry.softcap
+        one_call = n == 1 and self._gather.one_call_step(total)
         if one_call and DecodeSoftmax.takes(q, geometry.kv_heads):
             keys, values = self._keys[layer], self._values[layer]
-            return attend_live_step(q, keys, values, total, self.block_tokens, scaling)
-        window, softcap = geometry.window(layer), geometry.softcap
+            block = self.block_tokens
+            return attend_live_step(q, keys, values, total, block, scaling, window, softcap)
         softmax = softmax_for(q, geometry.kv_heads, start, scaling, self.rows, window, softcap)
         # A stored region larger than the pool is a scan: its blocks pass through
         # transient slots instead of evicting each other from the cache.

@@ -75,9 +75,10 @@ def _load() -> ctypes.CDLL | None:
     library.kvg_rows_partial.restype = ctypes.c_int
     library.kvg_rows_merge.argtypes = [ctypes.c_int32] * 4 + [_P] * 7
     library.kvg_rows_merge.restype = None
-    # q, k, v, head_stride, H, R, D, total, block, scaling, out
+    # q, k, v, head_stride, H, R, D, total, block, scaling, window, cap, out
     library.kvg_decode_live.argtypes = [_P] * 3 + [ctypes.c_int64] + [ctypes.c_int32] * 3
-    library.kvg_decode_live.argtypes += [ctypes.c_int64] * 2 + [ctypes.c_float, _P]
+    library.kvg_decode_live.argtypes += [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int64]
+    library.kvg_decode_live.argtypes += [ctypes.c_float, _P]
     library.kvg_decode_live.restype = ctypes.c_int
     library.kvg_kernel_name.restype = ctypes.c_char_p
     return library
@@ -140,11 +141,13 @@ def attend_live_step(
     total: int,
     block_tokens: int,
     scaling: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """A decode step (q [heads, 1, D]) over positions [0, total) of one context's live
     buffers (keys, values [kv_heads, capacity, D]), in blocks of `block_tokens`: one call
-    of the kernel for what DecodeSoftmax does block by block, with the same bits.
-    Returns [1, heads, D]."""
+    of the kernel for what DecodeSoftmax does block by block (RowsSoftmax, for a layer with
+    a sliding `window` or a `softcap`), with the same bits. Returns [1, heads, D]."""
     heads, _, dim = q.shape
     kv_heads = keys.shape[0]
     assert keys.is_contiguous() and values.is_contiguous() and keys.stride() == values.stride()
@@ -152,7 +155,7 @@ def attend_live_step(
     out = torch.empty(heads, dim, dtype=torch.float32)
     status = _library.kvg_decode_live(
         rows.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.stride(0), kv_heads,
-        heads // kv_heads, dim, total, block_tokens, scaling, out.data_ptr(),
+        heads // kv_heads, dim, total, block_tokens, scaling, window, softcap, out.data_ptr(),
     )  # fmt: skip
     if status:
         raise MemoryError if status < 0 else ValueError(f"the native kernel refused ({status})")

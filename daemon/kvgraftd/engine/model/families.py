@@ -68,15 +68,6 @@ class Family:
     fused: bool  # q, k, v one weight and gate, up another (Phi-3)
     eps: float
 
-    @property
-    def plain(self) -> bool:
-        """Whether it is a Llama: what the fused native layer calls compute (layer_kernels)."""
-        return not (
-            self.biases or self.qk_norm or self.sandwich_norms or self.norm_offset
-            or self.activation != "silu" or any(self.windows) or self.attention_softcap
-            or self.final_softcap or len(self.rope_tables) != 1
-        )  # fmt: skip
-
     @classmethod
     def of(cls, model) -> Family:
         config = model.config

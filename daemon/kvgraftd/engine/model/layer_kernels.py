@@ -1,5 +1,8 @@
 """A decoder layer in three native calls, and a decode step's every layer in one
-(native/linear/layer.c; the decode steps of many contexts: native/attend/attend.c).
+(native/linear/layer.c; the decode steps of many contexts: native/attend/attend.c), for
+every family kvgraftd.engine.model.families reads (its biases, head norms, norms on
+attention's and the MLP's outputs, GELU gate, sliding windows, soft cap and rotary tables
+are entries of a layer's row or arguments of the calls).
 
 Contract: each call makes the calls the row-invariant forward made one at a time
 (kvgraftd.engine.model.linear, .rowwise, and each context's own K/V write and
@@ -8,10 +11,11 @@ it had; what changes is the interpreter's time between them: paid once a layer f
 of a step's contexts instead of about ten times a layer and once a context, or, for a
 step of decode rows over live positions only (the common step), once a step.
 
-* `Layers.of(layers, model)`: the packed weights, norms and scalings of every layer as
-  the native calls take them (addresses in one table), built once at load.
-* `Layers.qkv(layer, normed, table)`: the q, k and v product, the queries' and keys'
-  heads rotated: [rows, n].
+* `Layers.of(layers, final_norm, shape, family)`: the packed weights, biases, norms,
+  windows and scalings of every layer as the native calls take them (addresses in one
+  table), built once at load.
+* `Layers.qkv(layer, normed, tables)`: the q, k and v product (with its bias and head
+  norms), the queries' and keys' heads rotated by the layer's table: [rows, n].
 * `Layers.mlp(layer, attended, hidden)`: out product, residual add and norm, gated MLP,
   residual add, the next norm: the next layer's input [rows, dim] (hidden in place).
 * `LiveRows`: the step's decoding contexts whose KV is all live on CPU, attended in one
@@ -30,23 +34,29 @@ import torch
 from kvgraftd.engine.model import decode_attention, linear
 
 _I64, _I32, _P, _F = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_float
-LAYER_ENTRIES = 10  # layer.c's table: qkv, out, gate-up, down (format, address), 2 norms
+# layer.c's table: qkv, out, gate-up, down (format, address each), then these
+ENTRIES = (
+    "post_norm", "next_norm", "qkv_bias", "q_norm", "k_norm", "out_bias", "attention_out_norm",
+    "gate_up_bias", "down_bias", "mlp_out_norm", "window", "rope_table",
+)  # fmt: skip
+LAYER_ENTRIES = 8 + len(ENTRIES)
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # layer.c's numbering
 
 
 def _load() -> tuple[ctypes.CDLL, ctypes.CDLL, int] | None:
     products, attend = linear.native_library(), decode_attention.native_library()
     if products is None or attend is None:
         return None
-    products.kvg_layer_qkv.argtypes = [ctypes.c_int, _P, _I64, _I64, _P, _I64, _P, _P]
-    products.kvg_layer_qkv.argtypes += [_I64, _I64, _P, ctypes.c_int]
+    products.kvg_layer_qkv.argtypes = [_P, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _F]
+    products.kvg_layer_qkv.argtypes += [_P, ctypes.c_int]
     products.kvg_layer_qkv.restype = ctypes.c_int
-    products.kvg_layer_mlp.argtypes = [_P, _I64, _I64, _P, _I64, _P, _P, _I64, _F]
-    products.kvg_layer_mlp.argtypes += [_P, _P, ctypes.c_int]
+    products.kvg_layer_mlp.argtypes = [_P, _I64, _I64, _P, _I64, _P, _I64, _F, ctypes.c_int]
+    products.kvg_layer_mlp.argtypes += [_P, ctypes.c_int]
     products.kvg_layer_mlp.restype = ctypes.c_int
-    products.kvg_decode_layers.argtypes = [_P, _I32, _P, _P, _F, _P, _P, _P, _P, _P, _P]
+    products.kvg_decode_layers.argtypes = [_P, _I32, _P, _P, _F, _F, _P, _P, _P, _P, _P, _P]
     products.kvg_decode_layers.restype = ctypes.c_int
     attend.kvg_decode_live_rows.argtypes = [_I32] * 3 + [_P, _I64] + [_I32] * 3 + [_P] * 5
-    attend.kvg_decode_live_rows.argtypes += [_I64, _F, _P, _I64, _I32, _I32]
+    attend.kvg_decode_live_rows.argtypes += [_I64, _F, _I64, _F, _P, _I64, _I32, _I32]
     attend.kvg_decode_live_rows.restype = ctypes.c_int
     # kvg_decode_layers calls the attention library's step by address
     return products, attend, ctypes.cast(attend.kvg_decode_live_rows, _P).value
@@ -89,14 +99,16 @@ class LiveRows:
 
     def attend(
         self, layer: int, qkv: torch.Tensor, out: torch.Tensor, geometry: tuple[int, int, int],
-        scaling: float,
+        scaling: float, window: int = 0, softcap: float = 0.0,
     ) -> None:  # fmt: skip
-        """Write each context's K, V of `layer` (from its row of qkv) and attend: its
-        output row of `out` [rows, heads * D]."""
+        """Write each context's K, V of `layer` (from its row of qkv) and attend (over its
+        sliding `window` where it has one, scores soft-capped at `softcap`): its output row
+        of `out` [rows, heads * D]."""
         kv_heads, group, dim = geometry
         status = _libraries[1].kvg_decode_live_rows(
             self.count, layer, self.layers, qkv.data_ptr(), qkv.shape[1], kv_heads, group, dim,
-            *self.addresses, self.block, scaling, out.data_ptr(), out.shape[1], 0, kv_heads,
+            *self.addresses, self.block, scaling, window, softcap, out.data_ptr(), out.shape[1],
+            0, kv_heads,
         )  # fmt: skip
         _check(status, "decode attention")
 
@@ -108,32 +120,49 @@ class Layers:
         self.table, self.scalings, self._keep = table, scalings, keep
         self.heads, self.kv_heads, self.head_dim = shape["heads"], shape["kv_heads"], shape["dim"]
         self.inter, self.qkv_n, self.eps = shape["inter"], shape["qkv_n"], shape["eps"]
+        self.activation, self.softcap = shape["activation"], shape["softcap"]
         self._row_bytes = LAYER_ENTRIES * table.itemsize
 
     @classmethod
-    def of(cls, layers: Sequence, final_norm: torch.Tensor, shape: dict) -> Layers:
-        """`layers`: each with qkv, out, gate_up, down (PackedWeight), input_norm, post_norm,
-        scaling; `shape`: heads, kv_heads, dim (a head's), inter, qkv_n, eps."""
+    def of(cls, layers: Sequence, final_norm: torch.Tensor, shape: dict, family) -> Layers:
+        """`layers`: packed_layers.PackedLayer each; `shape`: heads, kv_heads, dim (a head's),
+        inter, qkv_n, eps; `family`: families.Family (its activation, windows, soft cap and
+        rotary tables, which `qkv` and `decode` take in the order of its rope_tables)."""
         rows, keep = [], [final_norm]
+        kinds = list(family.rope_tables)
         for index, layer in enumerate(layers):
             after = layers[index + 1].input_norm if index + 1 < len(layers) else final_norm
             products = (layer.qkv, layer.out, layer.gate_up, layer.down)
+            tensors = {"post_norm": layer.post_norm, "next_norm": after}
+            for name in ENTRIES[2:-2]:
+                tensors[name] = getattr(layer, name)
             rows.append([v for w in products for v in (w.code, w.address)])
-            rows[-1] += [layer.post_norm.data_ptr(), after.data_ptr()]
-            keep += [*products, layer.post_norm, after]
+            rows[-1] += [
+                0 if tensors[name] is None else tensors[name].data_ptr() for name in tensors
+            ]
+            rows[-1] += [family.windows[index], kinds.index(family.rope_types[index])]
+            keep += [*products, *(tensor for tensor in tensors.values() if tensor is not None)]
         table = np.array(rows, dtype=np.int64).reshape(len(layers), LAYER_ENTRIES)
         scalings = np.array([layer.scaling for layer in layers], dtype=np.float32)
+        shape = {
+            **shape, "activation": ACTIVATIONS[family.activation],
+            "softcap": family.attention_softcap,
+        }  # fmt: skip
         return cls(table, scalings, keep, shape)
 
-    def qkv(self, layer: int, normed: torch.Tensor, rope) -> torch.Tensor:
-        """normed [rows, dim] times the layer's q, k, v weights, q's and k's heads rotated."""
+    def window(self, layer: int) -> int:
+        return int(self.table[layer, 8 + ENTRIES.index("window")])
+
+    def qkv(self, layer: int, normed: torch.Tensor, tables: Sequence) -> torch.Tensor:
+        """normed [rows, dim] times the layer's q, k, v weights (its bias and head norms too),
+        q's and k's heads rotated by its table (of `tables`, rowwise.RopeTable each)."""
         rows, dim = normed.shape
         out = torch.empty(rows, self.qkv_n, dtype=torch.float32)
-        code, address = self.table[layer, 0], self.table[layer, 1]
+        rope = tables[int(self.table[layer, 8 + ENTRIES.index("rope_table")])]
         status = _libraries[0].kvg_layer_qkv(
-            int(code), normed.data_ptr(), rows, dim, int(address), self.qkv_n,
-            rope.cos.data_ptr(), rope.sin.data_ptr(), self.heads + self.kv_heads, self.head_dim,
-            out.data_ptr(), linear.THREADS,
+            self.table.ctypes.data + layer * self._row_bytes, normed.data_ptr(), rows, dim,
+            self.qkv_n, rope.cos.data_ptr(), rope.sin.data_ptr(), self.heads, self.kv_heads,
+            self.head_dim, self.eps, out.data_ptr(), linear.THREADS,
         )  # fmt: skip
         _check(status, "q, k, v product")
         return out
@@ -145,28 +174,29 @@ class Layers:
         normed = torch.empty(rows, dim, dtype=torch.float32)
         entries = self.table.ctypes.data + layer * self._row_bytes
         status = _libraries[0].kvg_layer_mlp(
-            attended.data_ptr(), rows, attended.shape[1], hidden.data_ptr(), dim,
-            entries + 2 * self.table.itemsize, int(self.table[layer, 8]), self.inter, self.eps,
-            int(self.table[layer, 9]), normed.data_ptr(), linear.THREADS,
+            attended.data_ptr(), rows, attended.shape[1], hidden.data_ptr(), dim, entries,
+            self.inter, self.eps, self.activation, normed.data_ptr(), linear.THREADS,
         )  # fmt: skip
         _check(status, "MLP")
         return normed
 
     def decode(
-        self, live: LiveRows, hidden: torch.Tensor, normed: torch.Tensor, rope
+        self, live: LiveRows, hidden: torch.Tensor, normed: torch.Tensor, tables: Sequence
     ) -> torch.Tensor:
         """Every layer of a step whose rows are all `live`'s: from layer 0's normed input to
         the final norm's output [rows, dim] (both in place, in `hidden` and `normed`)."""
         rows, dim = hidden.shape
         shape = np.array(
             [rows, dim, self.heads, self.kv_heads, self.head_dim, self.inter, self.qkv_n,
-             linear.THREADS],
+             linear.THREADS, self.activation],
             dtype=np.int64,
         )  # fmt: skip
+        cos = np.array([table.cos.data_ptr() for table in tables], dtype=np.int64)
+        sin = np.array([table.sin.data_ptr() for table in tables], dtype=np.int64)
         status = _libraries[0].kvg_decode_layers(
             shape.ctypes.data, len(self.table), self.table.ctypes.data, self.scalings.ctypes.data,
-            self.eps, hidden.data_ptr(), normed.data_ptr(), rope.cos.data_ptr(),
-            rope.sin.data_ptr(), _libraries[2], live.arguments.ctypes.data,
+            self.eps, self.softcap, hidden.data_ptr(), normed.data_ptr(), cos.ctypes.data,
+            sin.ctypes.data, _libraries[2], live.arguments.ctypes.data,
         )  # fmt: skip
         _check(status, "decode step")
         return normed

@@ -7,11 +7,10 @@ family scales it), kvgraftd.engine.model.linear for every product (q, k and v as
 product, the gate and up projections as one, the logits), kvgraftd.engine.model.rowwise
 for the residual adds, norms, rotary positions, activations and soft caps, and the
 context (kvgraftd.engine.attention.kv_context) for attention and the KV it keeps, with
-each layer's sliding window and score cap. A Llama (families.Family.plain) runs each
-layer in the fused native calls of kvgraftd.engine.model.layer_kernels, and a step of
-decode rows through every layer in one; the other families compose the same
-operations from Python, adding their own (biases, head norms, norms after attention
-and the MLP, GELU), each row-wise.
+each layer's sliding window and score cap. Each layer runs in the fused native calls of
+kvgraftd.engine.model.layer_kernels (its family's biases, head norms, norms after
+attention and the MLP, GELU gate and rotary table among their entries), and a step of
+decode rows through every layer in one.
 
 Contract: a row's bits depend on its token, its position and the KV it attends,
 never on how many rows share the pass. Each product sums every output in one
@@ -54,13 +53,6 @@ from kvgraftd.engine.model.packed_layers import PackedLayer, WeightPacker, norm_
 # products over 8-bit activations (linear_int8.c; weights without GGUF blocks keep the chains)
 FLOAT_PRODUCTS = "row-invariant-fma rowwise=2"
 INTEGER_PRODUCTS = "int8-dot/1 row-invariant-fma rowwise=2"
-
-
-def _plus(product: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """A product's rows plus its bias (in place; one rounded add an element), if it has one."""
-    if bias is not None:
-        product += bias
-    return product
 
 
 def missing(model) -> list[str]:
@@ -111,14 +103,11 @@ class NativeForward:
         # equal with them), so the float32 table need not stay (release_model_weights)
         tied = model.lm_head.weight.data_ptr() == self.embed.weight.data_ptr()
         self._embedding_blocks = self.logits if tied and self.logits.format != "f32" else None
-        self.native_layers = None  # the fused calls, for a Llama
-        if family.plain:
-            shape = {
-                "heads": self.heads, "kv_heads": kv, "dim": dim,
-                "inter": self.layers[0].intermediate, "qkv_n": self.layers[0].qkv.n,
-                "eps": self.eps,
-            }  # fmt: skip
-            self.native_layers = layer_kernels.Layers.of(self.layers, self.norm, shape)
+        shape = {
+            "heads": self.heads, "kv_heads": kv, "dim": dim,
+            "inter": self.layers[0].intermediate, "qkv_n": self.layers[0].qkv.n, "eps": self.eps,
+        }  # fmt: skip
+        self.native_layers = layer_kernels.Layers.of(self.layers, self.norm, shape, family)
         # products by weight format, e.g. {"q4_1": 120, "q8_0": 1}: what the kernels stream
         self.weight_formats = dict(sorted(packer.formats.items()))
         self._from_blocks = packer.from_blocks
@@ -182,31 +171,22 @@ class NativeForward:
         ids = [token for _, part_ids, _ in parts for token in part_ids]
         positions = [p for _, part_ids, start in parts for p in range(start, start + len(part_ids))]
         hidden = self._embedding(ids)
-        tables = {
-            kind: rowwise.RopeTable.of(positions, table.inv_freq, table.scaling)
-            for kind, table in self.family.rope_tables.items()
-        }
+        tables = [  # in the order of the family's (as layer_kernels numbers them)
+            rowwise.RopeTable.of(positions, table.inv_freq, table.scaling)
+            for table in self.family.rope_tables.values()
+        ]
         contexts = [context for context, _, _ in parts]
         one_call = [c.decodes_in_one_call(size) for c, size in zip(contexts, sizes, strict=True)]
         live = self._live_rows(contexts, sizes, one_call)
         normed = rowwise.add_rmsnorm(hidden, None, self.layers[0].input_norm, self.eps)
         layers = self.native_layers
-        if layers is not None and live is not None and live.count == len(parts):
-            normed = layers.decode(live, hidden, normed, tables[""])  # decode rows only: one call
+        if live is not None and live.count == len(parts):  # decode rows only: one call
+            normed = layers.decode(live, hidden, normed, tables)
         else:
             for index, layer in enumerate(self.layers):
-                table = tables[self.family.rope_types[index]]
-                if layers is not None:
-                    qkv = layers.qkv(index, normed, table)
-                else:
-                    qkv = self._queries_keys_values(layer, normed, table)
+                qkv = layers.qkv(index, normed, tables)
                 attended = self._attention(index, layer, qkv, parts, one_call, live)
-                if layers is not None:
-                    normed = layers.mlp(index, attended, hidden)
-                else:
-                    last = index + 1 == len(self.layers)
-                    after = self.norm if last else self.layers[index + 1].input_norm
-                    normed = self._mlp(layer, attended, hidden, after)
+                normed = layers.mlp(index, attended, hidden)
         if rows is not None:
             logits = self._logits(normed[torch.tensor(rows, dtype=torch.long)])
             return [logits]
@@ -220,41 +200,6 @@ class NativeForward:
         if self.family.final_softcap:
             rowwise.softcap_(logits, self.family.final_softcap)
         return logits
-
-    def _queries_keys_values(self, layer: PackedLayer, normed, table) -> torch.Tensor:
-        """The q, k, v product [rows, n] with the family's biases and head norms, the queries'
-        and keys' heads rotated (what layer_kernels' qkv call does for a Llama)."""
-        qkv = _plus(linear.linear(normed, layer.qkv), layer.qkv_bias)
-        rows, dim = qkv.shape[0], self.head_dim
-        if layer.q_norm is not None:
-            for weight, lo, hi in (
-                (layer.q_norm, 0, self.heads),
-                (layer.k_norm, self.heads, self.heads + self.kv_heads),
-            ):
-                heads = qkv[:, lo * dim : hi * dim].reshape(rows * (hi - lo), dim)
-                normed_heads = rowwise.add_rmsnorm(heads, None, weight, self.eps)
-                qkv[:, lo * dim : hi * dim] = normed_heads.view(rows, (hi - lo) * dim)
-        rowwise.rope_(qkv, table, self.heads + self.kv_heads, dim)
-        return qkv
-
-    def _mlp(self, layer: PackedLayer, attended, hidden, after) -> torch.Tensor:
-        """Attention's output through the output product into the residual stream `hidden`
-        (in place), then the gated MLP into it; returns the next layer's normed input (its
-        norm's weight `after`): layer_kernels' mlp call, with the family's norms on the
-        outputs and its activation."""
-        out = _plus(linear.linear(attended, layer.out), layer.out_bias)
-        if layer.attention_out_norm is not None:
-            out = rowwise.add_rmsnorm(out, None, layer.attention_out_norm, self.eps)
-        normed = rowwise.add_rmsnorm(hidden, out, layer.post_norm, self.eps)
-        gate_up = _plus(linear.linear(normed, layer.gate_up), layer.gate_up_bias)
-        if self.family.activation == "gelu_tanh":
-            activated = rowwise.gelu_tanh_mul(gate_up, layer.intermediate)
-        else:
-            activated = rowwise.silu_mul(gate_up, layer.intermediate)
-        down = _plus(linear.linear(activated, layer.down), layer.down_bias)
-        if layer.mlp_out_norm is not None:
-            down = rowwise.add_rmsnorm(down, None, layer.mlp_out_norm, self.eps)
-        return rowwise.add_rmsnorm(hidden, down, after, self.eps)
 
     def _live_rows(
         self, contexts: list, sizes: list[int], one_call: list[bool]
@@ -280,7 +225,8 @@ class NativeForward:
         out = torch.empty(n, self.heads * dim, dtype=torch.float32)
         geometry = (self.kv_heads, self.heads // self.kv_heads, dim)
         if live is not None:
-            live.attend(index, qkv, out, geometry, layer.scaling)
+            window, softcap = self.native_layers.window(index), self.family.attention_softcap
+            live.attend(index, qkv, out, geometry, layer.scaling, window, softcap)
         pairs = zip(parts, one_call, strict=True)
         if any(not in_live and len(ids) > 1 for (_, ids, _), in_live in pairs):
             # a pass of many rows attends on the row threads: the products' workers sleep

@@ -42,19 +42,23 @@
  *   token ranges may run at once (each with its own scores).
  * kvg_rows_merge(n, count, rows, D, max, sum, acc, pmax, psum, pacc, used): kvg_merge of
  *   each token's partials in block order, into its state (max + t*rows, ...).
- * kvg_decode_live(q, k, v, head_stride, H, R, D, total, block, scaling, out): a whole
- *   decode step over positions [0, total) that one buffer holds (head h, position j at
- *   k + h * head_stride + j * D; v the same): q ([H][R][D], unscaled) times `scaling`,
- *   kvg_block_partial of each block of `block` positions, kvg_merge of them in order
- *   from an empty state, out [H][R][D] = acc / sum. The bits of those calls made one
- *   by one (what the blocks' own path does), without a round trip each. Returns 0, or
- *   the first failing status (KVG_BAD_ARGS; -1 when memory runs out).
+ * kvg_decode_live(q, k, v, head_stride, H, R, D, total, block, scaling, window, cap, out):
+ *   a whole decode step over positions [0, total) that one buffer holds (head h, position
+ *   j at k + h * head_stride + j * D; v the same): q ([H][R][D], unscaled) times
+ *   `scaling`, kvg_block_partial of each block of `block` positions, kvg_merge of them in
+ *   order from an empty state, out [H][R][D] = acc / sum. The bits of those calls made
+ *   one by one (what the blocks' own path does), without a round trip each. With a
+ *   sliding `window` or a soft `cap` (0: none), each block a tile of this one token
+ *   (tile_partial with the keys before the window left out), from the block where the
+ *   window starts: what kvg_rows_partial and kvg_rows_merge do for a pass of one token.
+ *   Returns 0, or the first failing status (KVG_BAD_ARGS; -1 when memory runs out).
  * kvg_kernel_name(): which build the calls run ("avx512", "avx2", "generic").
  * kvg_attend_builds(): a bit per build this CPU runs (1 << 1 generic, 1 << 2 avx2,
  *   1 << 3 avx512: linear_formats.h's numbering); each is exported as
  *   kvg_block_partial_NAME, kvg_tile_partial_NAME and kvg_merge_NAME.
  * kvg_decode_live_rows(n, layer, layers, qkv, qkv_stride, H, R, D, keys, values, head_strides,
- *   positions, rows, block, scaling, out, out_stride, h0, h1): the decode steps of n contexts
+ *   positions, rows, block, scaling, window, cap, out, out_stride, h0, h1): the decode steps
+ *   of n contexts
  *   in one call, for the KV heads [h0, h1) of each (0 <= h0 < h1 <= H; the heads are
  *   independent, so calls for other heads may run at once). Context i's row of the pass is
  *   qkv + rows[i] * qkv_stride: its queries [H][R][D], then its keys [H][D] and values
@@ -253,8 +257,13 @@ void kvg_rows_merge(int32_t n, int32_t count, int32_t rows, int32_t D, float *ma
 
 int kvg_decode_live(const float *q, const float *k, const float *v, int64_t head_stride,
                     int32_t H, int32_t R, int32_t D, int64_t total, int64_t block, float scaling,
-                    float *out) {
-    if (total < 1 || block < 1 || block > INT32_MAX || H < 1 || R < 1 || D < 1) return KVG_BAD_ARGS;
+                    int64_t window, float cap, float *out) {
+    if (total < 1 || block < 1 || block > INT32_MAX || H < 1 || R < 1 || D < 1 || window < 0 ||
+        !(cap >= 0.0f))
+        return KVG_BAD_ARGS;
+    pthread_once(&chosen, choose_best);
+    const int tiles = window || cap != 0.0f;
+    const int64_t start = window && total > window ? total - window : 0; /* the window's first */
     const int64_t rows = (int64_t)H * R, span = total < block ? total : block;
     float *scaled = malloc(sizeof(float) * (size_t)(rows * D));
     float *scores = malloc(sizeof(float) * (size_t)(rows * span));
@@ -266,10 +275,13 @@ int kvg_decode_live(const float *q, const float *k, const float *v, int64_t head
         float *pmax = acc + rows * D, *psum = pmax + rows, *pacc = psum + rows;
         for (int64_t r = 0; r < rows; r++) max[r] = -INFINITY, sum[r] = 0.0f;
         for (int64_t i = 0; i < rows * D; i++) acc[i] = 0.0f;
-        for (int64_t begin = 0; begin < total && !status; begin += block) {
+        for (int64_t begin = start / block * block; begin < total && !status; begin += block) {
             const int32_t T = (int32_t)(total - begin < block ? total - begin : block);
-            status = kvg_block_partial(scaled, k + begin * D, v + begin * D, head_stride, H, R, D,
-                                       T, scores, pmax, psum, pacc, NULL);
+            const int32_t lo = (int32_t)(start > begin ? start - begin : 0);
+            status = tiles ? best.tile(scaled, k + begin * D, v + begin * D, head_stride, H, R, D,
+                                       1, &T, &lo, cap, scores, pmax, psum, pacc, NULL)
+                           : kvg_block_partial(scaled, k + begin * D, v + begin * D, head_stride,
+                                               H, R, D, T, scores, pmax, psum, pacc, NULL);
             if (!status) kvg_merge((int32_t)rows, D, max, sum, acc, pmax, psum, pacc);
         }
         for (int64_t r = 0; !status && r < rows; r++)
@@ -285,7 +297,8 @@ int kvg_decode_live_rows(int32_t n, int32_t layer, int32_t layers, const float *
                          int64_t qkv_stride, int32_t H, int32_t R, int32_t D, const int64_t *keys,
                          const int64_t *values, const int64_t *head_strides,
                          const int64_t *positions, const int64_t *rows, int64_t block,
-                         float scaling, float *out, int64_t out_stride, int32_t h0, int32_t h1) {
+                         float scaling, int64_t window, float cap, float *out, int64_t out_stride,
+                         int32_t h0, int32_t h1) {
     if (h0 < 0 || h1 > H || h0 >= h1) return KVG_BAD_ARGS;
     int status = 0;
     for (int32_t i = 0; i < n && !status; i++) {
@@ -298,7 +311,7 @@ int kvg_decode_live_rows(int32_t n, int32_t layer, int32_t layers, const float *
             memcpy(V + h * stride + at, v + h * D, sizeof(float) * (size_t)D);
         }
         status = kvg_decode_live(q + (int64_t)h0 * R * D, K + h0 * stride, V + h0 * stride, stride,
-                                 h1 - h0, R, D, positions[i] + 1, block, scaling,
+                                 h1 - h0, R, D, positions[i] + 1, block, scaling, window, cap,
                                  out + rows[i] * out_stride + (int64_t)h0 * R * D);
     }
     return status;
