@@ -20,11 +20,12 @@ Per family, alternated round by round (the machine is shared and noisy; medians)
 * transformers: `model(ids)` for the prefill and `model.generate` (greedy, its own cache,
   eager attention: Gemma 2's soft caps need it) for the decode, on the same weights.
 
-What bounds the figures: decode streams ~540 MB of float32 weights a token (the products:
-what two cores read), the same in every family; a Llama (and a Phi-3) runs each layer in
-fused native calls and a decode step in one, the others compose their layers from Python
-(~10 calls a layer) and attend every step through tiles; windowed layers attend at most
---window keys a position, the others the whole prompt.
+What bounds the figures: decode streams the weights once a token (~540 MB in float32,
+~150 MB of GGUF blocks: what two cores read), the same in every family but Qwen 3 (its
+heads of 128: twice the attention's products); every family runs each layer in fused
+native calls and a decode step in one, its extra work (biases, norms, GELU, soft caps)
+row-wise; windowed layers attend at most --window keys a position, the others the whole
+prompt.
 
 Run: .venv/bin/python bench/family_bench.py [--rounds 2] [--prompt 768] [--decode 48] [--gguf]
 Last stdout line: one JSON object: per family `decode_tps`, `prefill_s`, `decode_vs_llama`,

@@ -26,8 +26,9 @@ Contract:
   those of a decode step at that position, whatever the chunk (the exactness
   contract for any schedule, docs/architecture.md). With a sliding `window`
   (the keys of the last `window` positions) or a score `softcap` (a model's
-  layer that has them), it is how every pass attends, a decode step too: the
-  window and the cap are part of each position's arithmetic (the kernel's
+  layer that has them), it is how every pass attends, a decode step too (as
+  `attend_live_step` and layer_kernels' one-call step do, in tiles of one token):
+  the window and the cap are part of each position's arithmetic (the kernel's
   tile_partial), the same whatever the pass.
 * `kernel_for(heads, kv_heads, dim)` names the kernel that decodes a model of
   that geometry, for the compute profile: "native" (its written arithmetic, which
