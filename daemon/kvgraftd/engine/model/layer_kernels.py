@@ -4,20 +4,21 @@ every family kvgraftd.engine.model.families reads (its biases, head norms, norms
 attention's and the MLP's outputs, GELU gate, sliding windows, soft cap and rotary tables
 are entries of a layer's row or arguments of the calls).
 
-Contract: each call makes the calls the row-invariant forward made one at a time
-(kvgraftd.engine.model.linear, .rowwise, and each context's own K/V write and
-`attend_live_step`), in the same order on the same bytes, so every output has the bits
-it had; what changes is the interpreter's time between them: paid once a layer for all
-of a step's contexts instead of about ten times a layer and once a context, or, for a
-step of decode rows over live positions only (the common step), once a step.
+Contract: each call makes a fixed sequence of the products (kvgraftd.engine.model.linear),
+bias adds and row-wise operations (.rowwise), each row-invariant, and of each context's
+own K/V write and `attend_live_step`, whose bits a step of one context through the
+context's own path has too (tests/engine/test_native_forward.py); the interpreter's time
+is paid once a layer for all of a step's contexts, or, for a step of decode rows over
+live positions only (the common step), once a step.
 
 * `Layers.of(layers, final_norm, shape, family)`: the packed weights, biases, norms,
   windows and scalings of every layer as the native calls take them (addresses in one
   table), built once at load.
 * `Layers.qkv(layer, normed, tables)`: the q, k and v product (with its bias and head
   norms), the queries' and keys' heads rotated by the layer's table: [rows, n].
-* `Layers.mlp(layer, attended, hidden)`: out product, residual add and norm, gated MLP,
-  residual add, the next norm: the next layer's input [rows, dim] (hidden in place).
+* `Layers.mlp(layer, attended, hidden)`: out product (its bias and norm), residual add and
+  norm, gated MLP (SiLU or GELU-tanh, biases, its norm), residual add, the next norm: the
+  next layer's input [rows, dim] (hidden in place).
 * `LiveRows`: the step's decoding contexts whose KV is all live on CPU, attended in one
   call a layer (`attend`), or, when they are all of the step's rows, computed through
   every layer in one call (`Layers.decode`).
@@ -31,16 +32,14 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from kvgraftd.engine.model import decode_attention, linear
+from kvgraftd.engine.model import decode_attention, kernel_libraries, linear
 
 _I64, _I32, _P, _F = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_float
-# layer.c's table: qkv, out, gate-up, down (format, address each), then these
-ENTRIES = (
-    "post_norm", "next_norm", "qkv_bias", "q_norm", "k_norm", "out_bias", "attention_out_norm",
-    "gate_up_bias", "down_bias", "mlp_out_norm", "window", "rope_table",
+# the tensors of a layer's row of the table besides its products (layer.c's column names)
+TENSORS = (
+    "qkv_bias", "q_norm", "k_norm", "out_bias", "attention_out_norm", "gate_up_bias",
+    "down_bias", "mlp_out_norm",
 )  # fmt: skip
-LAYER_ENTRIES = 8 + len(ENTRIES)
-ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # layer.c's numbering
 
 
 def _load() -> tuple[ctypes.CDLL, ctypes.CDLL, int] | None:
@@ -63,6 +62,8 @@ def _load() -> tuple[ctypes.CDLL, ctypes.CDLL, int] | None:
 
 
 _libraries = _load()
+# a layer row's columns and the activations' numbers: layer.c's, read from the library
+_columns = kernel_libraries.constants(_libraries[0], "kvg_layer_constants") if _libraries else {}
 
 
 def available() -> bool:
@@ -121,44 +122,44 @@ class Layers:
         self.heads, self.kv_heads, self.head_dim = shape["heads"], shape["kv_heads"], shape["dim"]
         self.inter, self.qkv_n, self.eps = shape["inter"], shape["qkv_n"], shape["eps"]
         self.activation, self.softcap = shape["activation"], shape["softcap"]
-        self._row_bytes = LAYER_ENTRIES * table.itemsize
+        self._row_bytes = table.shape[1] * table.itemsize
 
     @classmethod
     def of(cls, layers: Sequence, final_norm: torch.Tensor, shape: dict, family) -> Layers:
         """`layers`: packed_layers.PackedLayer each; `shape`: heads, kv_heads, dim (a head's),
         inter, qkv_n, eps; `family`: families.Family (its activation, windows, soft cap and
         rotary tables, which `qkv` and `decode` take in the order of its rope_tables)."""
-        rows, keep = [], [final_norm]
+        column, keep = _columns, [final_norm]
+        table = np.zeros((len(layers), column["LAYER_ENTRIES"]), dtype=np.int64)  # 0: none
         kinds = list(family.rope_tables)
-        for index, layer in enumerate(layers):
+        for index, (layer, row) in enumerate(zip(layers, table, strict=True)):
             after = layers[index + 1].input_norm if index + 1 < len(layers) else final_norm
-            products = (layer.qkv, layer.out, layer.gate_up, layer.down)
-            tensors = {"post_norm": layer.post_norm, "next_norm": after}
-            for name in ENTRIES[2:-2]:
-                tensors[name] = getattr(layer, name)
-            rows.append([v for w in products for v in (w.code, w.address)])
-            rows[-1] += [
-                0 if tensors[name] is None else tensors[name].data_ptr() for name in tensors
-            ]
-            rows[-1] += [family.windows[index], kinds.index(family.rope_types[index])]
-            keep += [*products, *(tensor for tensor in tensors.values() if tensor is not None)]
-        table = np.array(rows, dtype=np.int64).reshape(len(layers), LAYER_ENTRIES)
+            for name in ("qkv", "out", "gate_up", "down"):  # (format, address) each
+                weight, at = getattr(layer, name), column[name.upper()]
+                row[at], row[at + 1] = weight.code, weight.address
+                keep.append(weight)
+            tensors = {name: getattr(layer, name) for name in TENSORS}
+            tensors.update(post_norm=layer.post_norm, next_norm=after)
+            for name, tensor in tensors.items():
+                if tensor is not None:
+                    row[column[name.upper()]] = tensor.data_ptr()
+                    keep.append(tensor)
+            row[column["WINDOW"]] = family.windows[index]
+            row[column["ROPE_TABLE"]] = kinds.index(family.rope_types[index])
         scalings = np.array([layer.scaling for layer in layers], dtype=np.float32)
-        shape = {
-            **shape, "activation": ACTIVATIONS[family.activation],
-            "softcap": family.attention_softcap,
-        }  # fmt: skip
+        activation = column[f"ACTIVATION_{family.activation.upper()}"]
+        shape = {**shape, "activation": activation, "softcap": family.attention_softcap}
         return cls(table, scalings, keep, shape)
 
     def window(self, layer: int) -> int:
-        return int(self.table[layer, 8 + ENTRIES.index("window")])
+        return int(self.table[layer, _columns["WINDOW"]])
 
     def qkv(self, layer: int, normed: torch.Tensor, tables: Sequence) -> torch.Tensor:
         """normed [rows, dim] times the layer's q, k, v weights (its bias and head norms too),
         q's and k's heads rotated by its table (of `tables`, rowwise.RopeTable each)."""
         rows, dim = normed.shape
         out = torch.empty(rows, self.qkv_n, dtype=torch.float32)
-        rope = tables[int(self.table[layer, 8 + ENTRIES.index("rope_table")])]
+        rope = tables[int(self.table[layer, _columns["ROPE_TABLE"]])]
         status = _libraries[0].kvg_layer_qkv(
             self.table.ctypes.data + layer * self._row_bytes, normed.data_ptr(), rows, dim,
             self.qkv_n, rope.cos.data_ptr(), rope.sin.data_ptr(), self.heads, self.kv_heads,

@@ -4,13 +4,13 @@ A decoder of any family kvgraftd.engine.model.families reads (Llama, Mistral, Qw
 Gemma 2 and 3, Phi-3), computed layer by layer: the embedding (a lookup: in the output
 product's GGUF blocks where the two are tied, else the model's table; scaled where the
 family scales it), kvgraftd.engine.model.linear for every product (q, k and v as one
-product, the gate and up projections as one, the logits), kvgraftd.engine.model.rowwise
-for the residual adds, norms, rotary positions, activations and soft caps, and the
-context (kvgraftd.engine.attention.kv_context) for attention and the KV it keeps, with
-each layer's sliding window and score cap. Each layer runs in the fused native calls of
-kvgraftd.engine.model.layer_kernels (its family's biases, head norms, norms after
-attention and the MLP, GELU gate and rotary table among their entries), and a step of
-decode rows through every layer in one.
+product, the gate and up projections as one, the logits), the row-wise operations of
+kvgraftd.engine.model.rowwise (residual adds, norms, rotary positions, activations, soft
+caps), and the context (kvgraftd.engine.attention.kv_context) for attention and the KV
+it keeps, with each layer's sliding window and score cap. Each layer runs in the fused
+native calls of kvgraftd.engine.model.layer_kernels (its family's biases, head norms,
+norms after attention and the MLP, GELU gate and rotary table among their entries), and
+a step of decode rows through every layer in one.
 
 Contract: a row's bits depend on its token, its position and the KV it attends,
 never on how many rows share the pass. Each product sums every output in one
@@ -164,7 +164,7 @@ class NativeForward:
         tensor of the logits of those rows of the pass only (the logits are the pass's
         costliest product: a replay takes just the rows it hashes)."""
         if torch.get_num_threads() != 1:
-            # what torch still computes (the embedding, biases, attention's scaling, copies)
+            # what torch still computes (the embedding, attention's scaling, copies)
             # stays on one thread: the products and row-wise operations have their own
             torch.set_num_threads(1)
         sizes = [len(ids) for _, ids, _ in parts]

@@ -58,7 +58,7 @@
  *   kvg_block_partial_NAME, kvg_tile_partial_NAME and kvg_merge_NAME.
  * kvg_decode_live_rows(n, layer, layers, qkv, qkv_stride, H, R, D, keys, values, head_strides,
  *   positions, rows, block, scaling, window, cap, out, out_stride, h0, h1): the decode steps
- *   of n contexts
+ *   of n contexts (`window` and `cap` as kvg_decode_live takes them)
  *   in one call, for the KV heads [h0, h1) of each (0 <= h0 < h1 <= H; the heads are
  *   independent, so calls for other heads may run at once). Context i's row of the pass is
  *   qkv + rows[i] * qkv_stride: its queries [H][R][D], then its keys [H][D] and values

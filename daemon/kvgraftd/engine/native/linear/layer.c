@@ -1,18 +1,19 @@
 /*
  * A decoder layer's work between its attentions, and a whole decode step's layers, each in
- * one call (loaded with ctypes by kvgraftd.engine.model.layer_kernels): the sequence of
- * products (kvg_linear_parallel, best build) and row-wise operations (rowwise.c) that the
- * row-invariant forward made one Python call at a time, made here in the same order on the
- * same bytes, so every output has the bits it had, without the interpreter's microseconds
- * between the calls (a decode step made about 270 of them).
+ * one call (loaded with ctypes by kvgraftd.engine.model.layer_kernels): a fixed sequence of
+ * products (kvg_linear_parallel, best build), bias adds and row-wise operations (rowwise.c),
+ * each row's the same whatever the rows (their contracts), without the interpreter's
+ * microseconds between the calls (a decode step would make about 270 of them).
  *
  * A layer is a row of LAYER_ENTRIES integers (addresses as integers; 0: the family has
  * none): {qkv format, qkv packed, out format, out packed, gate-up format, gate-up packed,
  * down format, down packed, post norm (the MLP's input norm), next norm (the next layer's
  * input norm; the last layer's is the model's final one), qkv bias, q head norm, k head
  * norm, out bias, attention-out norm, gate-up bias, down bias, MLP-out norm, sliding
- * window (0: every position), rotary table (0 or 1)}. Norms' weights are as multiplied by
- * (Gemma's 1 + w already added); a bias is added once an element after its product.
+ * window (0: every position), rotary table (0 or 1)}: kvg_layer_constants names each
+ * column (and LAYER_ENTRIES, the activations' numbers), so Python repeats none. Norms'
+ * weights are as multiplied by (Gemma's 1 + w already added); a bias is added once an
+ * element after its product.
  *
  * kvg_layer_qkv(entries, normed, rows, dim, n, cos, sin, heads, kv_heads, head_dim, eps, qkv,
  *   threads): qkv [rows][n] = normed [rows][dim] times the packed q, k and v weights
@@ -45,6 +46,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "constants_table.h"
 #include "linear_formats.h"
 
 int kvg_linear_parallel(int build, int format, const float *x, int64_t M, int64_t K,
@@ -71,7 +73,20 @@ enum {
     GATE_UP_BIAS, DOWN_BIAS, MLP_OUT_NORM, WINDOW, ROPE_TABLE
 };
 
+enum { QKV = 0, OUT = 2, GATE_UP = 4, DOWN = 6, SILU = 0, GELU_TANH = 1 };
+
 #define ENTRY(entries, name) ((const float *)(intptr_t)(entries)[name])
+
+/* A layer row's columns, and the activations' numbers, for kvgraftd.engine.model.layer_kernels */
+const struct kvg_constant kvg_layer_constants[] = {
+    {"LAYER_ENTRIES", LAYER_ENTRIES}, {"QKV", QKV}, {"OUT", OUT}, {"GATE_UP", GATE_UP},
+    {"DOWN", DOWN}, {"POST_NORM", POST_NORM}, {"NEXT_NORM", NEXT_NORM}, {"QKV_BIAS", QKV_BIAS},
+    {"Q_NORM", Q_NORM}, {"K_NORM", K_NORM}, {"OUT_BIAS", OUT_BIAS},
+    {"ATTENTION_OUT_NORM", ATTENTION_OUT_NORM}, {"GATE_UP_BIAS", GATE_UP_BIAS},
+    {"DOWN_BIAS", DOWN_BIAS}, {"MLP_OUT_NORM", MLP_OUT_NORM}, {"WINDOW", WINDOW},
+    {"ROPE_TABLE", ROPE_TABLE}, {"ACTIVATION_SILU", SILU}, {"ACTIVATION_GELU_TANH", GELU_TANH},
+    {NULL, 0},
+};
 
 /* a layer's attention of a step's rows, its (row, KV head) pairs split between the pool's
  * threads, so one context's heads spread over the cores too (each head's bits are its own:
@@ -127,11 +142,11 @@ static void norm_in_place(float *x, int64_t rows, int64_t dim, const float *weig
 int kvg_layer_qkv(const int64_t *entries, const float *normed, int64_t rows, int64_t dim,
                   int64_t n, const float *cos, const float *sin, int64_t heads, int64_t kv_heads,
                   int64_t head_dim, float eps, float *qkv, int threads) {
-    const int status = product((int)entries[0], normed, rows, dim,
-                               (const void *)(intptr_t)entries[1], n, qkv, threads);
+    const int status = product((int)entries[QKV], normed, rows, dim,
+                               (const void *)(intptr_t)entries[QKV + 1], n, qkv, threads);
     if (status) return status;
     add_bias(qkv, rows, n, ENTRY(entries, QKV_BIAS));
-    for (int64_t r = 0; r < rows && entries[Q_NORM]; r++) { /* each head's values a row */
+    for (int64_t r = 0; r < rows && (entries[Q_NORM] || entries[K_NORM]); r++) { /* a head a row */
         norm_in_place(qkv + r * n, heads, head_dim, ENTRY(entries, Q_NORM), eps);
         norm_in_place(qkv + r * n + heads * head_dim, kv_heads, head_dim, ENTRY(entries, K_NORM),
                       eps);
@@ -163,19 +178,22 @@ static void scratch_give(struct scratch *s) {
 static int mlp(const struct scratch *s, const float *attended, int64_t rows, int64_t width,
                float *hidden, int64_t dim, const int64_t *e, int64_t inter, float eps,
                int activation, float *normed, int threads) {
-    const void *weights[3] = {(const void *)(intptr_t)e[3], (const void *)(intptr_t)e[5],
-                              (const void *)(intptr_t)e[7]}; /* out, gate-up, down */
-    int status = product((int)e[2], attended, rows, width, weights[0], dim, s->delta, threads);
+    const void *weights[3] = {(const void *)(intptr_t)e[OUT + 1],
+                              (const void *)(intptr_t)e[GATE_UP + 1],
+                              (const void *)(intptr_t)e[DOWN + 1]};
+    int status = product((int)e[OUT], attended, rows, width, weights[0], dim, s->delta, threads);
     if (!status) {
         add_bias(s->delta, rows, dim, ENTRY(e, OUT_BIAS));
         norm_in_place(s->delta, rows, dim, ENTRY(e, ATTENTION_OUT_NORM), eps);
         kvg_add_rmsnorm(hidden, s->delta, ENTRY(e, POST_NORM), rows, dim, eps, s->x);
-        status = product((int)e[4], s->x, rows, dim, weights[1], 2 * inter, s->gate_up, threads);
+        status = product((int)e[GATE_UP], s->x, rows, dim, weights[1], 2 * inter, s->gate_up,
+                         threads);
     }
     if (!status) {
         add_bias(s->gate_up, rows, 2 * inter, ENTRY(e, GATE_UP_BIAS));
-        (activation ? kvg_gelu_tanh_mul : kvg_silu_mul)(s->gate_up, rows, inter, s->act);
-        status = product((int)e[6], s->act, rows, inter, weights[2], dim, s->delta, threads);
+        (activation == GELU_TANH ? kvg_gelu_tanh_mul : kvg_silu_mul)(s->gate_up, rows, inter,
+                                                                     s->act);
+        status = product((int)e[DOWN], s->act, rows, inter, weights[2], dim, s->delta, threads);
     }
     if (!status) {
         add_bias(s->delta, rows, dim, ENTRY(e, DOWN_BIAS));
