@@ -20,13 +20,10 @@ keys and many windows. For each:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import random
-from collections.abc import Callable
 
 import pytest
-import torch
 import transformers
 
 from kvgraft.errors import FailedPrecondition
@@ -43,6 +40,7 @@ from kvgraftd.tiers.device_pool import DevicePool
 from kvgraftd.tiers.host_cache import HostCache
 from kvgraftd.tiers.stack import Tiers
 from tests.support import native_kernels
+from tests.support.schedules import against_transformers, run, run_batched
 
 PROMPT_TOKENS = 96
 PAGE, BLOCK = 16, 32
@@ -86,29 +84,6 @@ def tokens(seed: int, count: int = PROMPT_TOKENS) -> list[int]:
     return [rng.randrange(500) for _ in range(count)]
 
 
-def run(engine: Engine, prompt: list[int], sizes: Callable[[int], int]) -> tuple[str, str]:
-    """SHA-256 of the logits at every position and of every layer's KV under one schedule."""
-    logits = hashlib.sha256()
-    with engine._context() as context:
-        done = 0
-        while done < len(prompt):
-            chunk = prompt[done : done + sizes(done)]
-            context.begin_chunk(done, chunk)
-            logits.update(engine.adapter.forward(chunk, done, context, every_row=True).numpy())
-            context.end_chunk(chunk)
-            done += len(chunk)
-        return logits.hexdigest(), kv_digest(engine, context, len(prompt))
-
-
-def kv_digest(engine: Engine, context, length: int) -> str:
-    kv = hashlib.sha256()
-    for layer in range(engine.adapter.geometry.num_layers):
-        keys, values = context._keys[layer], context._values[layer]
-        kv.update(keys[:, :length].contiguous().numpy())
-        kv.update(values[:, :length].contiguous().numpy())
-    return kv.hexdigest()
-
-
 def test_the_family_runs_on_the_exact_forward(engine, variant) -> None:
     adapter = engine.adapter
     family, loader, products = variant
@@ -140,30 +115,7 @@ def test_every_schedule_gives_the_same_bits(engine) -> None:
 def test_rows_batched_with_other_contexts_keep_their_bits(engine) -> None:
     prompt, other_tokens = tokens(2), tokens(3, 4 * PROMPT_TOKENS)
     alone = run(engine, prompt, lambda done: len(prompt))
-    rng = random.Random(5)
-    others = [engine._context() for _ in range(5)]
-    logits = hashlib.sha256()
-    try:
-        with engine._context() as context:
-            done = 0
-            while done < len(prompt):
-                chunk = prompt[done : done + rng.randint(1, 20)]
-                parts = [(context, chunk, done)]
-                for other in rng.sample(others, rng.randint(1, 5)):
-                    start = other.length
-                    parts.append((other, other_tokens[start : start + rng.randint(1, 6)], start))
-                for part_context, ids, start in parts:
-                    part_context.begin_chunk(start, ids)
-                rows = engine.adapter.native.forward_many(parts, every_row=True)
-                for part_context, ids, _ in parts:
-                    part_context.end_chunk(ids)
-                logits.update(rows[0].numpy())
-                done += len(chunk)
-            batched = logits.hexdigest(), kv_digest(engine, context, len(prompt))
-    finally:
-        for other in others:
-            other.close()
-    assert batched == alone
+    assert run_batched(engine, prompt, other_tokens, random.Random(5), 20, 5, 6) == alone
 
 
 @pytest.mark.parametrize("block", [BLOCK, PAGE])
@@ -193,24 +145,6 @@ def test_grafts_at_random_offsets_equal_fresh_runs(engine, block, tmp_path) -> N
 def generated(engine: Engine, ids: list[int], new_tokens: int = 4, **options):
     """A generate's result event."""
     return list(engine.generate(ids, DecodeOptions(max_new_tokens=new_tokens, **options)))[-1]
-
-
-def against_transformers(engine: Engine, prompt: list[int]) -> tuple[float, float]:
-    """(the share of positions whose argmax is transformers', the max |logit delta|)"""
-    adapter = engine.adapter
-    with engine._context() as context:
-        context.begin_chunk(0, prompt)
-        ours = adapter.forward(prompt, 0, context, every_row=True)
-    model = adapter.model
-    previous = model.config._attn_implementation
-    try:
-        model.set_attn_implementation("eager")  # Gemma 2's soft caps: not in sdpa
-        with torch.inference_mode():
-            theirs = model(torch.tensor([prompt])).logits[0]
-    finally:
-        model.set_attn_implementation(previous)
-    agree = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
-    return agree, (ours - theirs).abs().max().item()
 
 
 def test_the_logits_agree_with_transformers(engine, variant) -> None:

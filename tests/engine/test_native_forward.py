@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import random
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,13 +23,13 @@ import torch
 
 from kvgraft.errors import FailedPrecondition
 from kvgraftd.config import PRODUCTS
-from kvgraftd.engine.attention.kv_context import KvContext
 from kvgraftd.engine.model import linear, native_forward
 from kvgraftd.engine.model.gguf_weights import GgufWeights
 from kvgraftd.engine.model.model_adapter import default_model_path
 from kvgraftd.engine.requests.engine import Engine
 from kvgraftd.store.artifact_store import Store
 from tests.support import native_kernels
+from tests.support.schedules import against_transformers, live_kv, run, run_batched
 
 PROMPT_TOKENS = 1000
 RANDOM_CHUNKINGS = 4  # of 1-300 tokens a pass, with the one pass and 64-token pages: 6 schedules
@@ -63,30 +62,6 @@ def prompt(real_model) -> list[int]:
     return ids[:PROMPT_TOKENS]
 
 
-def run(engine: Engine, prompt: list[int], sizes: Callable[[int], int]) -> tuple[str, str]:
-    """SHA-256 of the logits at every position and of every layer's KV, under one schedule
-    (`sizes(done)` is the next pass's length)."""
-    logits = hashlib.sha256()
-    with engine._context() as context:
-        done = 0
-        while done < len(prompt):
-            chunk = prompt[done : done + sizes(done)]
-            context.begin_chunk(done, chunk)
-            rows = engine.adapter.forward(chunk, done, context, every_row=True)
-            context.end_chunk(chunk)
-            logits.update(rows.numpy().tobytes())
-            done += len(chunk)
-        kv = hashlib.sha256()
-        for layer in range(engine.adapter.geometry.num_layers):
-            kv.update(live_kv(context, layer, len(prompt)))
-    return logits.hexdigest(), kv.hexdigest()
-
-
-def live_kv(context: KvContext, layer: int, tokens: int) -> bytes:
-    keys, values = context._keys[layer], context._values[layer]
-    return keys[:, :tokens].contiguous().numpy().tobytes() + values[:, :tokens].numpy().tobytes()
-
-
 def test_every_schedule_gives_the_same_bits(engine, prompt) -> None:
     one_pass = run(engine, prompt, lambda done: len(prompt))
     assert run(engine, prompt, lambda done: PAGE) == one_pass
@@ -108,54 +83,15 @@ def test_rows_batched_with_other_contexts_keep_their_bits(engine, prompt) -> Non
     with its own KV): the same logits and KV as the prompt alone in one pass."""
     short = prompt[:300]
     alone = run(engine, short, lambda done: len(short))
-    rng = random.Random(5)
-    others = [engine._context() for _ in range(7)]
-    logits = hashlib.sha256()
-    try:
-        with engine._context() as context:
-            done = 0
-            while done < len(short):
-                chunk = short[done : done + rng.randint(1, 40)]
-                parts = [(context, chunk, done)]
-                for other in rng.sample(others, rng.randint(1, 7)):
-                    start = other.length
-                    parts.append(
-                        (other, prompt[start + 300 : start + 300 + rng.randint(1, 9)], start)
-                    )
-                for part_context, ids, start in parts:
-                    part_context.begin_chunk(start, ids)
-                rows = engine.adapter.native.forward_many(parts, every_row=True)
-                for part_context, ids, _ in parts:
-                    part_context.end_chunk(ids)
-                logits.update(rows[0].numpy().tobytes())
-                done += len(chunk)
-            kv = hashlib.sha256()
-            for layer in range(engine.adapter.geometry.num_layers):
-                kv.update(live_kv(context, layer, len(short)))
-    finally:
-        for other in others:
-            other.close()
-    assert (logits.hexdigest(), kv.hexdigest()) == alone
+    batched = run_batched(engine, short, prompt[300:], random.Random(5), 40, 7, 9)
+    assert batched == alone
 
 
 def test_the_logits_agree_with_transformers(engine, prompt) -> None:
     """fp32 products: transformers' argmax at every position. int8-dot: its logits within
     what 8-bit activations move them, the argmax at nearly every position."""
-    ids = prompt[:200]
     adapter = engine.adapter
-    with engine._context() as context:
-        context.begin_chunk(0, ids)
-        ours = adapter.forward(ids, 0, context, every_row=True)
-    model = adapter.model
-    previous = model.config._attn_implementation
-    try:
-        model.set_attn_implementation("sdpa")
-        with torch.inference_mode():
-            theirs = model(torch.tensor([ids])).logits[0]
-    finally:
-        model.set_attn_implementation(previous)
-    agree = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
-    delta = (ours - theirs).abs().max().item()
+    agree, delta = against_transformers(engine, prompt[:200])
     print(f"{adapter.products}: max |logit delta| vs transformers {delta:.2e}, argmax {agree:.1%}")
     if adapter.products.startswith(native_forward.INTEGER_PRODUCTS):
         assert agree >= 0.95 and delta < 2.0
