@@ -28,11 +28,8 @@ import transformers
 
 from kvgraft.errors import FailedPrecondition
 from kvgraftd.engine.model import linear, native_forward, tiny_models
-from kvgraftd.engine.model.model_adapter import (
-    ModelAdapter,
-    computed_beyond_config,
-    model_fingerprint,
-)
+from kvgraftd.engine.model.fingerprint import computed_beyond_config, model_fingerprint
+from kvgraftd.engine.model.model_adapter import ModelAdapter
 from kvgraftd.engine.requests.decoding import DecodeOptions
 from kvgraftd.engine.requests.engine import Engine
 from kvgraftd.store.artifact_store import Store
