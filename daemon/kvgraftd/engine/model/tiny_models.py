@@ -82,9 +82,6 @@ FAMILIES = {
 }
 assert tuple(FAMILIES) == TINY_FAMILIES, "the families --model tiny:FAMILY:SEED names"
 TIED = frozenset({"gemma2", "gemma3", "qwen2"})  # as the small models of these families are
-# llama.cpp's architecture for each (Mistral is "llama", told apart by its name)
-_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-                  "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3"}  # fmt: skip
 
 
 def parse(spec: str) -> tuple[str, int]:
@@ -148,7 +145,8 @@ def write_gguf(model, family: str, path: Path) -> None:
     import gguf
 
     config = model.config
-    architecture = _ARCHITECTURES[family]
+    # llama.cpp's architecture: the family's, but a Mistral's is "llama" (told apart by name)
+    architecture = "llama" if family == "mistral" else family
     writer = gguf.GGUFWriter(str(path), architecture)
     # (transformers reads a "llama" file named "mistral" as a Mistral, then finds no Mistral in
     # gguf-py 0.18's names: a Mistral's GGUF loads as the Llama it is, but for its window)
