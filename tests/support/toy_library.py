@@ -5,6 +5,8 @@ add an entry. The fixtures that use them are in tests/library/conftest.py."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import ClassVar
 
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine.model.model_adapter import ModelAdapter
@@ -22,10 +24,17 @@ class ToyTokenizer:
     chat_template = "toy"
     eos_token_id = MARKERS["<|e|>"]
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    added_tokens_decoder: ClassVar[dict[int, SimpleNamespace]] = {
+        index: SimpleNamespace(content=text, special=True) for text, index in MARKERS.items()
+    }
+
+    def encode(
+        self, text: str, add_special_tokens: bool = False, split_special_tokens: bool = False
+    ) -> list[int]:
         ids: list[int] = []
         while text:
-            marker = next((m for m in MARKERS if text.startswith(m)), None)
+            markers = () if split_special_tokens else MARKERS
+            marker = next((m for m in markers if text.startswith(m)), None)
             if marker:
                 ids.append(MARKERS[marker])
                 text = text[len(marker) :]

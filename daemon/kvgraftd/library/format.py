@@ -79,8 +79,10 @@ _FRAME = " \t\"'`*_.,;:!?()[]{}"
 class ChatModel(Protocol):
     """What the formats need of kvgraftd.engine.model.model_adapter.ModelAdapter."""
 
-    def encode(self, text: str, chat: bool = False) -> list[int]: ...
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str: ...
+    def encode(self, text: str, chat: bool = False, parse_special: bool = True) -> list[int]: ...
+    def chat_tokens(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool
+    ) -> list[int]: ...
 
 
 # ----------------------------------------------------------------------
@@ -174,7 +176,7 @@ def is_entry(model: ChatModel, token_ids: Sequence[int], labels: Mapping[str, st
     expected = entry_labels(problem, solution, answer, verified_by, tags_of(labels), problem_ids)
     if content_labels(labels) != expected:  # whoever owns it (kvgraft.tenancy)
         return False
-    return list(token_ids) == problem_ids + model.encode(entry_text(solution, answer))
+    return list(token_ids) == problem_ids + _text_tokens(model, entry_text(solution, answer))
 
 
 def tags_of(labels: Mapping[str, str]) -> list[str]:
@@ -231,8 +233,8 @@ def library_turn(solution: str, answer: str) -> str:
     return LIBRARY_TURN.format(answer=answer.strip(), solution=solution.strip())
 
 
-def _extension(model: ChatModel, before: str, after: str) -> str:
-    if not after.startswith(before):
+def _extension(before: list[int], after: list[int]) -> list[int]:
+    if after[: len(before)] != before:
         raise FailedPrecondition(
             "the model's chat template does not render a longer conversation as an extension "
             "of a shorter one; the knowledge library cannot serve this model"
@@ -247,7 +249,7 @@ def problem_tokens(model: ChatModel, problem: str) -> list[int]:
 
 def entry_tokens(model: ChatModel, problem: str, solution: str, answer: str) -> list[int]:
     """The stored context of an entry; it starts with problem_tokens(problem)."""
-    return problem_tokens(model, problem) + model.encode(entry_text(solution, answer))
+    return problem_tokens(model, problem) + _text_tokens(model, entry_text(solution, answer))
 
 
 def cue_tokens(model: ChatModel) -> list[int]:
@@ -265,7 +267,7 @@ def _conversation(entries: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
 
 def library_tokens(model: ChatModel, entries: Sequence[Mapping[str, str]]) -> list[int]:
     """A tag's library context: all its entries (labels) as one conversation."""
-    return model.encode(model.render_chat(_conversation(entries), False))
+    return model.chat_tokens(_conversation(entries), False)
 
 
 def question_tokens(
@@ -274,6 +276,11 @@ def question_tokens(
     """The continuation after a library context: the question's user turn, then the
     assistant-turn opening."""
     messages = _conversation(entries)
-    before = model.render_chat(messages, False)
-    after = model.render_chat([*messages, _user(question)], True)
-    return model.encode(_extension(model, before, after))
+    before = model.chat_tokens(messages, False)
+    after = model.chat_tokens([*messages, _user(question)], True)
+    return _extension(before, after)
+
+
+def _text_tokens(model: ChatModel, text: str) -> list[int]:
+    """An entry's solution and answer, the assistant's words: text, never control tokens."""
+    return model.encode(text, parse_special=False)

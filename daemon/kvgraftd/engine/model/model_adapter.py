@@ -42,6 +42,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from kvgraft.errors import FailedPrecondition, InvalidArgument
 from kvgraftd.engine.model import native_forward, tiny_models
+from kvgraftd.engine.model.chat_tokens import ChatTokens, TransformersText
 from kvgraftd.engine.model.families import Family
 from kvgraftd.engine.model.fingerprint import cached_fingerprint
 from kvgraftd.engine.model.geometry import ModelGeometry
@@ -100,6 +101,8 @@ class ModelAdapter:
         self.device = torch.device("cpu")
         self.native: native_forward.NativeForward | None = None
         self.gguf_path: Path | None = None  # the GGUF file the model came from, if one
+        self._chat: ChatTokens | None = None  # built for the tokenizer _chat_of
+        self._chat_of: Any = None
 
     @property
     def row_invariant(self) -> bool:
@@ -284,27 +287,50 @@ class ModelAdapter:
             )
         return out.logits[0, -1].float().cpu()
 
-    def encode(self, text: str, chat: bool = False) -> list[int]:
+    def encode(self, text: str, chat: bool = False, parse_special: bool = True) -> list[int]:
+        """The ids of `text`: with `chat`, a user turn of the chat template (its text as
+        text: chat_tokens); else a raw prompt, whose control tokens' texts become those
+        tokens unless not `parse_special` (a text that comes from a message)."""
         if self.tokenizer is None:
             raise InvalidArgument(
-                f"model {self.name} has no tokenizer; send token ids instead of text"
+                f"model {self.name} has no tokenizer, so it reads no text: send token ids "
+                "(kvgraft generate --tokens 1,2,3; token_ids= in Python; a /v1/completions "
+                "prompt of ids)"
             )
         if chat:
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise InvalidArgument(f"model {self.name} has no chat template; send plain text")
-            rendered = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-            )
-            return self.tokenizer.encode(rendered, add_special_tokens=False)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+            return self.chat_tokens([{"role": "user", "content": text}], True)
+        return self.tokenizer.encode(
+            text, add_special_tokens=False, split_special_tokens=not parse_special
+        )
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        """A conversation ({"role", "content"} dicts) as the chat template's text."""
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise InvalidArgument(f"model {self.name} has no chat template; send plain text")
+    def chat_tokens(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
+        """A conversation's ids: the template's markup its only control tokens
+        (kvgraftd.engine.model.chat_tokens)."""
+        self._chat_template()
+        if self._chat is None or self._chat_of is not self.tokenizer:
+            text = TransformersText(self.tokenizer)
+            self._chat = ChatTokens(text, self.render_chat, self.tokenizer.chat_template)
+            self._chat_of = self.tokenizer
+        return self._chat.ids(messages, add_generation_prompt)
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        """A conversation ({"role", "content"} dicts) as the chat template's text (what
+        tokenizes it is chat_tokens)."""
+        self._chat_template()
         return self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt
         )
+
+    def _chat_template(self) -> None:
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidArgument(
+                f"model {self.name} has no chat template; send plain text (kvgraft generate "
+                "--text without --chat; /v1/completions)"
+                if self.tokenizer is not None
+                else f"model {self.name} has no tokenizer nor chat template, so it reads "
+                "neither a conversation nor text: send token ids (kvgraft generate --tokens "
+                "1,2,3; token_ids= in Python; a /v1/completions prompt of ids)"
+            )
 
     def decode(self, token_ids: list[int], skip_special: bool = False) -> str:
         """Text of the tokens; with skip_special, control tokens (end of turn, ...) show as ""."""

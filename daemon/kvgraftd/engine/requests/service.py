@@ -198,10 +198,11 @@ class EngineService:
                 self.refuse_overlong_text(prompt.text, what, reserved_tokens, prompt.chat)
             ids = engine.adapter.encode(prompt.text, chat=prompt.chat)
         elif kind == "conversation":
-            rendered = engine.adapter.render_chat(_messages(prompt.conversation, what), True)
+            messages = _messages(prompt.conversation, what)
             if floor:
+                rendered = engine.adapter.render_chat(messages, True)
                 self.refuse_overlong_text(rendered, what, reserved_tokens)
-            ids = engine.adapter.encode(rendered)
+            ids = engine.adapter.chat_tokens(messages, True)
         elif kind == "tokens":
             ids = list(prompt.tokens.ids)
         else:
