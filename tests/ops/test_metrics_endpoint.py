@@ -42,7 +42,11 @@ def _registry() -> CollectorRegistry:
 
 @contextmanager
 def _serving(tls: ssl.SSLContext | None = None, idle_s: float = 0.3) -> Iterator[MetricsEndpoint]:
-    endpoint = MetricsEndpoint("127.0.0.1", 0, _registry(), tls, idle_s=idle_s)
+    # every connection here comes from 127.0.0.1: all of them within its host's cap
+    # (the cap has tests of its own, tests/ops/test_slow_clients.py)
+    endpoint = MetricsEndpoint(
+        "127.0.0.1", 0, _registry(), tls, idle_s=idle_s, connections_per_host=16
+    )
     endpoint.start()
     try:
         yield endpoint

@@ -7,17 +7,31 @@ daemon's certificate when it has one (mutual when tls_client_ca is set). `stop` 
 uvicorn to stop taking connections and waits up to drain_s for the requests in flight,
 as the gRPC server drains. uvicorn installs no signal handler off the main thread: the
 daemon's own stop signals (kvgraftd.main) stay in charge.
+
+Slow clients (uvicorn has no read deadline; `GuardedH11Protocol`, its h11 protocol):
+* a request's line and headers must all come within HEADER_DEADLINE_S, counted from the
+  accept or, on a keep-alive connection, from the previous answer; else the connection is
+  closed, however often bytes come. Only the headers: a body and an answer (an SSE stream)
+  take as long as they take; an idle keep-alive connection is closed after KEEP_ALIVE_S.
+* a client host has at most connections_per_host(config) connections open; one more is
+  closed at once. Both are a client's own doing: a DEBUG line, not a warning.
+With TLS, asyncio bounds the handshake (60 s, the whole of it) before either applies.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import ssl
 import threading
 import time
+from collections import Counter
+from typing import Any, ClassVar
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from kvgraftd.config import DaemonConfig
 from kvgraftd.server.bind_errors import why_not_bound
@@ -29,6 +43,94 @@ logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
 
 START_TIMEOUT_S = 30.0
 KEEP_ALIVE_S = 5
+# Clients send a request's line and headers (a few hundred bytes) in one write: they come
+# in one round trip. Twice the keep-alive time leaves a slow network seconds to spare,
+# and a client that trickles them a byte at a time holds its connection no longer.
+HEADER_DEADLINE_S = 10.0
+# What a browser opens to one server (six), and then some: the least a host may have open.
+MIN_CONNECTIONS_PER_HOST = 8
+
+
+def connections_per_host(config: DaemonConfig) -> int:
+    """Connections one client host may have open: one for each call it may have in flight
+    (max_concurrent_rpcs: the daemon refuses more calls anyway) and as many idle in its
+    keep-alive pool. A reverse proxy is one host: it can carry every call the daemon takes."""
+    return max(MIN_CONNECTIONS_PER_HOST, 2 * config.max_concurrent_rpcs)
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on each request's headers and a cap on each
+    client host's connections. `for_server` makes the class of one server: its count of
+    connections by host is its own, kept on the event loop's thread alone (no lock)."""
+
+    per_host: ClassVar[int] = 0
+    header_deadline_s: ClassVar[float] = HEADER_DEADLINE_S
+    hosts: ClassVar[Counter[str]] = Counter()
+
+    @classmethod
+    def for_server(cls, per_host: int, header_deadline_s: float) -> type[GuardedH11Protocol]:
+        namespace = {"per_host": per_host, "header_deadline_s": header_deadline_s}
+        return type(cls.__name__, (cls,), {**namespace, "hosts": Counter()})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._host: str | None = None  # counted in `hosts` while set
+        self._headers_due: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        host = self.client[0] if self.client else ""  # "": a Unix socket's clients, one host
+        if self.hosts[host] >= self.per_host:
+            log.debug(
+                "HTTP connection from %s closed: %d open from it already", host, self.per_host
+            )
+            transport.close()
+            return
+        self.hosts[host] += 1
+        self._host = host
+        self._watch_headers()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._stop_watching()
+        if self._host is not None:
+            self.hosts[self._host] -= 1
+            if not self.hosts[self._host]:
+                del self.hosts[self._host]
+            self._host = None
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        self._watch_headers()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # a pipelined request's headers may be read here
+        self._watch_headers()
+
+    def _watch_headers(self) -> None:
+        """A deadline while the connection waits for a request's headers (h11's client
+        state IDLE: before its first request, and after each answer), none otherwise."""
+        waiting = self.conn.their_state is h11.IDLE and not self.transport.is_closing()
+        if waiting and self._headers_due is None:
+            self._headers_due = self.loop.call_later(self.header_deadline_s, self._headers_late)
+        elif not waiting:
+            self._stop_watching()
+
+    def _stop_watching(self) -> None:
+        if self._headers_due is not None:
+            self._headers_due.cancel()
+            self._headers_due = None
+
+    def _headers_late(self) -> None:
+        self._headers_due = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            log.debug(
+                "HTTP connection from %s closed: its request line and headers took longer "
+                "than %g s",
+                self._host,
+                self.header_deadline_s,
+            )
+            self.transport.close()
 
 
 class HttpServer:
@@ -46,7 +148,8 @@ class HttpServer:
         tls = bool(config.tls_cert)
         settings = uvicorn.Config(
             app,
-            http="h11",
+            http=GuardedH11Protocol.for_server(connections_per_host(config), HEADER_DEADLINE_S),
+            ws="none",  # the API has no WebSocket route; an upgrade would leave the guard
             loop="asyncio",
             lifespan="off",
             log_config=None,
