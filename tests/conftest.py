@@ -1,4 +1,5 @@
-"""Shared fixtures: a real daemon per test on a temporary store, and a client to it."""
+"""Shared fixtures: a real daemon per test on a temporary store, and a client to it; the
+daemon's default ports held for the whole run (tests.support.ports)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,30 @@ import pytest
 
 from kvgraft import Client
 from kvgraftd.testing.daemon_process import DaemonProcess
+from tests.support.ports import DefaultPortHold
 from tests.support.small_disks import tmpfs
+
+_HOLD = pytest.StashKey[DefaultPortHold]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Hold the default ports in the one process that lives through the whole run:
+    pytest-xdist's controller, or pytest itself without workers. A worker holds none
+    (one socket only can: the controller's), and a port another program holds is left
+    to it, so the hold never fails a run."""
+    if not hasattr(config, "workerinput"):
+        config.stash[_HOLD] = DefaultPortHold()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    hold = config.stash.get(_HOLD, None)
+    if hold is not None:
+        hold.close()
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    hold = config.stash.get(_HOLD, None)
+    return hold.describe() if hold is not None else None
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +33,7 @@ from kvgraft.page_buffers import block_aligned
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.testing.daemon_process import DaemonProcess, wait_model_ready
 from tests.support.factory import random_artifact
+from tests.support.ports import closed_address
 
 
 def kvgraft(*args: str, server: str | None = None, env: dict[str, str] | None = None):
@@ -75,12 +75,6 @@ def _page_bytes(artifact: Artifact) -> int:
     """Bytes of every page entry, shared ones included (ArtifactInfo.page_bytes)."""
     sizes = page_sizes(artifact.manifest)
     return sum(sizes[d] for d in artifact.manifest.page_sha256)
-
-
-def _dead_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"  # closed again: nothing listens
 
 
 # ----------------------------------------------------------------------
@@ -409,11 +403,11 @@ def test_unknown_id_is_not_found(daemon: DaemonProcess) -> None:
 
 @pytest.mark.parametrize("via", ["flag", "environment"])
 def test_unreachable_server_says_to_start_the_daemon(via: str) -> None:
-    address = _dead_address()
-    if via == "flag":
-        result = kvgraft("--json", "ls", server=address)
-    else:
-        result = kvgraft("--json", "ls", env={"KVGRAFT_SERVER": address})
+    with closed_address() as address:  # held: no one else can listen there meanwhile
+        if via == "flag":
+            result = kvgraft("--json", "ls", server=address)
+        else:
+            result = kvgraft("--json", "ls", env={"KVGRAFT_SERVER": address})
     assert result.returncode == 1
     error = json.loads(result.stdout)["error"]
     assert error["code"] == "UNAVAILABLE"
@@ -446,10 +440,12 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(daemon: DaemonProcess)
 
 
 def test_serve_runs_the_daemon(tmp_path: Path) -> None:
-    """Regression: `kvgraft serve --listen ...` was refused by the CLI's own parser."""
+    """Regression: `kvgraft serve --listen ...` was refused by the CLI's own parser. Port 0
+    for the HTTP API too (issue 47: it took the default 8551, taken on a busy machine)."""
     data = tmp_path / "data"
+    listen = ["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvgraft", "serve", "--listen", "127.0.0.1:0", "--data", str(data)],
+        [sys.executable, "-m", "kvgraft", "serve", *listen, "--data", str(data)],
         stderr=subprocess.PIPE,
         text=True,
     )

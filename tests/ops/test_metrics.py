@@ -9,6 +9,7 @@ artifact written or deleted leaves one logfmt line.
 
 from __future__ import annotations
 
+import os
 import urllib.request
 
 import grpc
@@ -115,21 +116,40 @@ def test_receipts_count_grafts_and_reused_tokens(start_daemon) -> None:
     with Client(daemon.address) as client:
         deposited = client.deposit(token_ids=prompt).receipt
         grafted = client.generate(token_ids=[*prompt, 3, 4], max_new_tokens=2)
-        tiers = client.stats().tiers
+        stats = client.stats()
+    tiers = stats.tiers
     receipts = [deposited, grafted.receipt]
     # the whole deposit, its tail page too (row-invariant products; whole pages without)
     expected = 130 if grafted.receipt.raw.profile.products else 128
     assert grafted.receipt.reused_tokens == expected
+    # The disk moves between the two reads, as on a busy machine (issue 47: the lmdb
+    # tier's capacity, free disk included, was compared across them): 8 MiB written
+    # beside the store.
+    with open(daemon.data_dir.parent / "neighbour", "wb") as neighbour:
+        neighbour.write(os.urandom(8 << 20))
+        os.fsync(neighbour.fileno())
     samples = _scrape(daemon)
-    # Every tier Stats reports (the engine's device and host tiers too), figure for figure.
+    # Every tier Stats reports (the engine's device and host tiers too), figure for figure,
+    # but the lmdb tier's disk figures: each read says them as the disk is then.
     assert {"device", "host", "lmdb"} <= {tier.name for tier in tiers}
     for tier in tiers:
         for field in ("hits", "misses", "evictions"):
             metric = f"kvgraft_tier_{field}_total"
             assert _get(samples, metric, tier=tier.name) == getattr(tier, field), (tier, field)
-        for field in ("used_bytes", "capacity_bytes", "peak_bytes"):
+        moving = ("capacity_bytes", "peak_bytes") if tier.name == "lmdb" else ()
+        for field in {"used_bytes", "capacity_bytes", "peak_bytes"} - set(moving):
             metric = f"kvgraft_tier_{field}"
             assert _get(samples, metric, tier=tier.name) == getattr(tier, field), (tier, field)
+    # The lmdb tier's disk figures are those of the same read: the store's files, and
+    # the free disk beside them.
+    lmdb = next(tier for tier in tiers if tier.name == "lmdb")
+    footprint = stats.segment_disk_bytes + stats.map_used_bytes
+    assert (lmdb.peak_bytes, lmdb.capacity_bytes) == (footprint, footprint + stats.disk_free_bytes)
+    scraped = sum(_get(samples, f"kvgraft_store_{f}_bytes") for f in ("segment_disk", "map_used"))
+    assert _get(samples, "kvgraft_tier_peak_bytes", tier="lmdb") == scraped > 0
+    assert _get(samples, "kvgraft_tier_capacity_bytes", tier="lmdb") == scraped + _get(
+        samples, "kvgraft_store_disk_free_bytes"
+    )
     # The grafted pages moved through the engine's tiers: the counters moved.
     assert sum(tier.hits + tier.misses for tier in tiers if tier.name != "lmdb") > 0
     assert _get(samples, "kvgraft_computations_total", method="Deposit") == 1

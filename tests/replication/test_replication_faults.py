@@ -23,6 +23,8 @@ chosen offset. Asserted, with real daemons in their own processes:
   only link) converges after every fault.
 * A connection that goes silent (no close) is noticed by the stall guard and
   replaced; following resumes from the saved position.
+* A put whose connection goes half-open mid-transfer runs out of time and is
+  retried over a new connection: the artifact arrives whole.
 """
 
 from __future__ import annotations
@@ -333,6 +335,42 @@ def test_a_connection_gone_silent_is_noticed_and_replaced(start_daemon, rng) -> 
             follower.join(30)
         assert outcome[1] is None and positions[-1] == 2
     link.close()
+
+
+def test_a_put_that_ran_out_of_time_is_retried_on_a_new_connection(start_daemon, rng) -> None:
+    """Regression (issue 47): a cut that left the connection half-open mid-put (neither
+    daemon nor client hears of it) made the put wait out its transfer deadline, and
+    every retry met the same silent connection until its deadline too: the artifact
+    counted failed. A transfer that ran out of time now gives up its connection, and
+    the retry goes over a new one. Keepalive pings are set beyond the test: a
+    half-open connection whose sends fill the socket's buffer never gets its ping out,
+    and a retry must not wait for one."""
+    source, replica = start_daemon(), start_daemon()
+    proxy = FaultProxy(replica.address)
+    # 4 layers x 8 pages of 128 KiB: 4 MiB, a put of several messages
+    artifact = random_artifact(
+        rng, num_layers=4, kv_heads=4, head_dim=64, kv_dtype=F32, page_tokens=64, tokens=512
+    )
+    short = {"timeout_s": 5, "transfer_timeout_s": 5, "keepalive_s": 600}
+    with (
+        Client(source.address) as a,
+        Client(replica.address) as b,
+        Client(proxy.address, **short, keepalive_timeout_s=600) as p,
+    ):
+        a.put_artifact(artifact)
+        silenced = proxy.silence_after("up", 1 << 20)  # inside the put, after its first MiB
+        summary = Replicator(a, ClientTarget(p)).sync()
+        assert silenced.is_set()
+        assert (summary.artifacts_added, summary.artifacts_failed) == (1, 0), summary.failures
+        assert summary.retry_reasons[0] == (
+            f"{artifact.id[:16]}: DEADLINE_EXCEEDED: kvgraftd at {proxy.address} did not "
+            "finish the call within its deadline of 5 s: give it longer with --timeout S "
+            "(in Python, Client(transfer_timeout_s=S))"
+        )
+        assert proxy.connections == 1 + summary.retries  # each retry on a new connection
+        audit_store(b, {artifact.id: artifact})  # whole, byte for byte
+        assert divergent_artifacts(a, b) == []
+    proxy.close()
 
 
 def with_nothing_visible(client: Client, artifact: Artifact) -> None:

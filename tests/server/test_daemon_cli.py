@@ -198,6 +198,7 @@ def test_a_stop_while_the_model_loads_exits_at_once(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [
             *(sys.executable, "-c", TEARDOWN_SPEAKS, "--listen", "127.0.0.1:0"),
+            *("--http-listen", "127.0.0.1:0"),  # not the default 8551 (issue 47)
             *("--data", str(tmp_path / "data"), "--model", ""),
             *("--model-cache", str(tmp_path / "models")),
         ],

@@ -12,8 +12,10 @@ everything forwarded that way after arming, across connections:
 * `flip_in(direction, pattern, at, mask)`: XOR byte `at` of the first occurrence
   of `pattern` (within one read) with `mask`. Fires once.
 * `go_silent()`: the open connections stop forwarding, both ways, without
-  closing (a peer host gone: nothing arrives, nothing says so); new
-  connections work.
+  closing (a peer host gone: nothing arrives, nothing says so, not even that
+  the other peer hung up); new connections work.
+* `silence_after(direction, n)`: forward n more bytes, then `go_silent()`: a
+  half-open cut mid-transfer (neither peer hears of it). Fires once.
 
 `forwarded[direction]` counts all bytes forwarded. With `record=True` the
 bytes sent up are kept per connection (`recorded`), so a test can see which
@@ -35,7 +37,7 @@ _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 @dataclass
 class _Fault:
-    kind: str  # "cut", "flip" or "flip_in"
+    kind: str  # "cut", "silence", "flip" or "flip_in"
     at: int  # offset, counted from `base` (for flip_in: into `pattern`)
     base: int  # forwarded[direction] when armed
     mask: int = 0x01
@@ -51,8 +53,8 @@ class FaultProxy:
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
         self._lock = threading.Lock()
         self._faults: dict[str, list[_Fault]] = {d: [] for d in DIRECTIONS}
-        self._open: list[tuple[socket.socket, socket.socket]] = []
-        self._silent: set[int] = set()  # fileno of client sockets whose connection went silent
+        self._open: list[tuple[int, socket.socket, socket.socket]] = []  # (number, client, up)
+        self._silent: set[int] = set()  # numbers of the connections that went silent
         self._record = record
         self.forwarded = dict.fromkeys(DIRECTIONS, 0)
         self.recorded: list[bytearray] = []
@@ -64,6 +66,10 @@ class FaultProxy:
     def cut_after(self, direction: str, n: int) -> threading.Event:
         """Close every connection once n more bytes went `direction`; returns 'fired'."""
         return self._arm(direction, "cut", n)
+
+    def silence_after(self, direction: str, n: int) -> threading.Event:
+        """Stop forwarding (without closing) once n more bytes went `direction`."""
+        return self._arm(direction, "silence", n)
 
     def flip_at(self, direction: str, n: int, mask: int = 0x01) -> threading.Event:
         """XOR the n-th byte from now going `direction` with `mask`; returns 'fired'."""
@@ -83,7 +89,7 @@ class FaultProxy:
 
     def go_silent(self) -> None:
         with self._lock:
-            self._silent |= {client.fileno() for client, _ in self._open}
+            self._silent |= {number for number, _, _ in self._open}
 
     def close(self) -> None:
         self._closing = True
@@ -110,13 +116,11 @@ class FaultProxy:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             record = bytearray()
             with self._lock:
-                self._open.append((client, upstream))
                 self.connections += 1
+                key = self.connections  # numbers, not descriptors: those are reused
+                self._open.append((key, client, upstream))
                 if self._record:
                     self.recorded.append(record)
-            key = client.fileno()
-            with self._lock:
-                self._silent.discard(key)  # a reused descriptor: a new connection
             args = (client, upstream, "up", record, key)
             threading.Thread(target=self._pump, args=args, daemon=True).start()
             args = (upstream, client, "down", None, key)
@@ -132,24 +136,31 @@ class FaultProxy:
                     break
                 if key in self._silent:
                     continue  # swallowed
-                data, cut = self._apply_faults(direction, bytearray(data))
+                data, ending = self._apply_faults(direction, bytearray(data))
                 dst.sendall(data)
                 if record is not None:
                     record += data
-                if cut:
+                if ending == "cut":
                     self._close_all()
                     return
+                if ending == "silence":
+                    self.go_silent()
         except OSError:
             pass
-        for sock in (src, dst):  # one side ended: end the other
+        # One side ended: end the other, unless the connection went silent (a peer that
+        # is gone says nothing, not even that the other side hung up: half-open).
+        ended = (src,) if key in self._silent else (src, dst)
+        for sock in ended:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         src.close()  # each socket is the source of one pump
 
-    def _apply_faults(self, direction: str, data: bytearray) -> tuple[bytearray, bool]:
+    def _apply_faults(self, direction: str, data: bytearray) -> tuple[bytearray, str]:
+        """The bytes to forward, and how the connections end after them: "cut",
+        "silence" or "" (they go on)."""
         with self._lock:
             start = self.forwarded[direction]
-            cut = False
+            ending = ""
             for fault in self._faults[direction]:
                 if fault.fired.is_set():
                     continue
@@ -164,17 +175,17 @@ class FaultProxy:
                     continue
                 if fault.kind == "flip":
                     data[offset] ^= fault.mask
-                else:
+                else:  # "cut" or "silence": the rest of this read is never forwarded
                     del data[offset:]
-                    cut = True
+                    ending = fault.kind
                 fault.fired.set()
             self.forwarded[direction] += len(data)
-        return data, cut
+        return data, ending
 
     def _close_all(self) -> None:
         with self._lock:
             pairs, self._open = self._open, []
-        for pair in pairs:
+        for _, *pair in pairs:
             for sock in pair:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)

@@ -54,6 +54,9 @@ DEFAULT_TRANSFER_TIMEOUT_S = 3600.0
 STORE, COMPUTE, TRANSFER = "timeout_s", "compute_timeout_s", "transfer_timeout_s"
 # What gRPC says when a keepalive ping went unanswered: the connection went silent.
 _SILENT = ("ping timeout", "keepalive watchdog timeout")
+# What gRPC says when a deadline passed on this side (the daemon's own DEADLINE_EXCEEDED,
+# past its max_call_s or put_idle_s, says why in its words: its connection answers).
+_RAN_OUT = "Deadline Exceeded"
 # gRPC target schemes, which name their own port (or none: unix sockets).
 _SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:")
 T = TypeVar("T")
@@ -224,7 +227,12 @@ class Connection(Connected):
         the connection's header table, so every later call on it fails too);
         a ping timeout, when it went silent. Either way the connection is
         replaced, and the next call opens a new one (gRPC itself may take
-        its time to give up on the old one).
+        its time to give up on the old one). So it is after a transfer whose
+        deadline passed on this side: a connection gone half-open (no ping
+        sent yet, or its answer not yet overdue) would otherwise hold every
+        retry until its deadline too, and a transfer's deadline is long (puts
+        are idempotent: a retry on the new connection sends what is still
+        missing). Calls still open on a replaced connection end (CANCELLED).
         """
         connection = self._connection
         try:
@@ -239,6 +247,7 @@ class Connection(Connected):
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
             details = (exc.details() if hasattr(exc, "details") else "") or str(exc)
             cls = ERRORS_BY_CODE.get(code.name, KvgraftError)
+            ran_out = code == grpc.StatusCode.DEADLINE_EXCEEDED and details == _RAN_OUT
             if code == grpc.StatusCode.INTERNAL or any(sign in details for sign in _SILENT):
                 self._replace_connection(connection)
                 details += "; the next call opens a new connection"
@@ -246,6 +255,8 @@ class Connection(Connected):
             details = explain(
                 code.name, details, address=self.address, tls=self._tls, deadline=deadline
             )
+            if ran_out and kind == TRANSFER:
+                self._replace_connection(connection)  # the advice stays: give it longer
             raise cls(details) from None
 
     def _unary(self, call: Callable[..., T], request, kind: str = STORE) -> T:

@@ -40,6 +40,10 @@ from kvgraft.v1 import kvgraft_pb2 as pb
 log = logging.getLogger(__name__)
 
 # Errors a retry cannot fix; anything else (a cut, a corrupt byte) is retried.
+# DEADLINE_EXCEEDED too, as a cut: a put or get that ran out of time may have met a
+# connection gone half-open, which the client then gives up (kvgraft.client.connection),
+# so the retry goes over a new one; a put is idempotent (content-addressed) and the
+# retry sends only the pages still missing.
 # UNIMPLEMENTED is retried too: a request damaged on the way reads as one (gRPC answers
 # "requires exactly one request message"); a daemon that really lacks the RPC still
 # fails the artifact after max_attempts, with the same message.

@@ -24,7 +24,8 @@ daemons' ordinary gRPC API:
   the verified pages it has received and the retry sends only what is still
   missing: of what had arrived, at most the messages in flight are sent
   again (gRPC hands a server whole messages only). A connection that goes
-  silent is noticed by kvgraft.replication.stream_guard and replaced.
+  silent is noticed by kvgraft.replication.stream_guard and replaced; a put or
+  get that ran out of time is retried like a cut, over a new connection.
 
 Deletes: an artifact the source deleted is deleted on the target unless the
 target pinned it (an operator's explicit protection there, counted in
