@@ -19,9 +19,19 @@ def printable(text: str) -> str:
 
 
 class KvgraftError(Exception):
-    """Base of every kvgraft error."""
+    """Base of every kvgraft error.
+
+    `param` names the request field at fault as the caller spelled it (OpenAI's `param`;
+    None where no one field is). `reason` is a finer cause than `code` where a protocol
+    has a name for it (OpenAI's error `code`, e.g. "model_not_found"); "" where not.
+    """
 
     code = "UNKNOWN"
+    reason = ""
+
+    def __init__(self, *args: object, param: str | None = None) -> None:
+        super().__init__(*args)
+        self.param = param
 
 
 class InvalidArgument(KvgraftError):
@@ -30,10 +40,22 @@ class InvalidArgument(KvgraftError):
     code = "INVALID_ARGUMENT"
 
 
+class ContextLengthExceeded(InvalidArgument):
+    """The prompt and the tokens asked for do not fit the context: shorten one of them."""
+
+    reason = "context_length_exceeded"
+
+
 class NotFound(KvgraftError):
     """No such artifact (or page)."""
 
     code = "NOT_FOUND"
+
+
+class ModelNotFound(NotFound):
+    """The request names a model this daemon does not serve."""
+
+    reason = "model_not_found"
 
 
 class DataLoss(KvgraftError):

@@ -34,10 +34,11 @@ import kvgraftd.ops.quiet_grpc  # noqa: F401  first: grpc reads its log level wh
 from kvgraft import __version__
 from kvgraft.errors import KvgraftError
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.config import ConfigError, DaemonConfig, check_model
+from kvgraftd.config import DEFAULT_CONTEXT_TOKENS, ConfigError, DaemonConfig, check_model
 from kvgraftd.engine.requests.service import EngineService
 from kvgraftd.http.http_server import HttpServer
 from kvgraftd.http.openai_app import OpenAiApp
+from kvgraftd.http.served_models import ServedModel
 from kvgraftd.library.service import LibraryService
 from kvgraftd.ops.command_line import build_parser, load_config, to_toml
 from kvgraftd.ops.lockfile import DataDirLock
@@ -53,7 +54,7 @@ from kvgraftd.server.limits import CallLimiter, server_options
 from kvgraftd.server.status import info_response, stats_response
 from kvgraftd.server.tenants import TenantRoute, tenant_services
 from kvgraftd.store.artifact_store import Store
-from kvgraftd.store.eviction import CacheBudget, CacheKeeper
+from kvgraftd.store.eviction import CacheBudget, CacheKeeper, conversation_budget
 from kvgraftd.store.scrub import Scrubber
 from kvgraftd.store.service import ServiceLimits, StoreService
 from kvgraftd.store.signing import Signer, TrustPolicy
@@ -121,7 +122,15 @@ def run(config: DaemonConfig) -> int:
                 bytes=config.store_budget_bytes,
                 artifacts=config.store_budget_artifacts,
                 policy=config.eviction_policy,
+                conversation_bytes=conversation_budget(
+                    config.conversation_budget_bytes, config.store_budget_bytes, config.data
+                ),
             ),
+        )
+        log.info(
+            "conversation contexts (chat_cache, cache = auto) kept within %d bytes "
+            "(conversation_budget_bytes)",
+            store.evictor.budget.conversation_bytes,
         )
         try:
             loading = serve(config, store, stop)
@@ -133,6 +142,25 @@ def run(config: DaemonConfig) -> int:
     if loading:
         log.info("stopped while the model was loading: its load is abandoned")
     return 0
+
+
+def context_tokens(configured: int, trained: int | None) -> int:
+    """max_context_tokens as the engine keeps it: `configured`, warning (once, at load) when
+    it passes the model's trained context (`trained`: max_position_embeddings, None where
+    the model does not say); 0: the trained context, at most DEFAULT_CONTEXT_TOKENS."""
+    if not configured:
+        limit = min(DEFAULT_CONTEXT_TOKENS, trained or DEFAULT_CONTEXT_TOKENS)
+        log.info("max_context_tokens %d (the model's trained context, at most %d)",
+                 limit, DEFAULT_CONTEXT_TOKENS)  # fmt: skip
+        return limit
+    if trained and configured > trained:
+        log.warning(
+            "max_context_tokens=%d is more than the model was trained on (%d positions): "
+            "positions past %d give answers it was never trained to give; unset "
+            "max_context_tokens (0) to keep within them",
+            configured, trained, trained,
+        )  # fmt: skip
+    return configured
 
 
 def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engine:
@@ -179,7 +207,9 @@ def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engi
         store,
         page_tokens=config.page_tokens,
         block_tokens=config.block_tokens,
-        max_context_tokens=config.max_context_tokens,
+        max_context_tokens=context_tokens(
+            config.max_context_tokens, adapter.rope_description()["max_position_embeddings"]
+        ),
         tiers=tiers,
         trust=trust,
         max_batch_tokens=config.max_batch_tokens,
@@ -305,7 +335,9 @@ def start_http(
         settings.telemetry,
         keep_conversations=config.chat_cache == "auto",
         max_request_bytes=config.max_request_bytes,
+        served=ServedModel.of(config),  # its names and creation time, known while it loads
         tenant_engines={name: tenant.engine for name, tenant in tenants.items()},
+        cors_origins=config.http_cors_origins,
     )
     http = HttpServer.start(config, app.app)
     host = config.http_listen.rsplit(":", 1)[0]

@@ -53,7 +53,8 @@ def test_publish_ls_stat_info_and_refusals_act_as_the_tokens_tenant(start_daemon
     assert published.returncode == 0, published.stderr
     shared_id = published.stdout.split()[1]
     assert published.stdout == (
-        f"published {shared_id} (alice's): every tenant may graft it now and reuse its pages; "
+        f"published {shared_id} (alice's), a new artifact over the pages of "
+        f"{published_one.id[:16]}: every tenant may graft it by this id and reuse its pages; "
         "only its owner may delete it\n"
     )
     assert shared_id != published_one.id  # a second artifact over the same pages
@@ -117,6 +118,6 @@ def test_a_receipt_names_the_owner_of_what_it_grafted() -> None:
     )
     lines = receipt_detail_lines(receipt)
     assert lines[-2:] == [
-        f"  grafted {'ab' * 8} (alice's): 40 tokens, UNTRUSTED",
+        f"  grafted {'ab' * 8} (alice's): 40 tokens, untrusted",
         f"  grafted {'cd' * 8}: 8 tokens, vouched for by {'01' * 8}",
     ]

@@ -114,6 +114,11 @@ def test_options_are_checked_like_python_arguments() -> None:
                 f"temperature={tiny!r} is 0 on the wire (a float32): give 0 to decode "
                 "greedily, or a temperature of 0.0001 or more to sample"
             )
+        # Regression (issue 47): a top_p of 0 as a float32 was sent, and read as "every token"
+        for tiny in (1e-300, 1e-46):
+            with pytest.raises(ValueError, match=r"is 0 on the wire \(a float32\), which means"):
+                client.generate(token_ids=[1], temperature=1, top_p=tiny)
+    assert _generate_options("generate", None, {"temperature": 1, "top_p": 2.0**-149}).top_p > 0
     # the smallest the wire carries, and past its largest (inf), go to the daemon to judge
     assert _generate_options("generate", None, {"temperature": 1e-45}).temperature > 0
     assert _generate_options("generate", None, {"temperature": 1e300}).temperature == np.inf

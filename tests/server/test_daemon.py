@@ -209,7 +209,8 @@ def test_shutdown_ends_follow_watch_streams(start_daemon, rng) -> None:
 
 
 def test_second_daemon_on_the_same_data_dir_refuses_to_start(daemon: DaemonProcess) -> None:
-    result = _kvgraftd("--listen", "127.0.0.1:0", "--data", str(daemon.data_dir))
+    listen = ["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"]
+    result = _kvgraftd(*listen, "--data", str(daemon.data_dir))
     assert result.returncode == 1
     assert f"in use by another kvgraftd (pid {daemon.proc.pid})" in result.stderr
     assert "serving on" not in result.stderr
@@ -311,7 +312,8 @@ def test_print_config_round_trips(tmp_path: Path) -> None:
         ("host_budget_bytes = -5\n", "host_budget_bytes = -5: use a value in 0 or more"),
         ("block_tokens = 0\n", "block_tokens = 0: use a value in 1.."),
         ("min_free_bytes = -1\n", "min_free_bytes = -1: use a value in 0 or more"),
-        ("max_context_tokens = 0\n", "max_context_tokens = 0: use a value in 1.."),
+        ("max_context_tokens = -1\n", "max_context_tokens = -1: use a value in 0.."),
+        ("conversation_budget_bytes = -1\n", "conversation_budget_bytes = -1: use a value in 0"),
         ("workers = 1.9\n", "workers = 1.9: expected a whole number"),
         ("workers = true\n", "workers = True: expected a whole number"),
         ('listen = "127.0.0.1:99999"\n', "a port in 0..65535"),

@@ -66,6 +66,7 @@ from hypothesis import strategies as st
 from kvgraft import Client, wire
 from kvgraft.artifact import Artifact, artifact_id, page_sizes
 from kvgraft.errors import NotFound
+from kvgraft.page_buffers import block_aligned
 from kvgraft.tenancy import (
     SHARED_LABEL,
     TENANT_LABEL,
@@ -770,8 +771,13 @@ def _check_figures(world: World, method, caller: str, answer: Answer, before, af
         assert sizes[0] <= stats.page_bytes <= sizes[1], (
             f"Stats counts {stats.page_bytes} page bytes for {caller}, who owns {sizes[1]}"
         )
-        whole_store = pb.StatsResponse(artifacts=stats.artifacts, page_bytes=stats.page_bytes)
-        assert stats == whole_store, f"Stats told {caller} of the whole store: {stats}"
+        own_only = pb.StatsResponse(  # its pages and their disk: checked exactly below
+            artifacts=stats.artifacts,
+            pages=stats.pages,
+            page_bytes=stats.page_bytes,
+            segment_disk_bytes=stats.segment_disk_bytes,
+        )
+        assert stats == own_only, f"Stats told {caller} of the whole store: {stats}"
     if method.name == "Info":
         info = pb.InfoResponse.FromString(answer.messages[0])
         assert (info.tenant, list(info.tenants), list(info.tiers)) == (caller, [], [])
@@ -892,7 +898,19 @@ def test_each_tenant_is_told_its_own_figures_only(world) -> None:
         with Client(world.address, token_file=world.tokens[name]) as tenant:
             stats, info = tenant.stats(), tenant.info()
             listed = {i.artifact_id for i in tenant.list_artifacts()}
-        expected = pb.StatsResponse(artifacts=len(own), page_bytes=sum(i.page_bytes for i in own))
+            sizes = {  # the distinct pages its artifacts reference (issue 47: they were 0)
+                digest: size
+                for i in own
+                for digest, size in page_sizes(
+                    tenant.stat(i.artifact_id, include_manifest=True).manifest
+                ).items()
+            }
+        expected = pb.StatsResponse(
+            artifacts=len(own),
+            pages=len(sizes),
+            page_bytes=sum(i.page_bytes for i in own),
+            segment_disk_bytes=sum(block_aligned(size) for size in sizes.values()),
+        )
         assert stats == expected, (name, stats)
         assert listed == {i.artifact_id for i in own} | shared, name
         assert (info.tenant, list(info.tenants), list(info.tiers)) == (name, [], [])

@@ -9,9 +9,9 @@ prompt; the decoding flags are generate's (kvgraft.cli.options), greedy by defau
 Interactive (the default): `>>> ` reads a message, the answer streams to stdout, then
 one short dim line on stderr says the tokens reused and computed and the decode rate
 (generated tokens per second from the first token on). /reset starts a new
-conversation (the system prompt stays), /exit or Ctrl-D ends. Ctrl-C during an answer
-cancels that call and leaves the turn out of the conversation; Ctrl-C at the prompt
-exits 130, as every command does (kvgraft.cli.main). A daemon's error during a turn
+conversation (the system prompt stays), /exit, Ctrl-D or Ctrl-C at the prompt ends it
+(quietly, exit status 0: no call was running). Ctrl-C during an answer cancels that
+call and leaves the turn out of the conversation. A daemon's error during a turn
 (a conversation past max_context_tokens, ...) is printed and the chat goes on.
 
 --json, for scripts: the user's messages come from stdin, one per line (blank lines
@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 
 from kvgraft.cli import arguments
 from kvgraft.cli.arguments import UsageError, is_utf8
+from kvgraft.cli.model_wait import wait_for_model
 from kvgraft.cli.options import add_decoding_options, decoding_options
 from kvgraft.cli.render import HeldText, message_to_json
 from kvgraft.client.client import Client
@@ -45,6 +46,7 @@ Messages = list[dict[str, str]]
 
 def cmd_chat(client: Client, args: argparse.Namespace) -> None:
     options = {"max_new_tokens": args.max_new_tokens, "keep": True, **decoding_options(args)}
+    wait_for_model(client)  # before the prompt, as `ollama run` does
     if args.json:
         _scripted(client, args, options)
     else:
@@ -89,9 +91,9 @@ def _interactive(client: Client, args: argparse.Namespace, options: dict) -> Non
         except EOFError:
             print()
             return
-        except KeyboardInterrupt:
-            print()  # main's one line goes below the prompt, not after it
-            raise
+        except KeyboardInterrupt:  # at the prompt: the user leaves, as with Ctrl-D
+            print()  # the shell's prompt on a line of its own, not after ours
+            return
         except UnicodeDecodeError:
             _note("that line is not UTF-8 text: type it again")
             continue

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from kvgraft.cli import arguments
 from kvgraft.cli.arguments import UsageError, read_text
+from kvgraft.cli.model_wait import wait_for_model
 from kvgraft.cli.options import add_decoding_options, decoding_options
 from kvgraft.cli.render import (
     HeldText,
@@ -97,7 +98,7 @@ def receipt_detail_lines(receipt: pb.Receipt) -> list[str]:
         + _sampling_lines(receipt)
         + [
             f"  grafted {g.artifact_id[:16]}{grafted_owner(g)}: {g.tokens} tokens, "
-            + (f"vouched for by {g.vouched_by.hex()[:16]}" if g.vouched_by else "UNTRUSTED")
+            + (f"vouched for by {g.vouched_by.hex()[:16]}" if g.vouched_by else "untrusted")
             for g in receipt.grafted
         ]
     )
@@ -191,25 +192,29 @@ def _run_stream(args: argparse.Namespace, stream: GenerationStream, started: flo
 
 
 def cmd_generate(client: Client, args: argparse.Namespace) -> None:
+    prompt, options = _prompt_kwargs(args), _options(args)  # usage errors before any call
+    wait_for_model(client)
     started = time.perf_counter()
-    stream = client.generate_stream(**_prompt_kwargs(args), **_options(args), **_prompt_bar(args))
+    stream = client.generate_stream(**prompt, **options, **_prompt_bar(args))
     _run_stream(args, stream, started)
 
 
 def cmd_graft(client: Client, args: argparse.Namespace) -> None:
+    prompt, options = _prompt_kwargs(args), _options(args)
+    wait_for_model(client)
     started = time.perf_counter()
-    stream = client.graft_stream(
-        args.id, **_prompt_kwargs(args), **_options(args), **_prompt_bar(args)
-    )
+    stream = client.graft_stream(args.id, **prompt, **options, **_prompt_bar(args))
     _run_stream(args, stream, started)
 
 
 def cmd_deposit(client: Client, args: argparse.Namespace) -> None:
+    prompt = _prompt_kwargs(args)
+    wait_for_model(client)
     started = time.perf_counter()
     shown = _prompt_bar(args)
     try:
         response = client.deposit(
-            **_prompt_kwargs(args), labels=_labels(args), verified_by=args.verified_by, **shown
+            **prompt, labels=_labels(args), verified_by=args.verified_by, **shown
         )
     finally:
         if shown:
@@ -230,6 +235,7 @@ def cmd_deposit(client: Client, args: argparse.Namespace) -> None:
 def cmd_verify(client: Client, args: argparse.Namespace) -> None:
     if (args.id is None) == (not args.untrusted):
         raise UsageError("give an artifact id, or --untrusted to verify every untrusted one")
+    wait_for_model(client)
     if args.untrusted:
         _verify_untrusted(client, args)
         return
@@ -287,9 +293,8 @@ def _verify_untrusted(client: Client, args: argparse.Namespace) -> None:
 
 
 def _cannot_compute(model_state: str) -> str:
-    """Why a daemon whose model is not ready cannot verify, and what to do."""
-    if model_state == "loading":
-        return "is still loading its model: run this again once `kvgraft info` says ready"
+    """Why a daemon whose model is not ready cannot verify, and what to do (the command
+    line waited while it loaded: kvgraft.cli.model_wait)."""
     if model_state.startswith("failed"):
         return f"has no model ({model_state}): fix its --model and restart it"
     return (
@@ -300,6 +305,7 @@ def _cannot_compute(model_state: str) -> str:
 
 def cmd_lookup(client: Client, args: argparse.Namespace) -> None:
     kwargs = _prompt_kwargs(args)
+    wait_for_model(client)
     if "text" in kwargs:
         response = client.lookup(text=kwargs["text"], chat=kwargs["chat"])
     else:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from kvgraft.cli import arguments
 from kvgraft.cli.arguments import is_utf8, read_text
+from kvgraft.cli.model_wait import wait_for_model
 from kvgraft.cli.options import add_global_options
 from kvgraft.cli.render import clip, emit, human_bytes, message_to_json, progress_bar, table
 from kvgraft.client.client import Client
@@ -44,6 +45,7 @@ def _entry_json(entry: pb.LibraryEntry) -> dict:
 
 
 def cmd_library_add(client: Client, args: argparse.Namespace) -> None:
+    wait_for_model(client)
     response = client.library_add(
         args.problem, args.solution, args.answer, verified_by=args.verified_by, tags=args.tag
     )
@@ -54,6 +56,7 @@ def cmd_library_add(client: Client, args: argparse.Namespace) -> None:
 
 
 def cmd_library_ls(client: Client, args: argparse.Namespace) -> None:
+    wait_for_model(client)
     entries = client.library_list(args.tag or "")
     rows = [
         (
@@ -75,6 +78,7 @@ def cmd_library_ls(client: Client, args: argparse.Namespace) -> None:
 
 
 def cmd_library_rm(client: Client, args: argparse.Namespace) -> None:
+    wait_for_model(client)
     removed = {}
     for artifact_id in args.ids:
         response = client.library_remove(artifact_id)
@@ -130,6 +134,7 @@ def read_jsonl(path: Path, tags: list[str], verified_by: str) -> list[dict]:
 
 def cmd_library_import(client: Client, args: argparse.Namespace) -> None:
     entries = read_jsonl(args.file, args.tag, args.verified_by)
+    wait_for_model(client)
     bar = progress_bar(args, "import", total=len(entries), unit="entry")
     ids, present = [], 0
     try:
@@ -197,6 +202,7 @@ def ask_document(response: AskResult) -> dict:
 
 
 def cmd_ask(client: Client, args: argparse.Namespace) -> None:
+    wait_for_model(client)
     response = client.ask(
         args.text,
         max_new_tokens=args.max_new_tokens,

@@ -9,10 +9,11 @@ lookup (kvgraft.cli.engine), chat (kvgraft.cli.chat), and the knowledge library'
 library add|ls|rm|import and ask (kvgraft.cli.library); `kvgraft COMMAND --help` for
 each, `kvgraft` alone lists them.
 The global options (--server, --json, --timeout, TLS and token: kvgraft.cli.options)
-go before or after the command. The server defaults to $KVGRAFT_SERVER, then
-127.0.0.1:50551; a host without a port gets 50551. With --json every command prints
-one JSON document on stdout (an error too: {"error": {"code", "message"}}); otherwise
-plain text.
+go before or after the command. The commands that need the daemon's model wait while
+it loads, within --timeout, saying so on stderr (kvgraft.cli.model_wait). The server
+defaults to $KVGRAFT_SERVER, then 127.0.0.1:50551; a host without a port gets 50551.
+With --json every command prints one JSON document on stdout (an error too:
+{"error": {"code", "message"}}); otherwise plain text.
 
 Exit status: 0 success; 1 an error met doing the work (the daemon's, or kvgraft's
 own: a corrupt bundle, a file that cannot be written), printed on one line on stderr

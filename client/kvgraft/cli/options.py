@@ -9,7 +9,8 @@ absent one leaves it standing. The connection flags (TLS, mutual TLS, the
 bearer token) each default to their KVGRAFT_* variable (kvgraft.client.channel
 resolves them), so `kvgraft --tls-ca ca.pem ls` and `KVGRAFT_TLS_CA=ca.pem
 kvgraft ls` are the same. `--timeout S` is every call's deadline; without it each
-kind of call keeps kvgraft.Client's default (kvgraft.client.connection).
+kind of call keeps kvgraft.Client's default (kvgraft.client.connection), and it bounds a
+command's wait for the daemon's model to load (kvgraft.cli.model_wait).
 
 The decoding options that generate, graft and chat share are declared here too:
 greedy (argmax) unless told otherwise; --temperature T samples at T (0: greedy, as in
@@ -65,7 +66,8 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
         metavar="S",
         help=f"seconds any one call may take (default: {DEFAULT_TIMEOUT_S:g} for the store's "
         f"calls, {DEFAULT_TRANSFER_TIMEOUT_S:g} for transfers, {DEFAULT_COMPUTE_TIMEOUT_S:g} for "
-        "calls that compute: deposit, generate, graft, verify, lookup, ask, library add)",
+        "calls that compute: deposit, generate, graft, verify, lookup, ask, library add, and "
+        "their wait for the model to load)",
     )
     group.add_argument(
         "--tls",

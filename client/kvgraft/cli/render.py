@@ -2,7 +2,10 @@
 streamed as it is generated.
 
 Digests (bytes fields) are shown as lowercase hex everywhere, in JSON too, so
-ids and hashes can be pasted between commands. Field names are the proto's.
+ids and hashes can be pasted between commands. Field names are the proto's, and so are
+enum values (KV_DTYPE_FLOAT32), except trust: one word everywhere (`trust_name`:
+computed, verified, signed, untrusted), in tables, `stat`, JSON and the HTTP API's
+receipts alike.
 Streamed text never shows a stop string: `HeldText` holds back what may be the start
 of one until the next token says.
 """
@@ -22,6 +25,19 @@ from google.protobuf.message import Message
 
 from kvgraft.errors import printable
 from kvgraft.results import Token
+from kvgraft.v1 import kvgraft_pb2 as pb
+
+TRUST_NAMES = {
+    pb.Provenance.TRUST_COMPUTED: "computed",
+    pb.Provenance.TRUST_VERIFIED: "verified",
+    pb.Provenance.TRUST_SIGNED: "signed",
+    pb.Provenance.TRUST_UNTRUSTED: "untrusted",
+}
+
+
+def trust_name(trust: int) -> str:
+    """A Provenance.Trust as users read it: "computed", ...; unset is untrusted."""
+    return TRUST_NAMES.get(trust, "untrusted")
 
 
 def message_to_json(message: Message) -> dict:
@@ -46,6 +62,8 @@ def _scalar(field: FieldDescriptor, value):
         return message_to_json(value)
     if field.type == FieldDescriptor.TYPE_BYTES:
         return bytes(value).hex()
+    if field.enum_type is pb.Provenance.Trust.DESCRIPTOR:
+        return trust_name(value)
     if field.enum_type is not None:
         return field.enum_type.values_by_number[value].name
     return value

@@ -1,15 +1,20 @@
 """The store commands of the `kvgraft` command line: info, ls, stat, rm, export, import.
 
     kvgraft info
-    kvgraft ls [--label KEY=VALUE ...] [-q]
+    kvgraft ls [--label KEY=VALUE ...] [-a | --conversations] [-q]
     kvgraft stat ID [--manifest]
     kvgraft rm ID [ID ...]
     kvgraft export ID -o FILE.safetensors
     kvgraft import FILE.safetensors
 
-`ls` prints one line per artifact, each column under a header, the labels cut to
-fit the terminal's width ($COLUMNS, else 160 columns when the output is not a
-terminal; all of them in --json and `stat`); the state column says
+`ls` leaves out the conversation contexts the daemon keeps by itself
+(kvgraft.conversations: chat_cache and cache = auto) and says how many it left out:
+they are the daemon's cache, not what a user stored; `-a/--all` lists them too,
+`--conversations` only them, and a `--label` naming their kind selects them as any label
+does. `-q` and `--json` list what the table would. It prints one line per artifact, each
+column under a header, the labels cut to fit the terminal's width ($COLUMNS, else 160
+columns when the output is not a terminal; all of them in --json and `stat`); the state
+column says
 pinned (with the time left of a TTL pin), shared (published) or quarantined. Where
 tenants own artifacts (kvgraft.cli.tenants) an owner column comes before the labels
 ("-": the operator's), and the labels column leaves out the ownership labels it shows.
@@ -38,6 +43,7 @@ from kvgraft.cli.render import (
     progress_bar,
     table,
     time_left,
+    trust_name,
     when,
 )
 from kvgraft.cli.tenants import (
@@ -47,16 +53,10 @@ from kvgraft.cli.tenants import (
     tenant_lines,
 )
 from kvgraft.client.client import Client
+from kvgraft.conversations import KIND_LABEL, is_conversation
 from kvgraft.errors import InvalidArgument, printable
 from kvgraft.tenancy import content_labels, is_shared, owner_of
 from kvgraft.v1 import kvgraft_pb2 as pb
-
-TRUST_NAMES = {
-    pb.Provenance.TRUST_COMPUTED: "computed",
-    pb.Provenance.TRUST_VERIFIED: "verified",
-    pb.Provenance.TRUST_SIGNED: "signed",
-    pb.Provenance.TRUST_UNTRUSTED: "untrusted",
-}
 
 # What each cache tier's row of `kvgraft info` counts.
 TIER_MEANING = {
@@ -86,13 +86,7 @@ def cmd_info(client: Client, args: argparse.Namespace) -> None:
         + (f", fingerprint {info.model_fingerprint.hex()[:16]}" if info.model_fingerprint else ""),
         *model_lines(info),
         f"signing key: {info.signing_key.hex()} (other daemons trust it with [trust] keys)",
-        f"store: artifacts {stats.artifacts}, distinct pages {stats.pages} "
-        f"({human_bytes(stats.page_bytes)}), staged pages {stats.staged_pages} (of uploads "
-        "not finished)",
-        f"disk: {human_bytes(stats.segment_disk_bytes)} of page files, index "
-        f"{human_bytes(stats.map_used_bytes)} (map {human_bytes(stats.map_size_bytes)}); "
-        f"{human_bytes(stats.disk_free_bytes)} of disk free; change feed at sequence "
-        f"{stats.last_sequence}",
+        *(tenant_store_lines(info, stats) if info.tenant else store_lines(stats)),
     ]
     caches = [t for t in info.tiers if t.name in TIER_MEANING]
     if caches:
@@ -112,6 +106,36 @@ def cmd_info(client: Client, args: argparse.Namespace) -> None:
     lines += cache_lines(info)
     lines += tenant_lines(info)
     emit(args.json, document, "\n".join(lines))
+
+
+def store_lines(stats: pb.StatsResponse) -> list[str]:
+    """The whole store's figures (the operator's `kvgraft info`)."""
+    return [
+        f"store: artifacts {stats.artifacts}, distinct pages {stats.pages} "
+        f"({human_bytes(stats.page_bytes)}), staged pages {stats.staged_pages} (of uploads "
+        "not finished)",
+        f"disk: {human_bytes(stats.segment_disk_bytes)} of page files, index "
+        f"{human_bytes(stats.map_used_bytes)} (map {human_bytes(stats.map_size_bytes)}); "
+        f"{human_bytes(stats.disk_free_bytes)} of disk free; change feed at sequence "
+        f"{stats.last_sequence}",
+    ]
+
+
+def tenant_store_lines(info: pb.InfoResponse, stats: pb.StatsResponse) -> list[str]:
+    """A tenant's own figures (kvgraftd.store.tenant_view): what its artifacts hold, what
+    its budget counts and the room it leaves; the whole store's are not told to it."""
+    budget = info.cache.budget_bytes
+    room = (
+        f"budget {human_bytes(budget)}, {human_bytes(stats.disk_free_bytes)} left"
+        if budget
+        else "no budget of its own (the store's holds)"
+    )
+    return [
+        f"store: artifacts {stats.artifacts}, distinct pages {stats.pages} "
+        f"({human_bytes(stats.segment_disk_bytes)} on disk)",
+        f"disk: its budget counts {human_bytes(stats.page_bytes)} (a page counted in each "
+        f"artifact holding it); {room}",
+    ]
 
 
 def model_lines(info: pb.InfoResponse) -> list[str]:
@@ -140,7 +164,12 @@ def state(info: pb.ArtifactInfo) -> str:
 
 def cmd_ls(client: Client, args: argparse.Namespace) -> None:
     selector = dict(item.split("=", 1) for item in args.label)
-    infos = list(client.list_artifacts(selector))
+    listed = list(client.list_artifacts(selector))
+    if args.all or KIND_LABEL in selector:
+        infos = listed
+    else:  # --conversations: only them; by default every other artifact
+        infos = [i for i in listed if is_conversation(i.labels) == args.conversations]
+    hidden = len(listed) - len(infos) if not args.conversations else 0
     if args.quiet and not args.json:
         for i in infos:
             print(i.artifact_id)
@@ -154,7 +183,7 @@ def cmd_ls(client: Client, args: argparse.Namespace) -> None:
             i.num_pages,
             human_bytes(i.page_bytes),
             when(i.created_unix_ms),
-            TRUST_NAMES.get(i.provenance.trust, "untrusted"),
+            trust_name(i.provenance.trust),
             state(i),
             *([owner_of(i.labels) or "-"] if owned else []),
             "",
@@ -171,6 +200,11 @@ def cmd_ls(client: Client, args: argparse.Namespace) -> None:
         labels = content_labels(i.labels) if owned else i.labels
         row[-1] = clip(",".join(f"{k}={v}" for k, v in sorted(labels.items())), room)
     text = table(headers, rows) if rows else "no artifacts"
+    if hidden:
+        text += (
+            f"\n({hidden} conversation context{'s' if hidden > 1 else ''} that chat_cache or "
+            "cache = auto kept not listed: kvgraft ls --all lists them)"
+        )
     emit(args.json, {"artifacts": [artifact_document(i) for i in infos]}, text)
 
 
@@ -198,7 +232,7 @@ def cmd_stat(client: Client, args: argparse.Namespace) -> None:
         f"model {info.model_fingerprint.hex()}",
         f"created {when(info.created_unix_ms)} UTC, sequence {info.sequence}{pin}",
         f"last used {when(info.last_used_unix_ms)} UTC, {info.reused_tokens} tokens reused from it",
-        f"trust {TRUST_NAMES.get(info.provenance.trust, 'untrusted')} ({info.provenance.origin})"
+        trust_line(info.provenance)
         + (
             f", vouched by {info.provenance.vouched_by.hex()[:16]}"
             if info.provenance.vouched_by
@@ -214,6 +248,14 @@ def cmd_stat(client: Client, args: argparse.Namespace) -> None:
     if args.manifest:
         lines += manifest_lines(response.manifest)
     emit(args.json, document, "\n".join(lines))
+
+
+def trust_line(provenance: pb.Provenance) -> str:
+    """`stat`'s trust, with its origin where that says more ("upload", "replicated from
+    HOST:PORT"; not "computed" twice)."""
+    trust = trust_name(provenance.trust)
+    origin = provenance.origin
+    return f"trust {trust}" + (f" (origin: {origin})" if origin and origin != trust else "")
 
 
 def manifest_lines(manifest: pb.Manifest) -> list[str]:
@@ -288,7 +330,7 @@ def cmd_import(client: Client, args: argparse.Namespace) -> None:
 
 STORE_COMMANDS: dict[str, tuple[Callable[[Client, argparse.Namespace], None], str]] = {
     "info": (cmd_info, "daemon version, model, store and tier figures"),
-    "ls": (cmd_ls, "list artifacts"),
+    "ls": (cmd_ls, "list artifacts (--all: the conversation contexts kept by chats too)"),
     "stat": (cmd_stat, "show one artifact"),
     "rm": (cmd_rm, "delete artifacts"),
 }
@@ -305,6 +347,17 @@ def add_store_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="only artifacts with this label (repeatable)",
+    )
+    shown = parsers["ls"].add_mutually_exclusive_group()
+    shown.add_argument(
+        "-a",
+        "--all",
+        action="store_true",
+        help="list the conversation contexts too: those the daemon keeps by itself "
+        "(chat_cache, cache = auto; label kvgraft.kind=conversation), left out by default",
+    )
+    shown.add_argument(
+        "--conversations", action="store_true", help="list only the conversation contexts"
     )
     parsers["ls"].add_argument("-q", "--quiet", action="store_true", help="print the ids only")
     parsers["stat"].add_argument("id", help="artifact id or unique prefix (8+ hex characters)")

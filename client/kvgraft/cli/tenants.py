@@ -6,9 +6,11 @@ With tenants configured on the daemon, the token (`--token-file`, KVGRAFT_TOKEN_
 names who the commands act as: a tenant sees, reuses and changes its own artifacts
 and grafts the published ones; the daemon's own token is the operator's, who sees
 every tenant's. publish makes one of the caller's artifacts readable and graftable by
-every tenant (a second artifact over the same pages, labelled kvgraft.shared=true,
-that only its owner may delete); --withdraw deletes that published artifact again (ID:
-the published one, or the one it was published from).
+every tenant: a second artifact over the same pages, with a new id (labelled
+kvgraft.shared=true, only its owner may delete it), which it prints (--json: the
+published artifact's fields, and `published_from`, the id given in full); --withdraw
+deletes that published artifact again (ID: the published one, or the one it was
+published from).
 
 Who owns an artifact is its labels' (kvgraft.tenancy): `ls` and `stat` show the owner
 ("-", or "the operator", for the operator's) and mark published ones shared, and their
@@ -29,15 +31,19 @@ from kvgraft.v1 import kvgraft_pb2 as pb
 
 
 def cmd_publish(client: Client, args: argparse.Namespace) -> None:
-    info = client.publish(args.id, withdraw=args.withdraw)
     if args.withdraw:
+        info = client.publish(args.id, withdraw=True)
         text = f"withdrew {info.artifact_id}: other tenants can no longer graft it"
-    else:
-        text = (
-            f"published {info.artifact_id} ({owner_name(info.labels)}'s): every tenant may "
-            "graft it now and reuse its pages; only its owner may delete it"
-        )
-    emit(args.json, artifact_document(info), text)
+        emit(args.json, artifact_document(info), text)
+        return
+    source = client.stat(args.id).info.artifact_id  # the full id, to say what became what
+    info = client.publish(source)
+    text = (
+        f"published {info.artifact_id} ({owner_name(info.labels)}'s), a new artifact over "
+        f"the pages of {source[:16]}: every tenant may graft it by this id and reuse its "
+        "pages; only its owner may delete it"
+    )
+    emit(args.json, {**artifact_document(info), "published_from": source}, text)
 
 
 def artifact_document(info: pb.ArtifactInfo) -> dict:

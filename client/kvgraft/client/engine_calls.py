@@ -11,14 +11,19 @@ string) comes back as its kvgraft.errors.InvalidArgument, in its words.
 
 Every one of them computes (lookup tokenizes with the model), so each takes the
 compute deadline (`compute_timeout_s`, kvgraft.client.connection).
+
+A daemon loads its model in the background after it starts, and refuses the engine's
+calls with kvgraft.errors.Unavailable meanwhile; `wait_for_model` waits for the load
+(the command line does, before every command that needs the engine).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from kvgraft.client.connection import COMPUTE, Connected
-from kvgraft.errors import InvalidArgument
+from kvgraft.errors import DeadlineExceeded, InvalidArgument
 from kvgraft.results import (
     DepositResult,
     GenerateResult,
@@ -26,7 +31,7 @@ from kvgraft.results import (
     Progress,
     VerifyResult,
 )
-from kvgraft.sampling import as_float32
+from kvgraft.sampling import MIN_TOP_P, as_float32
 from kvgraft.v1 import kvgraft_pb2 as pb
 
 DEFAULT_MAX_NEW_TOKENS = 32  # the CLI's default too
@@ -51,9 +56,45 @@ GENERATE_OPTIONS = (
 )
 # A conversation's messages: [{"role": "system" | "user" | "assistant", "content": str}]
 Messages = Sequence[Mapping[str, str]]
+# How often wait_for_model asks: a load takes seconds (a cached model) to minutes (a
+# first conversion), and an Info call costs the daemon next to nothing.
+MODEL_POLL_S = 0.5
 
 
 class EngineCalls(Connected):
+    def wait_for_model(
+        self,
+        timeout_s: float | None = None,
+        on_progress: Callable[[float], None] | None = None,
+    ) -> str:
+        """Wait while the daemon's model loads; return its state once it no longer is
+        "loading": "ready", "none" (a daemon without a model) or "failed: ..." (the
+        engine's calls then say what to do). `on_progress` is called with the seconds
+        waited so far each time a look (about every half second) finds it loading;
+        nothing is called when it is ready at once. Raises DeadlineExceeded when it
+        still loads after `timeout_s` (default: compute_timeout_s); each look runs
+        under the compute deadline too, the wait being the first part of the call that
+        needs the engine."""
+        limit_s = self.compute_timeout_s if timeout_s is None else timeout_s
+        started = time.monotonic()
+        while True:
+            left_s = limit_s - (time.monotonic() - started)
+            with self._mapped(COMPUTE):
+                deadline_s = min(self.compute_timeout_s, max(left_s, MODEL_POLL_S))
+                state = self._stub.Info(pb.InfoRequest(), timeout=deadline_s).model_state
+            waited_s = time.monotonic() - started
+            if state != "loading":
+                return state
+            if waited_s >= limit_s:
+                raise DeadlineExceeded(
+                    f"the model of kvgraftd at {self.address} is still loading after "
+                    f"{limit_s:g} s: give it longer with --timeout S (in Python, "
+                    "wait_for_model(timeout_s=S)), or see the daemon's log"
+                )
+            if on_progress is not None:
+                on_progress(waited_s)
+            time.sleep(min(MODEL_POLL_S, max(limit_s - waited_s, 0.0)))
+
     def lookup(
         self,
         token_ids: Iterable[int] | None = None,
@@ -287,6 +328,11 @@ def _check_choice(decoding: dict, options: dict) -> None:
     top_p = options.get("top_p")
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, int | float)):
         raise TypeError(f"top_p must be a number, not {type(top_p).__name__}")
+    if top_p is not None and top_p > 0 and as_float32(top_p) == 0:  # the daemon would read 1
+        raise ValueError(
+            f"top_p={top_p!r} is 0 on the wire (a float32), which means every token: give "
+            f"{MIN_TOP_P:.4g} or more (that small keeps the likeliest token alone)"
+        )
     sampling = decoding.get("greedy") is False
     narrowed = [
         f"{name}={options[name]!r}"

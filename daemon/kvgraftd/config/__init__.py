@@ -28,6 +28,7 @@ from kvgraftd.config.values import ConfigError, parse_bytes
 
 DEFAULT_LISTEN = "127.0.0.1:50551"
 DEFAULT_HTTP_LISTEN = "127.0.0.1:8551"
+DEFAULT_CONTEXT_TOKENS = 32768  # max_context_tokens, unset, where the model allows as many
 # the CPU forward's arithmetic over GGUF blocks (kvgraftd.engine.model.native_forward)
 PRODUCTS = ("int8-dot", "fp32")
 # the tiny random models --model tiny:FAMILY:SEED names (kvgraftd.engine.model.tiny_models)
@@ -73,6 +74,14 @@ class DaemonConfig:
         "nobody is reading are evicted down to 85%, in eviction_policy's order",
     )
     store_budget_artifacts: int = _opt(0, "artifacts the store may hold (0: no such budget)")
+    conversation_budget_bytes: int = _opt(
+        0,
+        "disk the conversation contexts that chat_cache and cache = auto keep may take (pages "
+        "shared between turns counted in each; pinned ones not counted); past 95% of it they "
+        "are evicted down to 85%, in eviction_policy's order, and under any budget they go "
+        "first. 0: store_budget_bytes where set, else a tenth of the data disk's size at "
+        "start, at most 4GiB",
+    )
     eviction_policy: str = _opt(
         "lru",
         "lru (least recently used first) or cost-aware (keep what saved the most "
@@ -80,8 +89,8 @@ class DaemonConfig:
     )
     cache: str = _opt(
         "explicit",
-        "explicit: only deposits are kept; auto: every Generate keeps its finished context "
-        "(a prefix cache: set store_budget_bytes too)",
+        "explicit: only deposits are kept; auto: every Generate keeps its finished context, "
+        "a conversation context (a prefix cache within conversation_budget_bytes)",
     )
     scrub_interval_s: float = _opt(
         7 * 86400.0, "seconds between background scrubs of every page's SHA-256 (0: never)"
@@ -108,7 +117,12 @@ class DaemonConfig:
     )
     page_tokens: int = _opt(64, "tokens per KV page")
     block_tokens: int = _opt(4096, "keys per attention block (a multiple of page_tokens)")
-    max_context_tokens: int = _opt(32768, "longest context one request may build")
+    max_context_tokens: int = _opt(
+        0,
+        "longest context one request may build; 0: the model's trained context "
+        f"(max_position_embeddings), at most {DEFAULT_CONTEXT_TOKENS}. A value above the "
+        "trained context is served, with a warning at load",
+    )
     # Continuous batching (kvgraftd.engine.scheduling.batcher; the row-invariant forward only).
     max_batch_tokens: int = _opt(
         128,
@@ -181,11 +195,22 @@ class DaemonConfig:
         "host:port of the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
         "/v1/models; same token and TLS as gRPC); empty: off (and with --model none)",
     )
+    served_model_name: tuple[str, ...] = _opt(
+        (),
+        "names the HTTP API serves the model under, as vLLM's --served-model-name: /v1/models "
+        "lists them, a request may name any (its answer echoes the one named) and no other; "
+        "none: the model's file name",
+    )
+    http_cors_origins: tuple[str, ...] = _opt(
+        (),
+        "origins (scheme://host[:port], or * for any) whose browser apps may call the HTTP API "
+        "(CORS; the token is still required); none: CORS off, and OPTIONS is 405",
+    )
     chat_cache: str = _opt(
         "auto",
-        "auto: every HTTP completion keeps its finished context as the store's budget allows "
-        "(unpinned, evictable), so a conversation's next turn reuses every earlier one; "
-        "explicit: only what `cache` keeps",
+        "auto: every HTTP completion keeps its finished context as a conversation context "
+        "(within conversation_budget_bytes, evicted first), so a conversation's next turn "
+        "reuses every earlier one; explicit: only what `cache` keeps",
     )
     # Replication (kvgraftd.replication.follower). TOML: [replication] follow = ["host:port", ...].
     replication_follow: tuple[str, ...] = _opt(
@@ -340,6 +365,15 @@ def _check_exposure_fields(config: DaemonConfig) -> None:
         _check_address("metrics_listen", config.metrics_listen)
     if config.http_listen:
         _check_address("http_listen", config.http_listen)
+    for origin in config.http_cors_origins:  # a browser's Origin header: no path, no slash
+        scheme, sep, host = origin.partition("://")
+        if origin != "*" and (not scheme or not sep or not host or "/" in host):
+            raise ConfigError(
+                f"http_cors_origins {origin!r}: give an origin as a browser sends it, "
+                "scheme://host[:port] with no path (e.g. https://app.example), or *"
+            )
+    if len(set(config.served_model_name)) != len(config.served_model_name):
+        raise ConfigError("served_model_name gives a name twice: list each name once")
 
 
 # The range of every numeric setting, both ends included (None: no upper end). The
@@ -358,12 +392,13 @@ BOUNDS: dict[str, tuple[float, float | None]] = {
     "staged_max_bytes_per_connection": (0, None),
     "store_budget_bytes": (0, None),
     "store_budget_artifacts": (0, None),
+    "conversation_budget_bytes": (0, None),
     "scrub_interval_s": (0, 365 * _DAY_S),
     "scrub_bytes_per_s": (1 << 20, None),
     "malloc_top_pad_bytes": (0, 1 << 30),
     "page_tokens": (1, 1 << 16),
     "block_tokens": (1, 1 << 24),
-    "max_context_tokens": (1, 1 << 30),
+    "max_context_tokens": (0, 1 << 30),
     "max_batch_tokens": (1, 1 << 16),
     "max_batch_rows": (1, 1 << 12),
     "max_running_contexts": (1, 1 << 16),

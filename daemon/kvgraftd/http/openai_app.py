@@ -1,9 +1,13 @@
 """The OpenAI-compatible HTTP API: routes, bearer token, errors, and engine calls on threads.
 
-Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
-`GET /v1/models/{id}` and `GET /health` (open, for probes: 200 once the model is ready,
-503 before). Every other route needs `Authorization: Bearer <token>` when the daemon
+Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models` and
+`GET /v1/models/{id}` (the model under its names, listed while it loads:
+kvgraftd.http.served_models), llama.cpp's `POST /tokenize` and `POST /detokenize`
+(kvgraftd.http.token_routes) and `GET /health` (open, for probes: 200 once the model is
+ready, 503 before). Every other route needs `Authorization: Bearer <token>` when the daemon
 has a token_file, compared as the gRPC interceptor compares it (kvgraftd.server.security).
+A method a route does not take is 405 with Allow; with http_cors_origins, Starlette's
+CORSMiddleware answers browsers' preflights (OPTIONS) and marks answers to those origins.
 
 An engine call runs on a thread of this app's pool, inside the same admission as a gRPC
 call (CallLimiter: max_concurrent_rpcs, workers, max_call_s) and the engine's own
@@ -24,29 +28,33 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from kvgraft.errors import (
     Cancelled,
-    InvalidArgument,
     KvgraftError,
+    ModelNotFound,
     NotFound,
     Unauthenticated,
     printable,
 )
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine.requests.service import EngineService
-from kvgraftd.http.openai_requests import Call, chat_request, completion_request
+from kvgraftd.http import token_routes
+from kvgraftd.http.engine_run import EngineRun
+from kvgraftd.http.openai_requests import Call, chat_request, completion_request, parse_body
 from kvgraftd.http.openai_responses import Completion, TextDeltas
+from kvgraftd.http.served_models import ServedModel
 from kvgraftd.server.limits import CallLimiter
 from kvgraftd.server.security import TokenCheck
 from kvgraftd.server.telemetry import CallCounter, Telemetry
@@ -60,6 +68,7 @@ STATUS = {
     "UNAUTHENTICATED": (401, "authentication_error"),
     "PERMISSION_DENIED": (403, "permission_error"),
     "NOT_FOUND": (404, "not_found_error"),
+    "METHOD_NOT_ALLOWED": (405, "invalid_request_error"),
     "PAYLOAD_TOO_LARGE": (413, "invalid_request_error"),
     "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
     "CANCELLED": (499, "cancelled"),
@@ -69,12 +78,15 @@ STATUS = {
 }
 RETRY_AFTER_S = {429: 1, 503: 5}
 MAX_MESSAGE_CHARS = 2048
-WAIT_POLL_S = 0.5  # how often a waiting non-streamed request looks for a hang-up
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class PayloadTooLarge(KvgraftError):
     code = "PAYLOAD_TOO_LARGE"
+
+
+class MethodNotAllowed(KvgraftError):
+    code = "METHOD_NOT_ALLOWED"
 
 
 class OpenAiApp:
@@ -89,9 +101,12 @@ class OpenAiApp:
         telemetry: Telemetry,
         keep_conversations: bool,
         max_request_bytes: int,
+        served: ServedModel,
         tenant_engines: Mapping[str, EngineService] | None = None,
+        cors_origins: tuple[str, ...] = (),
     ) -> None:
         self._engine = engine
+        self._served = served
         self._tenant_engines = dict(tenant_engines or {})  # a tenant's token: its engine
         self._limiter = limiter
         self._token_check = token_check
@@ -107,8 +122,11 @@ class OpenAiApp:
                 Route("/v1/models/{model:path}", self.model, methods=["GET"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
+                Route("/tokenize", self.tokenize, methods=["POST"]),
+                Route("/detokenize", self.detokenize, methods=["POST"]),
             ],
             exception_handlers={404: self._no_route, 405: self._no_method},
+            middleware=_cors(cors_origins),
         )
 
     # ------------------------------------------------------------------
@@ -122,17 +140,17 @@ class OpenAiApp:
 
     async def models(self, request: Request) -> Response:
         return await self._answer(
-            "Models", request, lambda: {"object": "list", "data": self._served()}
+            "Models", request, lambda: {"object": "list", "data": self._listed()}
         )
 
     async def model(self, request: Request) -> Response:
         wanted = request.path_params["model"]
 
         def find() -> dict:
-            for entry in self._served():
+            for entry in self._listed():
                 if entry["id"] == wanted:
                     return entry
-            raise NotFound(f"model {wanted!r} is not served here; GET /v1/models lists it")
+            raise ModelNotFound(f"model {wanted!r} is not served here; GET /v1/models lists it")
 
         return await self._answer("Models", request, find)
 
@@ -142,27 +160,36 @@ class OpenAiApp:
     async def completions(self, request: Request) -> Response:
         return await self._complete("Completions", request, chat=False)
 
+    async def tokenize(self, request: Request) -> Response:
+        return await self._tokens("Tokenize", request, token_routes.tokenize)
+
+    async def detokenize(self, request: Request) -> Response:
+        return await self._tokens("Detokenize", request, token_routes.detokenize)
+
     # ------------------------------------------------------------------
-    def _served(self) -> list[dict[str, Any]]:
-        """The model this daemon serves (none before it is ready, or without one)."""
+    def _listed(self) -> list[dict[str, Any]]:
+        """The model under each of its names, with its state (listed while it loads)."""
         info = pb.InfoResponse()
         self._engine.describe(info)
-        if info.model_state != "ready":
-            return []
-        return [
-            {
-                "id": info.model_name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "kvgraft",
-                "kvgraft": {
-                    "fingerprint": info.model_fingerprint.hex(),
-                    "page_tokens": info.page_tokens,
-                    "attention": info.profile.attention,
-                    "products": info.profile.products,
-                },
-            }
-        ]
+        return self._served.entries(info)
+
+    async def _tokens(self, method: str, request: Request, answer: Callable) -> Response:
+        """The model's tokenizer, the same for every caller (a tenant's token serves), on a
+        pool thread under the call limits: a long text takes CPU-seconds."""
+        try:
+            self._caller(request)
+            body = await self._json(request)
+            adapter = self._engine.engine().adapter  # 503 while the model loads
+
+            def run() -> dict:
+                with self._limiter.admitted(method, lambda: True):
+                    return answer(body, adapter)
+
+            result = await asyncio.get_running_loop().run_in_executor(self._pool, run)
+        except Exception as exc:
+            return self._error(method, exc)
+        self._counter.add(method, grpc.StatusCode.OK)
+        return JSONResponse(result)
 
     async def _answer(self, method: str, request: Request, build: Callable[[], Any]) -> Response:
         try:
@@ -179,12 +206,8 @@ class OpenAiApp:
             body = await self._json(request)
             call = chat_request(body, self._keep) if chat else completion_request(body)
             engine = service.engine()  # 503 while the model loads
-            if call.model != engine.adapter.name:
-                raise NotFound(
-                    f"model {call.model!r} is not served here (this daemon serves "
-                    f"{engine.adapter.name!r}); GET /v1/models lists it"
-                )
-            shape = Completion(call.model, engine.fingerprint, chat)
+            self._served.check(call.model, engine.adapter.name)  # ModelNotFound: another name
+            shape = Completion(call.model, engine.fingerprint, chat)  # echoes the name used
             run = EngineRun(self._run_engine(method, call, service))
             self._pool.submit(run.pump, asyncio.get_running_loop())
             first = await run.next_or_disconnect(request)
@@ -280,12 +303,7 @@ class OpenAiApp:
                     raise self._too_large()
         except ClientDisconnect:
             raise Cancelled("the client hung up while sending its request") from None
-        try:
-            return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InvalidArgument(
-                f"the request body is not JSON ({exc}); send a JSON object"
-            ) from None
+        return parse_body(raw)  # strict JSON, nested at most MAX_JSON_DEPTH levels
 
     def _too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(
@@ -300,10 +318,15 @@ class OpenAiApp:
         return JSONResponse(body, status_code=status, headers=headers)
 
     def _error_body(self, method: str, exc: BaseException) -> tuple[int, dict]:
+        param = None  # OpenAI's: the request field at fault, as the client spelled it
         if isinstance(exc, KvgraftError):
             status, kind = STATUS.get(exc.code, (500, "server_error"))
-            message, code = _readable(str(exc)), exc.code.lower()
+            # OpenAI's code where it has one (model_not_found, context_length_exceeded)
+            message, code = _readable(str(exc)), exc.reason or exc.code.lower()
             grpc_code = getattr(grpc.StatusCode, exc.code, grpc.StatusCode.UNKNOWN)
+            param = getattr(exc, "param", None)
+            if code == "context_length_exceeded" and param is None:  # the engine's: the prompt
+                param = "messages" if method == "ChatCompletions" else "prompt"
         else:
             log.exception("internal error in %s", method, exc_info=exc)
             status, kind, code = 500, "server_error", "internal"
@@ -312,82 +335,48 @@ class OpenAiApp:
         self._counter.add(method, grpc_code)
         if isinstance(exc, Unauthenticated):
             code = "invalid_api_key"
-        return status, {"error": {"message": message, "type": kind, "code": code, "param": None}}
+        if param is not None:
+            param = _readable(param)  # the client's own key: escaped, as the message is
+        return status, {"error": {"message": message, "type": kind, "code": code, "param": param}}
 
     async def _no_route(self, request: Request, exc: Exception) -> Response:
         return self._error(
             "NoRoute",
             NotFound(
                 f"no route {request.url.path!r}: kvgraft serves /v1/chat/completions, "
-                "/v1/completions and /v1/models"
+                "/v1/completions, /v1/models, /tokenize and /detokenize"
             ),
         )
 
     async def _no_method(self, request: Request, exc: Exception) -> Response:
-        return self._error(
-            "NoRoute",
-            InvalidArgument(f"{request.method} is not served on {request.url.path!r}"),
+        allow = dict(getattr(exc, "headers", None) or {})  # Starlette's {"Allow": ...}
+        cors = " (a browser's preflight: set http_cors_origins)" * (request.method == "OPTIONS")
+        refused = MethodNotAllowed(
+            f"{request.method} is not served on {request.url.path!r}{cors}; it takes "
+            f"{allow.get('Allow', 'another method')}"
         )
+        response = self._error("NoRoute", refused)
+        response.headers.update(allow)
+        return response
 
 
-class EngineRun:
-    """One engine call on a pool thread, its events handed to the event loop one by one.
-
-    `pump` runs on the thread: it calls the engine with an `is_active` that turns false
-    once the request is cancelled, and puts every event (then an end marker, or the
-    exception) on an asyncio queue. The loop side takes them with `next`.
-    """
-
-    _END = object()
-
-    def __init__(self, start: Callable[[Callable[[], bool]], Iterator]) -> None:
-        self._start = start
-        self._active = threading.Event()
-        self._active.set()
-        self._queue: asyncio.Queue = asyncio.Queue()
-
-    def pump(self, loop: asyncio.AbstractEventLoop) -> None:
-        def put(item: object) -> None:
-            loop.call_soon_threadsafe(self._queue.put_nowait, item)
-
-        try:
-            events = self._start(self._active.is_set)
-            try:
-                for event in events:
-                    put(event)
-                    if not self._active.is_set():
-                        break
-            finally:
-                events.close()
-            put(self._END)
-        except BaseException as exc:  # handed to the loop, which answers it
-            put(exc)
-
-    def cancel(self) -> None:
-        self._active.clear()
-
-    async def next(self) -> pb.GenerateResponse:
-        item = await self._queue.get()
-        if item is self._END:
-            raise Cancelled("the request was cancelled before its result")
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    async def next_or_disconnect(self, request: Request) -> pb.GenerateResponse:
-        """The next event; Cancelled (and the call cancelled) once the client hangs up."""
-        task = asyncio.ensure_future(self.next())
-        try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=WAIT_POLL_S)
-                if done:
-                    return task.result()
-                if await request.is_disconnected():
-                    raise Cancelled("the client hung up")
-        except BaseException:
-            self.cancel()
-            task.cancel()
-            raise
+def _cors(origins: tuple[str, ...]) -> list[Middleware]:
+    """Browser apps at `origins` (* for any) may call the API: their preflights are answered
+    and answers carry Access-Control-Allow-Origin. The API reads no cookies: the bearer
+    token is a header the page sends itself (without a token_file, any page of those
+    origins may call: CORS is off unless named)."""
+    if not origins:
+        return []
+    return [
+        Middleware(
+            CORSMiddleware,
+            allow_origins=list(origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["*"],  # the SDKs' own (x-stainless-*) as well as Authorization
+            expose_headers=["Retry-After"],
+            max_age=600,
+        )
+    ]
 
 
 def _sse(body: dict) -> str:

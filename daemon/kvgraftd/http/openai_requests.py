@@ -1,10 +1,12 @@
 """OpenAI's request bodies read into the engine's requests: every field checked, by name.
 
-`chat_request` reads a `POST /v1/chat/completions` body, `completion_request` a
-`POST /v1/completions` body; each gives a `Call`: the gRPC request the engine service
-runs (a GenerateRequest, or a GraftRequest when the body's `kvgraft.graft` names an
-artifact) and what the response needs (stream, usage, logprobs). Field for field as
-OpenAI's API reference spells them, so the official `openai` package works unchanged:
+`parse_body` reads a body's bytes as strict JSON (no NaN or Infinity, nested at most
+MAX_JSON_DEPTH levels, so no later walk of it can recurse too deep). `chat_request` reads
+a `POST /v1/chat/completions` body, `completion_request` a `POST /v1/completions` body;
+each gives a `Call`: the gRPC request the engine service runs (a GenerateRequest, or a
+GraftRequest when the body's `kvgraft.graft` names an artifact) and what the response
+needs (stream, usage, logprobs). Field for field as OpenAI's API reference spells them,
+so the official `openai` package works unchanged:
 
 * `temperature` 0 decodes greedily; absent, it is OpenAI's 1.0. A sampled request
   without a `seed` gets a random one, which its receipt records: every answer can be
@@ -16,21 +18,44 @@ OpenAI's API reference spells them, so the official `openai` package works uncha
 * The `kvgraft` object (`extra_body` in the `openai` package) carries the extensions:
   `no_cache`, `deposit`, `graft`, `allow_untrusted`, `keep`.
 
-Every problem is an InvalidArgument naming the field and the fix (the HTTP layer turns
-it into OpenAI's error JSON with status 400). Nothing here touches the engine.
+Every problem is an InvalidArgument naming the field as the client spelled it, in its
+message and in its `param` (OpenAI's error `param`), with the fix; the HTTP layer turns it
+into OpenAI's error JSON with status 400. A value is checked as what it becomes: within
+its proto field and the engine's bounds (max_tokens at most MAX_NEW_TOKENS, top_k and
+token ids uint32s), text that UTF-8 can carry (no lone surrogate), temperature and top_p
+as the float32s the engine reads (kvgraft.sampling: 1e-300 is 0 there, which means the
+default). So nothing this module passes fails later for its value, and the engine's own
+checks, which speak gRPC's names (`max_new_tokens`), are never what an HTTP client reads.
+Nothing here touches the engine.
 """
 
 from __future__ import annotations
 
+import json
+import reprlib
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
 from kvgraft.errors import InvalidArgument
+from kvgraft.sampling import nucleus_mass, sampling_temperature
 from kvgraft.v1 import kvgraft_pb2 as pb
+from kvgraftd.engine.requests.service import (
+    MAX_NEW_TOKENS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_TOP_LOGPROBS,
+)
 
 DEFAULT_MAX_TOKENS = 1024
-MAX_SEED = 2**64 - 1
+MAX_SEED = 2**64 - 1  # GenerateOptions.seed is a uint64
+MAX_UINT32 = 2**32 - 1  # top_k and token ids are uint32s
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound on a completion's `logprobs`
+# OpenAI's bodies nest a few levels (messages[i].content[j].text); a tool's JSON Schema a
+# dozen. 64 leaves room for any of them and keeps every walk of a body (==, repr, the
+# depth check itself) far below Python's recursion limit of 1000.
+MAX_JSON_DEPTH = 64
+SHOWN_CHARS = 60  # of a refused name, in a message
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 EXTENSIONS = ("no_cache", "deposit", "graft", "allow_untrusted", "keep")
 # Fields the engine does not do: refused unless they hold their neutral value.
@@ -58,12 +83,36 @@ class Call:
     chat: bool  # chat shapes (messages) rather than completion shapes (text)
 
 
+def parse_body(raw: bytes | bytearray) -> Any:
+    """The JSON value of a request body; InvalidArgument for anything but strict JSON
+    nested at most MAX_JSON_DEPTH levels."""
+    try:
+        body = json.loads(raw, parse_constant=_refuse_constant)
+    except RecursionError:  # 100,000 `[`: json's C parser stops at the recursion limit
+        raise _too_deep() from None
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"the request body is not JSON ({exc}); send a JSON object") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(
+            f"the request body is not UTF-8 text ({exc}); send JSON in UTF-8"
+        ) from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise InvalidArgument(
+            f"the request body holds a number Python will not read ({str(exc).split(':')[0]}); "
+            "send numbers of at most 4300 digits"
+        ) from None
+    _check_depth(body)
+    return body
+
+
 def chat_request(body: Any, keep_default: bool) -> Call:
     """A chat completion body; `keep_default`: whether conversations are kept (chat_cache)."""
     body = _object(body, "the request body")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise InvalidArgument("messages must be a non-empty array of {role, content} objects")
+        raise InvalidArgument(
+            "messages must be a non-empty array of {role, content} objects", param="messages"
+        )
     conversation = pb.Conversation(
         messages=[_message(message, index) for index, message in enumerate(messages)]
     )
@@ -77,34 +126,52 @@ def completion_request(body: Any) -> Call:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str) and prompt:
-        wire = pb.Prompt(text=prompt)
-    elif isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
+        wire = pb.Prompt(text=_text(prompt, "prompt"))
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        bad = next((t for t in prompt if not 0 <= t <= MAX_UINT32), None)
+        if bad is not None:
+            raise InvalidArgument(
+                f"prompt holds {_shown(bad)}, which is not a token id (0..{MAX_UINT32})",
+                param="prompt",
+            )
         wire = pb.Prompt(tokens=pb.TokenIds(ids=prompt))
     else:
         raise InvalidArgument(
             "prompt must be a non-empty string or a non-empty array of token ids (one "
-            "prompt: send batches as separate requests)"
+            "prompt: send batches as separate requests)",
+            param="prompt",
         )
     if body.get("echo"):
-        raise InvalidArgument("echo is not supported: the response holds the completion only")
+        raise InvalidArgument(
+            "echo is not supported: the response holds the completion only", param="echo"
+        )
     if body.get("suffix"):
-        raise InvalidArgument("suffix is not supported: this model completes at the end only")
+        raise InvalidArgument(
+            "suffix is not supported: this model completes at the end only", param="suffix"
+        )
     return _call(body, wire, keep_default=False, chat=False)
 
 
 def _call(body: dict, prompt: pb.Prompt, keep_default: bool, chat: bool) -> Call:
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise InvalidArgument("model is required: GET /v1/models lists the served model")
+        raise InvalidArgument(
+            "model is required: GET /v1/models lists the served model", param="model"
+        )
     for name, neutral in NEUTRAL.items():
         if name in body and body[name] not in neutral:
-            raise InvalidArgument(f"{name} is not supported by kvgraft; leave it out")
+            raise InvalidArgument(f"{name} is not supported by kvgraft; leave it out", param=name)
     response_format = body.get("response_format")
     if response_format not in (None, {"type": "text"}):
-        raise InvalidArgument("response_format other than text is not supported; leave it out")
+        raise InvalidArgument(
+            "response_format other than text is not supported; leave it out",
+            param="response_format",
+        )
     n = body.get("n", 1)
-    if n not in (1, None):
-        raise InvalidArgument(f"n={n!r}: kvgraft returns one choice per request; send n=1")
+    if n not in (1, None) or isinstance(n, bool):
+        raise InvalidArgument(
+            f"n={_shown(n)}: kvgraft returns one choice per request; send n=1", param="n"
+        )
     extensions = _extensions(body.get("kvgraft"))
     options = _options(body, chat, keep_default and not extensions.get("deposit"))
     for name in ("no_cache", "deposit", "allow_untrusted", "keep"):
@@ -113,7 +180,10 @@ def _call(body: dict, prompt: pb.Prompt, keep_default: bool, chat: bool) -> Call
     stream = _flag(body, "stream")
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
-        raise InvalidArgument('stream_options must be an object, e.g. {"include_usage": true}')
+        raise InvalidArgument(
+            'stream_options must be an object, e.g. {"include_usage": true}',
+            param="stream_options",
+        )
     include_usage = bool(stream_options.get("include_usage")) and stream
     graft = extensions.get("graft")
     request: pb.GenerateRequest | pb.GraftRequest
@@ -128,34 +198,36 @@ def _call(body: dict, prompt: pb.Prompt, keep_default: bool, chat: bool) -> Call
 
 def _options(body: dict, chat: bool, keep: bool) -> pb.GenerateOptions:
     options = pb.GenerateOptions(keep=keep)
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    # the newer name first; either one, as the client sent it, in what it is told
+    limit_name = next(
+        (n for n in ("max_completion_tokens", "max_tokens") if body.get(n) is not None),
+        "max_tokens",
+    )
+    limit = body.get(limit_name)
     if limit is None:
         limit = DEFAULT_MAX_TOKENS
-    if not _is_int(limit) or limit < 1:
-        raise InvalidArgument(f"max_tokens must be a whole number of at least 1, not {limit!r}")
-    options.max_new_tokens = limit
+    options.max_new_tokens = _whole(
+        limit, limit_name, 1, MAX_NEW_TOKENS, f"the most this daemon generates is {MAX_NEW_TOKENS}"
+    )
+    seed = body.get("seed")
+    if seed is not None:
+        _whole(seed, "seed", 0, MAX_SEED)
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     if temperature == 0:
         options.greedy = True
     else:
         options.greedy = False
-        options.temperature = temperature
-        seed = body.get("seed")
-        if seed is None:
-            seed = secrets.randbits(63)  # the receipt records it: the answer can be replayed
-        if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
-            raise InvalidArgument(f"seed must be a whole number in 0..2^64-1, not {seed!r}")
-        options.seed = seed
+        options.temperature = sampling_temperature(temperature, "temperature")
+        # the receipt records a random seed: the answer can be replayed
+        options.seed = secrets.randbits(63) if seed is None else seed
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0:
-        raise InvalidArgument("top_p must be above 0 (1 keeps every token)")
-    options.top_p = top_p
+        raise InvalidArgument("top_p must be above 0 (1 keeps every token)", param="top_p")
+    options.top_p = nucleus_mass(top_p, "top_p")
     top_k = body.get("top_k", 0)
-    if top_k == -1:
+    if _is_int(top_k) and top_k == -1:
         top_k = 0  # vLLM's spelling of "all"
-    if not _is_int(top_k) or top_k < 0:
-        raise InvalidArgument(f"top_k must be a whole number, 0 (or -1) for all, not {top_k!r}")
-    options.top_k = top_k
+    options.top_k = _whole(top_k, "top_k", 0, MAX_UINT32, "0 (or -1) keeps every token")
     options.stop.extend(_stops(body.get("stop")))
     _logprobs(body, chat, options)
     return options
@@ -165,53 +237,68 @@ def _logprobs(body: dict, chat: bool, options: pb.GenerateOptions) -> None:
     """Chat: `logprobs` true and `top_logprobs` 0-20. Completions: `logprobs` N (0-5)."""
     logprobs = body.get("logprobs")
     if chat:
-        if logprobs not in (None, True, False):
-            raise InvalidArgument("logprobs must be true or false")
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise InvalidArgument("logprobs must be true or false", param="logprobs")
         top = body.get("top_logprobs")
         if top is not None:
-            if not _is_int(top) or not 0 <= top <= 20:
-                raise InvalidArgument(f"top_logprobs must be a whole number in 0..20, not {top!r}")
+            options.top_logprobs = _whole(top, "top_logprobs", 0, MAX_TOP_LOGPROBS)
             if not logprobs:
-                raise InvalidArgument("top_logprobs needs logprobs: true")
-            options.top_logprobs = top
+                raise InvalidArgument("top_logprobs needs logprobs: true", param="top_logprobs")
         options.logprobs = bool(logprobs)
     elif logprobs is not None:
-        if not _is_int(logprobs) or not 0 <= logprobs <= 5:
-            raise InvalidArgument(f"logprobs must be a whole number in 0..5, not {logprobs!r}")
+        options.top_logprobs = _whole(logprobs, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
         options.logprobs = True
-        options.top_logprobs = logprobs
 
 
 def _message(message: Any, index: int) -> pb.ChatMessage:
+    where = f"messages[{index}]"
     if not isinstance(message, dict):
-        raise InvalidArgument(f"messages[{index}] must be an object with role and content")
+        raise InvalidArgument(f"{where} must be an object with role and content", param=where)
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise InvalidArgument(
-            f"messages[{index}].role {role!r} is not supported: use system, developer, user or "
-            "assistant (tool calls are not supported)"
+            f"{where}.role {_shown(role)} is not supported: use system, developer, user or "
+            "assistant (tool calls are not supported)",
+            param=f"{where}.role",
         )
     content = message.get("content")
     if isinstance(content, list):  # content parts: text ones only
-        if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-            raise InvalidArgument(
-                f"messages[{index}].content: only text parts are supported (no images or audio)"
-            )
-        content = "".join(str(part.get("text", "")) for part in content)
+        for part, value in enumerate(content):
+            if not isinstance(value, dict) or value.get("type") != "text":
+                raise InvalidArgument(
+                    f"{where}.content[{part}]: only text parts are supported (no images or audio)",
+                    param=f"{where}.content",
+                )
+            if not isinstance(value.get("text"), str):
+                raise InvalidArgument(
+                    f"{where}.content[{part}].text must be a string",
+                    param=f"{where}.content",
+                )
+        content = "".join(part["text"] for part in content)
     if content is None and role == "assistant":
         content = ""
     if not isinstance(content, str):
-        raise InvalidArgument(f"messages[{index}].content must be a string or text parts")
-    return pb.ChatMessage(role=ROLES[role], content=content)
+        raise InvalidArgument(
+            f"{where}.content must be a string or text parts", param=f"{where}.content"
+        )
+    return pb.ChatMessage(role=ROLES[role], content=_text(content, f"{where}.content"))
 
 
 def _stops(stop: Any) -> list[str]:
     if stop is None:
         return []
     stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise InvalidArgument("stop must be a string or an array of up to 4 strings")
-    return [s for s in stops if s]  # "" stops nothing
+    if (
+        not isinstance(stops, list)
+        or len(stops) > MAX_STOP_STRINGS
+        or not all(isinstance(s, str) and len(s) <= MAX_STOP_CHARS for s in stops)
+    ):
+        raise InvalidArgument(
+            f"stop must be a string or an array of up to {MAX_STOP_STRINGS} strings of at most "
+            f"{MAX_STOP_CHARS} characters",
+            param="stop",
+        )
+    return [_text(s, "stop") for s in stops if s]  # "" stops nothing
 
 
 def _extensions(value: Any) -> dict:
@@ -220,21 +307,28 @@ def _extensions(value: Any) -> dict:
     extensions = _object(value, "kvgraft")
     unknown = sorted(set(extensions) - set(EXTENSIONS))
     if unknown:
+        name = f"kvgraft.{unknown[0][:SHOWN_CHARS]}"
         raise InvalidArgument(
-            f"kvgraft.{unknown[0]} is not an extension: use {', '.join(EXTENSIONS)}"
+            f"{name} is not an extension: use {', '.join(EXTENSIONS)}", param=name
         )
     for name in ("no_cache", "deposit", "allow_untrusted", "keep"):
         if name in extensions and not isinstance(extensions[name], bool):
-            raise InvalidArgument(f"kvgraft.{name} must be true or false")
+            raise InvalidArgument(f"kvgraft.{name} must be true or false", param=f"kvgraft.{name}")
     graft = extensions.get("graft")
     if graft is not None and (not isinstance(graft, str) or not graft):
-        raise InvalidArgument("kvgraft.graft must be an artifact id (or a unique prefix of one)")
+        raise InvalidArgument(
+            "kvgraft.graft must be an artifact id (or a unique prefix of one)",
+            param="kvgraft.graft",
+        )
+    if graft is not None:
+        _text(graft, "kvgraft.graft")
     return extensions
 
 
 def _object(value: Any, what: str) -> dict:
     if not isinstance(value, dict):
-        raise InvalidArgument(f"{what} must be a JSON object")
+        param = None if what == "the request body" else what
+        raise InvalidArgument(f"{what} must be a JSON object", param=param)
     return value
 
 
@@ -243,7 +337,7 @@ def _flag(body: dict, name: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise InvalidArgument(f"{name} must be true or false")
+        raise InvalidArgument(f"{name} must be true or false", param=name)
     return value
 
 
@@ -252,10 +346,68 @@ def _number(body: dict, name: str, default: float, least: float, most: float) ->
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgument(f"{name} must be a number in {least:g}..{most:g}")
-    if not least <= value <= most:
-        raise InvalidArgument(f"{name} {value:g} is outside {least:g}..{most:g}")
+        raise InvalidArgument(f"{name} must be a number in {least:g}..{most:g}", param=name)
+    if not least <= value <= most:  # NaN too (Python's json reads it; parse_body does not)
+        raise InvalidArgument(f"{name} {_shown(value)} is outside {least:g}..{most:g}", param=name)
     return float(value)
+
+
+def _whole(value: Any, name: str, least: int, most: int, why: str = "") -> int:
+    """`value` if it is a whole number in least..most; InvalidArgument naming `name`."""
+    if _is_int(value) and least <= value <= most:
+        return value
+    hint = f" ({why})" if why else ""
+    raise InvalidArgument(
+        f"{name} must be a whole number in {least}..{most}{hint}, not {_shown(value)}", param=name
+    )
+
+
+def _text(value: str, name: str) -> str:
+    """`value` if UTF-8 can carry it (protobuf's strings are UTF-8, so is the tokenizer's
+    input): a lone surrogate such as JSON's "\\ud800" is refused."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(
+            f"{name} holds a lone surrogate ({value[exc.start]!a} at character "
+            f"{exc.start}), which is not text: escape a character beyond U+FFFF as a pair "
+            '("\\ud83d\\ude00"), or send it unescaped in UTF-8',
+            param=name,
+        ) from None
+    return value
+
+
+def _check_depth(body: Any) -> None:
+    """InvalidArgument if `body` nests more than MAX_JSON_DEPTH arrays and objects (walked
+    with a stack of its own: this check cannot recurse too deep itself)."""
+    stack = [(body, 0)] if isinstance(body, dict | list) else []
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value
+        if depth == MAX_JSON_DEPTH:
+            raise _too_deep()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+
+
+def _too_deep() -> InvalidArgument:
+    return InvalidArgument(
+        f"the request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep; "
+        "send a flatter body"
+    )
+
+
+def _refuse_constant(name: str) -> float:
+    raise InvalidArgument(
+        f"the request body is not JSON: {name} is not a JSON number; send a number"
+    )
+
+
+def _shown(value: Any) -> str:
+    """`value` as a message quotes it: its repr, cut (reprlib: a long list or number is
+    never written out whole)."""
+    return reprlib.repr(value)
 
 
 def _is_int(value: Any) -> bool:

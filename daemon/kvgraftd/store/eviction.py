@@ -9,7 +9,16 @@ a commit that would take the store past the budget itself first evicts
 ResourceExhausted, saying what holds the budget (artifacts pinned, being
 read, or kept by `keep`: the remote tier's, not yet uploaded).
 
-Policies (the order artifacts go in; docs/architecture.md says why):
+Conversation contexts (kvgraft.conversations: what chat_cache / cache = "auto" keeps)
+have a bound of their own, `conversation_bytes`: the page bytes of those not pinned
+(pages they share counted in each, so the disk they take is at most that), kept by
+the same watermarks; a commit first brings them back under it, the keeper after it.
+The bound holds them all together, whichever tenant owns them. Whatever the policy,
+they go before any other artifact, for either budget: a context the daemon kept by
+itself is worth less than one somebody deposited.
+
+Policies (the order artifacts go in, conversation contexts first; docs/architecture.md
+says why):
 * `lru`: least recently used first (last graft, prefix reuse or export; an
   artifact never used counts from its creation).
 * `cost-aware`: GreedyDual-Size-Frequency. An artifact's priority is the
@@ -26,11 +35,13 @@ pins and writes last uses every USAGE_FLUSH_S.
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvgraft.errors import InvalidArgument, ResourceExhausted
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -40,6 +51,11 @@ log = logging.getLogger(__name__)
 
 POLICIES = ("lru", "cost-aware")
 BATCH = 64  # artifacts removed per transaction
+# Conversation contexts' bound when none is configured and the store has no budget: a
+# tenth of the data disk, so that a busy day of chats never fills it, and at most 4 GiB
+# (about 1,400 of the default model's 64-token pages; raise it for larger models).
+CONVERSATION_DISK_SHARE = 10
+CONVERSATION_BYTES_MOST = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -49,6 +65,7 @@ class CacheBudget:
     high: float = 0.95
     low: float = 0.85
     policy: str = "lru"
+    conversation_bytes: int = 0  # 0: conversation contexts have no bound of their own
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -64,6 +81,18 @@ class CacheBudget:
 NO_BUDGET = CacheBudget()
 
 
+def conversation_budget(configured: int, store_budget_bytes: int, data: Path) -> int:
+    """The conversation contexts' bound: `configured` where given (not 0), else the store's
+    budget where one is set (they go first within it), else a tenth of the size of the
+    disk holding `data` (measured now, at start), at most CONVERSATION_BYTES_MOST."""
+    if configured:
+        return configured
+    if store_budget_bytes:
+        return store_budget_bytes
+    disk = shutil.disk_usage(data).total // CONVERSATION_DISK_SHARE
+    return max(1, min(disk, CONVERSATION_BYTES_MOST))
+
+
 @dataclass
 class EvictionCounters:
     artifacts: int = 0
@@ -72,11 +101,20 @@ class EvictionCounters:
 
 
 def eviction_order(candidates: dict[bytes, Usage], policy: str) -> list[bytes]:
-    """The candidates in the order `policy` evicts them."""
+    """The candidates in the order `policy` evicts them, conversation contexts first."""
     if policy == "lru":
-        key = lambda aid: (candidates[aid].last_used_ms, aid)  # noqa: E731
+        key = lambda aid: (  # noqa: E731
+            not candidates[aid].conversation,
+            candidates[aid].last_used_ms,
+            aid,
+        )
     else:
-        key = lambda aid: (candidates[aid].priority, candidates[aid].last_used_ms, aid)  # noqa: E731
+        key = lambda aid: (  # noqa: E731
+            not candidates[aid].conversation,
+            candidates[aid].priority,
+            candidates[aid].last_used_ms,
+            aid,
+        )
     return sorted(candidates, key=key)
 
 
@@ -92,6 +130,10 @@ class Evictor:
         # following "N artifacts (B bytes)", then what to do.
         self.keep: Callable[[bytes], bool] = lambda aid: False
         self.kept_because = ("", "")
+        # (artifacts, page bytes) of the conversation contexts not pinned: the store's
+        # Lifecycle sets it from its usage book (kvgraftd.store.lifecycle); a tenant's
+        # view has none of its own (the store's bound holds every tenant's).
+        self.conversation_totals: Callable[[], tuple[int, int]] = lambda: (0, 0)
 
     def over(self, fraction: float, incoming_bytes: int = 0, incoming_artifacts: int = 0) -> bool:
         artifacts, live = self.store.cache_totals()
@@ -105,9 +147,20 @@ class Evictor:
         """A watermark of the artifact budget, in whole artifacts (at least one)."""
         return max(1, int(fraction * self.budget.artifacts))
 
+    def conversations_over(self, fraction: float) -> bool:
+        """Whether the conversation contexts are past `fraction` of their bound."""
+        return self._conversation_excess(fraction)[0] > 0
+
+    def _conversation_excess(self, fraction: float) -> tuple[float, int]:
+        bound = self.budget.conversation_bytes
+        return (self.conversation_totals()[1] - fraction * bound if bound else 0), 0
+
     def make_room(self, incoming_bytes: int) -> None:
-        """Before a commit of `incoming_bytes` of new pages: evict down to the low watermark
-        if it would pass the budget; ResourceExhausted if nothing more can go."""
+        """Before a commit of `incoming_bytes` of new pages: conversation contexts past
+        their bound back under its low watermark; then evict down to the low watermark if
+        the commit would pass the budget; ResourceExhausted if nothing more can go."""
+        if self.conversations_over(1.0):  # never refused for them: the keeper tries again
+            self.evict_conversations(self.budget.low)
         if not self.budget.enabled or not self.over(1.0, incoming_bytes, 1):
             return
         if self.budget.bytes and incoming_bytes > self.budget.bytes:
@@ -164,12 +217,41 @@ class Evictor:
         claimed since is skipped by `remove`."""
         if candidates is None:
             candidates = self._candidates()
+        return self._evict_in_order(
+            candidates, lambda: self._excess(fraction, incoming_bytes, incoming_artifacts)
+        )
+
+    def evict_conversations(self, fraction: float) -> int:
+        """Evict conversation contexts in policy order until under `fraction` of their
+        bound; returns artifacts (those being read stay: the keeper tries again)."""
+        candidates = {aid: u for aid, u in self._candidates().items() if u.conversation}
+        excess = lambda: self._conversation_excess(fraction)  # noqa: E731
+        return self._evict_in_order(candidates, excess, "conversation contexts")
+
+    def _excess(self, fraction: float, incoming_bytes: int, incoming: int) -> tuple[float, int]:
+        """(bytes, artifacts) past `fraction` of the budgets, with what is incoming."""
+        artifacts, live = self.store.cache_totals()
+        budget = self.budget
+        excess_bytes = live + incoming_bytes - fraction * budget.bytes if budget.bytes else 0
+        excess_count = artifacts + incoming - self._count(fraction) if budget.artifacts else 0
+        return excess_bytes, excess_count
+
+    def _evict_in_order(
+        self,
+        candidates: dict[bytes, Usage],
+        excess: Callable[[], tuple[float, int]],
+        what: str = "artifacts",
+    ) -> int:
+        """Remove `candidates` in policy order, in batches, while `excess()` is above zero."""
         queue = deque(eviction_order(candidates, self.budget.policy))
         evicted = 0
         # No lock: the keeper and a commit making room may evict at once (each claims its
         # own victims, and the store's transactions are serialized).
-        while queue and self.over(fraction, incoming_bytes, incoming_artifacts):
-            batch = self._victims(queue, candidates, fraction, incoming_bytes, incoming_artifacts)
+        while queue:
+            excess_bytes, excess_count = excess()
+            if excess_bytes <= 0 and excess_count <= 0:
+                break
+            batch = _victims(queue, candidates, excess_bytes, excess_count)
             if self.budget.policy == "cost-aware":  # GDSF: the rest age past this one
                 self.store.raise_inflation(max(candidates[aid].priority for aid in batch))
             count, freed = self.store.remove(batch, pb.ChangeRecord.REASON_EVICTED)
@@ -177,36 +259,31 @@ class Evictor:
             self.counters.bytes += freed
             evicted += count
         if evicted:
-            log.info("evicted %d artifacts (%s policy)", evicted, self.budget.policy)
+            log.info("evicted %d %s (%s policy)", evicted, what, self.budget.policy)
         return evicted
 
-    def _victims(
-        self,
-        queue: deque[bytes],
-        candidates: dict[bytes, Usage],
-        fraction: float,
-        incoming_bytes: int,
-        incoming: int,
-    ) -> list[bytes]:
-        """The next at most BATCH artifacts of `queue` (at least one) that bring the store
-        under `fraction` (counting each one's page bytes as freed: shared pages are not, so
-        a pass may need another)."""
-        artifacts, live = self.store.cache_totals()
-        budget = self.budget
-        excess_bytes = live + incoming_bytes - fraction * budget.bytes if budget.bytes else 0
-        excess_count = artifacts + incoming - self._count(fraction) if budget.artifacts else 0
-        batch: list[bytes] = []
-        while queue and len(batch) < BATCH and (excess_bytes > 0 or excess_count > 0 or not batch):
-            aid = queue.popleft()
-            batch.append(aid)
-            excess_bytes -= candidates[aid].page_bytes
-            excess_count -= 1
-        return batch
-
     def evict_past_high(self) -> int:
-        if not self.budget.enabled or not self.over(self.budget.high):
-            return 0
-        return self.evict(self.budget.low)
+        evicted = 0
+        if self.conversations_over(self.budget.high):
+            evicted += self.evict_conversations(self.budget.low)
+        if self.budget.enabled and self.over(self.budget.high):
+            evicted += self.evict(self.budget.low)
+        return evicted
+
+
+def _victims(
+    queue: deque[bytes], candidates: dict[bytes, Usage], excess_bytes: float, excess_count: int
+) -> list[bytes]:
+    """The next at most BATCH artifacts of `queue` (at least one) that cover the excess
+    (counting each one's page bytes as freed: shared pages are not, so a pass may need
+    another)."""
+    batch: list[bytes] = []
+    while queue and len(batch) < BATCH and (excess_bytes > 0 or excess_count > 0 or not batch):
+        aid = queue.popleft()
+        batch.append(aid)
+        excess_bytes -= candidates[aid].page_bytes
+        excess_count -= 1
+    return batch
 
 
 class CacheKeeper:

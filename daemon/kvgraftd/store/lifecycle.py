@@ -27,6 +27,9 @@ Contract:
   deletes what is due by the store's clock.
 * Last use and reused tokens (kvgraftd.store.usage) are written to `usage` by
   `flush_usage` (every 30 s by the maintenance loop, and at close).
+* Whether an artifact is a conversation context is its manifest's label
+  (kvgraft.conversations), read into the usage book at every start and commit; the
+  evictor counts them from the book (`Evictor.conversation_totals`, set here).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from contextlib import contextmanager
 import lmdb
 
 from kvgraft.artifact import page_sizes
+from kvgraft.conversations import is_conversation
 from kvgraft.errors import FailedPrecondition, NotFound
 from kvgraft.tenancy import owner_of
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -87,6 +91,7 @@ class Lifecycle:
         self._reads = reads
         self._budgeted_bytes = budgeted_bytes
         self._notify_change = notify_change
+        evictor.conversation_totals = usage.conversation_totals  # what their bound counts
 
     def load_usage(self) -> None:
         """Fill the usage book from the catalogue and the `usage` sub-database."""
@@ -341,6 +346,7 @@ def _usage_of(manifest: pb.Manifest, pinned: bool, last_used_ms: int, reused: in
         page_bytes=sum(sizes.values()),
         pinned=pinned,
         owner=owner_of(manifest.labels),
+        conversation=is_conversation(manifest.labels),
     )
 
 

@@ -17,6 +17,7 @@ store itself.
 from __future__ import annotations
 
 from kvgraft.artifact import artifact_id
+from kvgraft.conversations import KIND_LABEL
 from kvgraft.errors import FailedPrecondition, NotFound, PermissionDenied
 from kvgraft.tenancy import is_shared, owned_labels, owner_of, writable_by
 from kvgraft.v1 import kvgraft_pb2 as pb
@@ -25,10 +26,13 @@ from kvgraftd.store.trust_index import is_trusted
 
 
 def shared_manifest(manifest: pb.Manifest) -> pb.Manifest:
-    """`manifest` as published: its owner's label kept, the shared label added."""
+    """`manifest` as published: its owner's label kept, the shared label added, and no
+    conversation kind (kvgraft.conversations): what is shared is kept as any artifact,
+    not evicted first nor hidden from listings."""
     copy = pb.Manifest.FromString(manifest.SerializeToString())
     copy.labels.clear()
-    copy.labels.update(owned_labels(manifest.labels, owner_of(manifest.labels), shared=True))
+    labels = owned_labels(manifest.labels, owner_of(manifest.labels), shared=True)
+    copy.labels.update({k: v for k, v in labels.items() if k != KIND_LABEL})
     return copy
 
 

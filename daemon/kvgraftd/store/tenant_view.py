@@ -27,7 +27,13 @@ scrubs, trust re-evaluation) fails with AttributeError, never passes through.
   one on a tie. Lookup does both walks for every prompt, whoever holds what.
 * Budget: `evictor` keeps the tenant within `store_budget_bytes` of its own
   artifacts (pages shared with other artifacts counted in each), evicting its own
-  only; the store's own budget still holds all of them together.
+  only, its conversation contexts first (kvgraft.conversations); the store's own
+  budget, and the conversation contexts' bound, still hold all of them together.
+* Figures (`stats`, which Stats and Info answer): its own only, never the whole
+  store's: its artifacts and the page bytes its budget counts, the distinct pages they
+  reference and the disk those take (block-aligned, as stored: a page it shares with
+  another tenant counts in both), and as free disk the room its budget leaves (0
+  without a budget of its own: the store's free disk would tell of others' writes).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import numpy as np
 
 from kvgraft.artifact import page_sizes
 from kvgraft.errors import InvalidArgument, NotFound, PermissionDenied
+from kvgraft.page_buffers import block_aligned
 from kvgraft.tenancy import (
     SHARED_NAMESPACE,
     is_shared,
@@ -60,6 +67,7 @@ from kvgraftd.store.trust_index import UNRECORDED, ChainMatch
 from kvgraftd.store.usage import Usage
 
 STAGED_REMEMBERED = 1 << 20  # the pages a tenant staged that it is told it holds, at most
+OWN_PAGES_BATCH = 256  # records read a transaction when its figures are counted
 
 
 class TenantView:
@@ -280,16 +288,31 @@ class TenantView:
         self._store.wait_for_change(timeout_s)
 
     def stats(self) -> StoreStats:
-        """Its own figures only: artifacts and the page bytes they reference."""
+        """Its own figures only (see the module's contract); the staged pages, the index
+        and the change feed are the whole store's: 0."""
         artifacts, page_bytes = self.cache_totals()
+        pages = self._own_pages()
+        budget = self.evictor.budget.bytes
         return StoreStats(
             artifacts=artifacts,
-            pages=0,
+            pages=len(pages),
             page_bytes=page_bytes,
             staged_pages=0,
             map_size_bytes=0,
             map_used_bytes=0,
-            segment_disk_bytes=0,
-            disk_free_bytes=0,
+            segment_disk_bytes=sum(block_aligned(size) for size in pages.values()),
+            disk_free_bytes=max(0, budget - page_bytes) if budget else 0,
             last_sequence=0,
         )
+
+    def _own_pages(self) -> dict[bytes, int]:
+        """The size of each distinct page its artifacts reference (a scan of the catalogue,
+        as a listing by a tenant is)."""
+        sizes: dict[bytes, int] = {}
+        owned = lambda labels: owner_of(labels) == self.tenant  # noqa: E731
+        after = b""
+        while batch := self._store.list_records(after, OWN_PAGES_BATCH, owned):
+            for _, record in batch:
+                sizes.update(page_sizes(record.manifest()))
+            after = bytes.fromhex(batch[-1][0])
+        return sizes

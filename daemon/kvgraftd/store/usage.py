@@ -19,6 +19,9 @@ Contract:
   the entries changed since the last call, which the store writes to its
   `usage` sub-database every `USAGE_FLUSH_S` and at close (a crash loses at
   most that much recent use; an artifact never used counts from its creation).
+* `conversation_totals()`: the artifacts and page bytes of the conversation contexts
+  not pinned (kvgraft.conversations), kept as the book changes: what their bound counts
+  (kvgraftd.store.eviction), read at every commit without a scan.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class Usage:
     page_bytes: int
     pinned: bool
     owner: str = ""  # the tenant whose artifact it is (kvgraft.tenancy; "": the operator)
+    conversation: bool = False  # a conversation context (kvgraft.conversations)
     # The cost-aware policy's priority (GreedyDual-Size-Frequency): the book's inflation
     # at the last use plus the tokens reused from it per byte (kvgraftd.store.eviction).
     priority: float = 0.0
@@ -59,6 +63,13 @@ class UsageBook:
         self._claimed: set[bytes] = set()
         self._dirty: set[bytes] = set()
         self.inflation = 0.0  # the priority of the last artifact evicted (cost-aware)
+        self._conversations = [0, 0]  # conversation contexts not pinned: artifacts, page bytes
+
+    def _count_conversation(self, usage: Usage, sign: int) -> None:
+        """Count `usage` in (+1) or out (-1) of the conversation totals (under the lock)."""
+        if usage.conversation and not usage.pinned:
+            self._conversations[0] += sign
+            self._conversations[1] += sign * usage.page_bytes
 
     # ------------------------------------------------------------------
     # the catalogue, mirrored
@@ -66,7 +77,10 @@ class UsageBook:
     def added(self, aid: bytes, usage: Usage) -> None:
         with self._lock:
             usage.priority = self.inflation + usage.reused_tokens / max(1, usage.page_bytes)
+            if aid in self._entries:
+                self._count_conversation(self._entries[aid], -1)
             self._entries[aid] = usage
+            self._count_conversation(usage, +1)
 
     def removed(self, aids: Iterable[bytes]) -> dict[bytes, Usage]:
         """Take artifacts out (their entries, for `restore` if the removal fails)."""
@@ -76,6 +90,7 @@ class UsageBook:
                 usage = self._entries.pop(aid, None)
                 if usage is not None:
                     out[aid] = usage
+                    self._count_conversation(usage, -1)
                 self._dirty.discard(aid)
             self._lock.notify_all()
         return out
@@ -83,12 +98,19 @@ class UsageBook:
     def restore(self, entries: dict[bytes, Usage]) -> None:
         """Put back what `removed` took out: the transaction that removed them failed."""
         with self._lock:
-            self._entries.update(entries)
+            for aid, usage in entries.items():
+                if aid in self._entries:
+                    self._count_conversation(self._entries[aid], -1)
+                self._entries[aid] = usage
+                self._count_conversation(usage, +1)
 
     def set_pinned(self, aid: bytes, pinned: bool) -> None:
         with self._lock:
-            if aid in self._entries:
-                self._entries[aid].pinned = pinned
+            usage = self._entries.get(aid)
+            if usage is not None:
+                self._count_conversation(usage, -1)
+                usage.pinned = pinned
+                self._count_conversation(usage, +1)
 
     # ------------------------------------------------------------------
     # use
@@ -137,6 +159,12 @@ class UsageBook:
         with self._lock:
             mine = [u.page_bytes for u in self._entries.values() if u.owner == owner]
             return len(mine), sum(mine)
+
+    def conversation_totals(self) -> tuple[int, int]:
+        """(artifacts, page bytes) of the conversation contexts not pinned (pages they share
+        counted in each)."""
+        with self._lock:
+            return self._conversations[0], self._conversations[1]
 
     def inflate(self, priority: float) -> None:
         """The cost-aware policy evicted an artifact of this priority (GDSF's L)."""

@@ -7,7 +7,9 @@ profile and layout, and the tenant whose contexts it keeps ("": the operator's).
 deposits when the request asked to, or, with cache = "auto" (`auto`), every Generate's
 context: then a deposit that fails (the store's budget has no room: everything pinned or
 being read) is logged and counted in `auto_deposits_skipped`, never an error of the
-request. It owns the two counters.
+request. A context kept so (not asked for by `deposit`) is labelled a conversation
+context (kvgraft.conversations): the store keeps those within a bound of their own and
+evicts them first. It owns the two counters.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 from collections.abc import Mapping
 
 from kvgraft.artifact import Artifact, page_sizes
+from kvgraft.conversations import conversation_labels
 from kvgraft.errors import InvalidArgument, KvgraftError
 from kvgraft.page_buffers import slot_copies
 from kvgraft.tenancy import owned_labels
@@ -65,7 +68,8 @@ class Deposits:
         if not auto:
             return ""
         try:
-            artifact_id = self._deposit(context, receipt, options.labels, grafted)
+            labels = conversation_labels(options.labels)
+            artifact_id = self._deposit(context, receipt, labels, grafted)
         except KvgraftError as exc:  # the request does not fail for the cache
             self.auto_deposits_skipped += 1
             log.warning("the finished context was not kept (cache = auto): %s", exc)

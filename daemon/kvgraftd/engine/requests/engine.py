@@ -40,7 +40,7 @@ from contextlib import ExitStack
 
 import torch
 
-from kvgraft.errors import FailedPrecondition, InvalidArgument, NotFound
+from kvgraft.errors import ContextLengthExceeded, FailedPrecondition, InvalidArgument, NotFound
 from kvgraft.tenancy import owner_of
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine.attention.kv_context import KvContext
@@ -174,7 +174,7 @@ class Engine:
 
     def _check_length(self, tokens: int) -> None:
         if tokens > self.max_context_tokens:
-            raise InvalidArgument(
+            raise ContextLengthExceeded(
                 f"context of {tokens} tokens exceeds max_context_tokens={self.max_context_tokens}; "
                 "shorten the prompt or raise max_context_tokens"
             )

@@ -21,7 +21,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from kvgraft.errors import FailedPrecondition, InvalidArgument, KvgraftError, Unavailable
+from kvgraft.errors import (
+    ContextLengthExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    KvgraftError,
+    Unavailable,
+)
 from kvgraft.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE, as_float32
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine.requests.decoding import DecodeOptions, ProgressEvent, ResultEvent
@@ -180,7 +186,7 @@ class EngineService:
             return
         reserved = f", {least + reserved_tokens} with max_new_tokens" if reserved_tokens else ""
         rendered = " in its chat template" if chat else ""
-        raise InvalidArgument(
+        raise ContextLengthExceeded(
             f"the {what} is {len(text.encode())} bytes of text{rendered}: at least {least} "
             f"tokens for this model (none is longer than {self._floor.longest_token_bytes} "
             f"bytes){reserved}, more than max_context_tokens={engine.max_context_tokens}; "
