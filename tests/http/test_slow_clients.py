@@ -19,7 +19,6 @@ from __future__ import annotations
 import http.client
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
@@ -27,7 +26,7 @@ from kvgraftd.config import DaemonConfig
 from kvgraftd.http.http_server import HEADER_DEADLINE_S, KEEP_ALIVE_S, connections_per_host
 from kvgraftd.testing.daemon_process import DaemonProcess
 from tests.http.model_daemon import wait_until_healthy
-from tests.support.slow_client import GET_HEALTH, Trickler, get, get_once_free
+from tests.support.slow_client import GET_HEALTH, Trickler, get, get_once_free, trickling
 
 PER_HOST = 8  # connections_per_host with --max-concurrent-rpcs 4
 READY = (200, b'{"status":"ready"}')
@@ -58,15 +57,6 @@ def _address(daemon: DaemonProcess) -> tuple[str, int]:
     return host, int(port)
 
 
-@contextmanager
-def _trickling(tricklers: list[Trickler]) -> Iterator[list[Trickler]]:
-    try:
-        yield tricklers
-    finally:
-        for trickler in tricklers:
-            trickler.close()
-
-
 def test_the_cap_is_twice_the_calls_a_client_may_have() -> None:
     assert connections_per_host(DaemonConfig(workers=4, max_concurrent_rpcs=4)) == PER_HOST
     assert connections_per_host(DaemonConfig()) == 2 * DaemonConfig().max_concurrent_rpcs
@@ -76,7 +66,7 @@ def test_the_cap_is_twice_the_calls_a_client_may_have() -> None:
 def test_header_tricklers_are_closed_while_a_keep_alive_client_is_served(http_daemon) -> None:
     address = _address(http_daemon)
     made = [Trickler(address, GET_HEALTH, "127.0.0.2") for _ in range(PER_HOST - 2)]
-    with _trickling(made) as tricklers:
+    with trickling(made) as tricklers:
         # a client of the same host, on one keep-alive connection for longer than the
         # deadline: each request has a deadline of its own, from the previous answer
         client = http.client.HTTPConnection(*address, timeout=30, source_address=("127.0.0.2", 0))
@@ -108,7 +98,7 @@ def test_a_host_past_its_cap_is_closed_at_once(http_daemon) -> None:
         Trickler(address, POST_AWAITING_BODY, "127.0.0.3", interval_s=3600)
         for _ in range(PER_HOST + 1)
     ]
-    with _trickling(made) as tricklers:
+    with trickling(made) as tricklers:
         held, past = tricklers[:PER_HOST], tricklers[PER_HOST]
         past.closed_after_s()  # was: held as well, without bound
         assert [trickler.is_open() for trickler in held] == [True] * PER_HOST

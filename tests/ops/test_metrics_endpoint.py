@@ -20,24 +20,9 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import pytest
-from prometheus_client import CollectorRegistry, Counter
-
 from kvgraftd.ops.metrics_endpoint import MetricsEndpoint, tls_context
-from tests.support.certs import Pki, make_pki, openssl_available
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory) -> Pki:
-    if not openssl_available():
-        pytest.skip("the openssl command is not installed (.ci/run installs it)")
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-def _registry() -> CollectorRegistry:
-    registry = CollectorRegistry()
-    Counter("probe_scrapes", "a figure to find in a scrape", registry=registry).inc()
-    return registry
+from tests.support.certs import Pki
+from tests.support.metrics_scrape import probe_registry
 
 
 @contextmanager
@@ -45,7 +30,7 @@ def _serving(tls: ssl.SSLContext | None = None, idle_s: float = 0.3) -> Iterator
     # every connection here comes from 127.0.0.1: all of them within its host's cap
     # (the cap has tests of its own, tests/ops/test_slow_clients.py)
     endpoint = MetricsEndpoint(
-        "127.0.0.1", 0, _registry(), tls, idle_s=idle_s, connections_per_host=16
+        "127.0.0.1", 0, probe_registry(), tls, idle_s=idle_s, connections_per_host=16
     )
     endpoint.start()
     try:

@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter
 
 from kvgraftd.ops.metrics_endpoint import (
     METRICS_CONNECTIONS,
@@ -31,28 +30,16 @@ from kvgraftd.ops.metrics_endpoint import (
     MetricsEndpoint,
     tls_context,
 )
-from tests.support.certs import Pki, make_pki, openssl_available
-from tests.support.slow_client import GET_METRICS, Trickler, get, get_once_free
+from tests.support.certs import Pki
+from tests.support.metrics_scrape import probe_registry
+from tests.support.slow_client import GET_METRICS, Trickler, get, get_once_free, trickling
 
 PROBE = b"probe_scrapes_total 1.0"
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory) -> Pki:
-    if not openssl_available():
-        pytest.skip("the openssl command is not installed (.ci/run installs it)")
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-def _registry() -> CollectorRegistry:
-    registry = CollectorRegistry()
-    Counter("probe_scrapes", "a figure to find in a scrape", registry=registry).inc()
-    return registry
-
-
 @contextmanager
 def _serving(tls: ssl.SSLContext | None = None, **limits) -> Iterator[tuple[str, int]]:
-    endpoint = MetricsEndpoint("127.0.0.1", 0, _registry(), tls, **limits)
+    endpoint = MetricsEndpoint("127.0.0.1", 0, probe_registry(), tls, **limits)
     endpoint.start()
     try:
         yield ("127.0.0.1", endpoint.server_port)
@@ -60,20 +47,11 @@ def _serving(tls: ssl.SSLContext | None = None, **limits) -> Iterator[tuple[str,
         endpoint.stop()
 
 
-@contextmanager
-def _trickling(tricklers: list[Trickler]) -> Iterator[list[Trickler]]:
-    try:
-        yield tricklers
-    finally:
-        for trickler in tricklers:
-            trickler.close()
-
-
 def test_a_host_past_its_cap_is_closed_at_once_and_others_are_served() -> None:
     assert METRICS_CONNECTIONS_PER_HOST < METRICS_CONNECTIONS  # a host leaves slots to others
     with _serving(header_deadline_s=3600) as address:  # the cap alone: no deadline acts
         made = [Trickler(address, GET_METRICS) for _ in range(METRICS_CONNECTIONS)]
-        with _trickling(made) as tricklers:
+        with trickling(made) as tricklers:
             held, past = (
                 tricklers[:METRICS_CONNECTIONS_PER_HOST],
                 tricklers[METRICS_CONNECTIONS_PER_HOST:],
@@ -97,7 +75,7 @@ def test_header_tricklers_are_closed_at_the_deadline(capfd, caplog) -> None:
     assert interval_s < METRICS_IDLE_S  # each byte comes within the idle timeout
     with _serving(header_deadline_s=deadline_s) as address:
         made = [Trickler(address, GET_METRICS, interval_s=interval_s) for _ in range(4)]
-        with _trickling(made) as tricklers:
+        with trickling(made) as tricklers:
             lasted = [trickler.closed_after_s() for trickler in tricklers]  # was: never closed
             assert all(trickler.bytes_sent > len(GET_METRICS) for trickler in tricklers)
             assert min(lasted) >= deadline_s  # counted from the accept, not from a byte
@@ -131,7 +109,7 @@ def test_a_tls_handshake_trickler_is_closed_at_the_deadline(pki: Pki, caplog) ->
     with _serving(tls, header_deadline_s=2.0) as address:
         # the hello's record header at once, then its body a byte every 0.25 s
         made = [Trickler(address, hello[:5], interval_s=0.25, tail=hello[5:])]
-        with _trickling(made) as (trickler,):
+        with trickling(made) as (trickler,):
             assert trickler.closed_after_s() >= 2.0
             assert trickler.bytes_sent < len(hello)  # closed in its handshake
         trusting = ssl.create_default_context(cafile=str(pki.ca))
@@ -150,7 +128,7 @@ def test_tricklers_do_not_hold_up_the_daemons_scrapes(start_daemon) -> None:
     port = int(daemon.metrics_url.rsplit(":", 1)[1].split("/", 1)[0])
     address = ("127.0.0.1", port)
     made = [Trickler(address, GET_METRICS) for _ in range(METRICS_CONNECTIONS)]
-    with _trickling(made) as tricklers:
+    with trickling(made) as tricklers:
         status, body = get(address, "/metrics", "127.0.0.2")  # was: refused, every slot held
         assert (status, b"kvgraft_store_artifacts" in body) == (200, True)
         lasted = [trickler.closed_after_s() for trickler in tricklers]  # was: never closed

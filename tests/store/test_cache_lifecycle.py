@@ -18,20 +18,10 @@ from kvgraftd.remote.push_queue import PushesUnderWay
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.eviction import CacheBudget, CacheKeeper, eviction_order
 from kvgraftd.store.page_records import page_records_of
-from tests.support.factory import random_artifact
+from tests.support.factory import Clock, random_artifact
 
 COMPUTED = pb.Provenance(trust=pb.Provenance.TRUST_COMPUTED, origin="computed")
 LAYOUT = {"num_layers": 2, "kv_heads": 1, "head_dim": 32, "kv_dtype": pb.KV_DTYPE_FLOAT32}
-
-
-class Clock:
-    """Unix ms that the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 1_700_000_000_000
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def _artifact(rng: random.Random, tokens: int = 64):

@@ -28,19 +28,9 @@ from kvgraftd.store.publishing import publish, withdraw
 from kvgraftd.store.signing import Signer, TrustPolicy
 from kvgraftd.store.tenant_view import TenantView
 from kvgraftd.testing.daemon_process import wait_model_ready
-from tests.support.factory import random_artifact
+from tests.support.factory import Clock, random_artifact
 
 LAYOUT = {"num_layers": 2, "kv_heads": 1, "head_dim": 32, "kv_dtype": pb.KV_DTYPE_FLOAT32}
-
-
-class Clock:
-    """Unix ms that the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 1_700_000_000_000
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def _artifact(rng: random.Random, conversation: bool = False, **labels: str):

@@ -53,3 +53,13 @@ def random_artifact(
         segment_ends=segments,
         labels=labels,
     )
+
+
+class Clock:
+    """Unix ms that the test moves (a store's clock)."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.now

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import urllib.request
 
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvgraftd.testing.daemon_process import DaemonProcess
@@ -31,3 +32,10 @@ def labelled_metrics(daemon: DaemonProcess) -> dict[tuple[str, tuple], float]:
         for family in _families(daemon)
         for sample in family.samples
     }
+
+
+def probe_registry() -> CollectorRegistry:
+    """A registry of one figure, `probe_scrapes_total 1.0`, to find in a scrape."""
+    registry = CollectorRegistry()
+    Counter("probe_scrapes", "a figure to find in a scrape", registry=registry).inc()
+    return registry

@@ -20,6 +20,7 @@ import ssl
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 # A request that never ends: its last header grows by a byte at a time.
 GET_METRICS = b"GET /metrics HTTP/1.1\r\nHost: kvgraft\r\nX-Slow: "
@@ -125,3 +126,13 @@ def get_once_free(
         except (ConnectionError, http.client.RemoteDisconnected):
             time.sleep(0.1)
     return get(address, path, source_host)
+
+
+@contextmanager
+def trickling(tricklers: list[Trickler]) -> Iterator[list[Trickler]]:
+    """`tricklers`, each closed when the block ends."""
+    try:
+        yield tricklers
+    finally:
+        for trickler in tricklers:
+            trickler.close()
