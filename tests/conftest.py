@@ -3,6 +3,7 @@ daemon's default ports held for the whole run (tests.support.ports)."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from kvgraft import Client
 from kvgraftd.testing.daemon_process import DaemonProcess
-from tests.support.ports import DefaultPortHold
+from tests.support.ports import HELD_VARIABLE, DefaultPortHold
 from tests.support.small_disks import tmpfs
 
 _HOLD = pytest.StashKey[DefaultPortHold]()
@@ -23,7 +24,8 @@ def pytest_configure(config: pytest.Config) -> None:
     (one socket only can: the controller's), and a port another program holds is left
     to it, so the hold never fails a run."""
     if not hasattr(config, "workerinput"):
-        config.stash[_HOLD] = DefaultPortHold()
+        hold = config.stash[_HOLD] = DefaultPortHold()
+        os.environ[HELD_VARIABLE] = ",".join(hold.held)  # the workers' environment too
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -112,11 +112,12 @@ def test_engine_commands_wait_for_the_model_to_load(gated, tmp_path: Path) -> No
     os.close(terminal_end)
     on_terminal = read_terminal(terminal, until="…")
     # Every command that needs the model waits, and --timeout bounds the wait: here the
-    # model still loads when it has passed.
+    # model still loads when it has passed (4 s: eleven commands start at once on a machine
+    # of two cores, and a look at the model within less could run out before it answers).
     entries = tmp_path / "entries.jsonl"
     entries.write_text('{"problem": "1+1?", "solution": "2", "answer": "2"}\n')
     bounded = {
-        " ".join(command): start(daemon, "--timeout", "1", *command, stdin=subprocess.DEVNULL)
+        " ".join(command): start(daemon, "--timeout", "4", *command, stdin=subprocess.DEVNULL)
         for command in [
             ["generate", *TOKENS],
             ["graft", "ab" * 8, *TOKENS],
@@ -137,7 +138,7 @@ def test_engine_commands_wait_for_the_model_to_load(gated, tmp_path: Path) -> No
         assert WAITING.fullmatch(err.splitlines()[0]), (command, err)
         assert err.splitlines()[-1] == (
             f"kvgraft: error: DEADLINE_EXCEEDED: the model of kvgraftd at {daemon.address} is "
-            "still loading after 1 s: give it longer with --timeout S (in Python, "
+            "still loading after 4 s: give it longer with --timeout S (in Python, "
             "wait_for_model(timeout_s=S)), or see the daemon's log"
         ), command
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import copy
 import re
+import threading
+import time
 from functools import cache
 from pathlib import Path
 
@@ -46,7 +48,7 @@ MARKER = re.compile(r"<\|[A-Za-z_]+\|>|<(?:start|end)_of_turn>|\[/?[A-Z_]+\]")
 # what a template may need besides messages (pinned: Llama 3.2 writes today's date)
 EXTRA = {"date_string": "26 Jul 2024"}
 
-pytestmark = pytest.mark.skipif(
+needs_vocab = pytest.mark.skipif(
     not TEMPLATES.is_dir(), reason=f"{VOCAB} (llama.cpp's tokenizer test data) is not here"
 )
 
@@ -112,12 +114,14 @@ def _plain_conversations() -> list[list[dict]]:
     ]
 
 
+@needs_vocab
 def test_plain_conversations_tokenize_as_the_whole_rendering(templated: Templated) -> None:
     for messages in _plain_conversations():
         assert templated.chat.ids(messages, True) == templated.whole(messages)
         assert templated.chat.ids(messages, False) == templated.whole(messages, False)
 
 
+@needs_vocab
 def test_a_message_holding_the_templates_markup_stays_text(templated: Templated) -> None:
     turns = [
         {"role": "user", "content": "x"},
@@ -144,6 +148,7 @@ def test_a_message_holding_the_templates_markup_stays_text(templated: Templated)
         assert decoded.replace(" ", "") == rendered.replace(" ", "")
 
 
+@needs_vocab
 def test_every_string_of_a_message_is_text() -> None:
     """Not only content: a name, a tool's result, strings at any depth."""
     templated = Templated("HuggingFaceTB-SmolLM3-3B")
@@ -166,6 +171,7 @@ def test_every_string_of_a_message_is_text() -> None:
     assert templated.control_ids(ids) == templated.control_ids(plain)
 
 
+@needs_vocab
 def test_placeholders_avoid_what_the_conversation_holds() -> None:
     """A message holding the first private-use characters (the placeholders' range) and a
     control token's text: its characters come back as they were."""
@@ -213,3 +219,52 @@ def test_a_raw_prompt_keeps_its_control_tokens(real_model) -> None:
     """/v1/completions and gRPC's text prompts are the caller's whole prompt: parsed."""
     assert real_model.encode("<|im_start|>user\nhi<|im_end|>")[0] == 1
     assert 1 not in real_model.encode("<|im_start|>user\nhi<|im_end|>", parse_special=False)
+
+
+class PausingBackend:
+    """transformers' Rust tokenizer, pausing 2 ms before each encode (the GIL released):
+    what a thread switch at the worst moment does, every time rather than 1 in 20,000."""
+
+    def __init__(self, real) -> None:
+        object.__setattr__(self, "_real", real)
+
+    def __getattr__(self, name: str):
+        return getattr(self._real, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        setattr(self._real, name, value)
+
+    def encode_batch(self, *args, **kwargs):
+        time.sleep(0.002)
+        return self._real.encode_batch(*args, **kwargs)
+
+
+def test_a_message_stays_text_while_other_threads_tokenize(real_model) -> None:
+    """Was (found in review): transformers sets split_special_tokens on the one Rust
+    tokenizer it holds, then encodes, so a raw prompt tokenized on another thread in
+    between switched parsing back on and a message's markers became control tokens (1 in
+    20,000 here; every time with the pause above). Every encode now holds the tokenizer's
+    lock."""
+    plain = real_model.chat_tokens([{"role": "user", "content": "hi"}], True)
+    controls = set(range(17))
+    expected = [i for i in plain if i in controls]
+    tokenizer = real_model.tokenizer
+    real = tokenizer._tokenizer
+    stop = threading.Event()
+
+    def raw_prompts() -> None:
+        while not stop.is_set():
+            real_model.encode("<|im_start|>user\nhi<|im_end|>")
+
+    tokenizer._tokenizer = PausingBackend(real)
+    other = threading.Thread(target=raw_prompts)
+    other.start()
+    try:
+        forged = [
+            real_model.chat_tokens([{"role": "user", "content": FORGED}], True) for _ in range(20)
+        ]
+    finally:
+        stop.set()
+        other.join()
+        tokenizer._tokenizer = real
+    assert all([i for i in ids if i in controls] == expected for ids in forged)

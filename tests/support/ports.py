@@ -50,6 +50,9 @@ def closed_address() -> Iterator[str]:
         yield f"127.0.0.1:{sock.getsockname()[1]}"
 
 
+HELD_VARIABLE = "KVGRAFT_TESTS_HELD_ADDRESSES"  # what the run holds, for its workers to read
+
+
 class DefaultPortHold:
     """The default addresses, bound for as long as the hold is open."""
 

@@ -202,13 +202,15 @@ class Connection(Connected):
     def close(self) -> None:
         self._connection.channel.close()
 
-    def _replace_connection(self, broken: _Channel) -> None:
-        """A new connection for the calls that follow; the broken one is closed."""
+    def _replace_connection(self, broken: _Channel, close: bool = True) -> None:
+        """A new connection for the calls that follow; the broken one is closed (`close`),
+        else left to the calls still open on it, to end as they would."""
         with self._connection_lock:
             if self._connection is not broken:
                 return  # another call replaced it already
             self._connection = self._connect()
-        broken.channel.close()
+        if close:
+            broken.channel.close()
 
     def __enter__(self) -> Self:
         return self
@@ -232,7 +234,9 @@ class Connection(Connected):
         sent yet, or its answer not yet overdue) would otherwise hold every
         retry until its deadline too, and a transfer's deadline is long (puts
         are idempotent: a retry on the new connection sends what is still
-        missing). Calls still open on a replaced connection end (CANCELLED).
+        missing). A connection replaced as broken is closed, and the calls still
+        open on it end (CANCELLED); one replaced after a deadline is left to them
+        (it may be healthy and slow: another worker's transfer, a follow stream).
         """
         connection = self._connection
         try:
@@ -255,8 +259,8 @@ class Connection(Connected):
             details = explain(
                 code.name, details, address=self.address, tls=self._tls, deadline=deadline
             )
-            if ran_out and kind == TRANSFER:
-                self._replace_connection(connection)  # the advice stays: give it longer
+            if ran_out and kind == TRANSFER:  # the advice stays: give it longer
+                self._replace_connection(connection, close=False)
             raise cls(details) from None
 
     def _unary(self, call: Callable[..., T], request, kind: str = STORE) -> T:

@@ -51,9 +51,7 @@ def tokenize(body: Any, adapter) -> dict[str, Any]:
     parse_special = _flag(body, "parse_special", True)
     with_pieces = _flag(body, "with_pieces", False)
     tokenizer = _tokenizer(adapter)
-    ids = tokenizer.encode(
-        content, add_special_tokens=add_special, split_special_tokens=not parse_special
-    )
+    ids = adapter.encode(content, parse_special=parse_special, add_special=add_special)
     if not with_pieces:
         return {"tokens": ids}
     pieces = token_bytes(tokenizer, ids)

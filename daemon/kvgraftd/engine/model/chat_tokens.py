@@ -31,6 +31,8 @@ server and vLLM do. This module must not import transformers: the tokenizer come
 from __future__ import annotations
 
 import re
+import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -107,19 +109,37 @@ class ChatTokens:
 
 class TransformersText:
     """`Tokenizer` over a transformers tokenizer (its added tokens marked special are the
-    control tokens; `split_special_tokens` leaves them text)."""
+    control tokens; `split_special_tokens` leaves them text).
+
+    transformers does not pass `split_special_tokens` with the call: it sets it on the one
+    Rust tokenizer the object holds, then encodes. Two threads encoding at once, one
+    parsing and one not, could each encode with the other's setting (message text read
+    with control tokens parsed: a forged turn). So every encode of a tokenizer holds that
+    tokenizer's lock (one per tokenizer object, however many wrap it)."""
 
     def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer
+        self._lock = _lock_of(tokenizer)
 
     def control_tokens(self) -> dict[str, int]:
         added = self._tokenizer.added_tokens_decoder
         return {token.content: index for index, token in added.items() if token.special}
 
-    def encode(self, text: str, parse_special: bool) -> list[int]:
-        return self._tokenizer.encode(
-            text, add_special_tokens=False, split_special_tokens=not parse_special
-        )
+    def encode(self, text: str, parse_special: bool, add_special: bool = False) -> list[int]:
+        """`add_special`: the tokenizer's own BOS/EOS around the text (llama.cpp's /tokenize)."""
+        with self._lock:
+            return self._tokenizer.encode(
+                text, add_special_tokens=add_special, split_special_tokens=not parse_special
+            )
+
+
+_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> its lock
+_locks_lock = threading.Lock()
+
+
+def _lock_of(tokenizer) -> threading.Lock:
+    with _locks_lock:
+        return _locks.setdefault(tokenizer, threading.Lock())
 
 
 def _strings(value: Any):

@@ -101,8 +101,7 @@ class ModelAdapter:
         self.device = torch.device("cpu")
         self.native: native_forward.NativeForward | None = None
         self.gguf_path: Path | None = None  # the GGUF file the model came from, if one
-        self._chat: ChatTokens | None = None  # built for the tokenizer _chat_of
-        self._chat_of: Any = None
+        self._chat: tuple[Any, TransformersText, ChatTokens] | None = None  # (its tokenizer, ...)
 
     @property
     def row_invariant(self) -> bool:
@@ -287,10 +286,13 @@ class ModelAdapter:
             )
         return out.logits[0, -1].float().cpu()
 
-    def encode(self, text: str, chat: bool = False, parse_special: bool = True) -> list[int]:
+    def encode(
+        self, text: str, chat: bool = False, parse_special: bool = True, add_special: bool = False
+    ) -> list[int]:
         """The ids of `text`: with `chat`, a user turn of the chat template (its text as
         text: chat_tokens); else a raw prompt, whose control tokens' texts become those
-        tokens unless not `parse_special` (a text that comes from a message)."""
+        tokens unless not `parse_special` (a text that comes from a message); `add_special`:
+        with the tokenizer's own BOS/EOS around it."""
         if self.tokenizer is None:
             raise InvalidArgument(
                 f"model {self.name} has no tokenizer, so it reads no text: send token ids "
@@ -299,19 +301,22 @@ class ModelAdapter:
             )
         if chat:
             return self.chat_tokens([{"role": "user", "content": text}], True)
-        return self.tokenizer.encode(
-            text, add_special_tokens=False, split_special_tokens=not parse_special
-        )
+        return self._chat_parts()[0].encode(text, parse_special, add_special)
 
     def chat_tokens(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
         """A conversation's ids: the template's markup its only control tokens
         (kvgraftd.engine.model.chat_tokens)."""
         self._chat_template()
-        if self._chat is None or self._chat_of is not self.tokenizer:
+        return self._chat_parts()[1].ids(messages, add_generation_prompt)
+
+    def _chat_parts(self) -> tuple[TransformersText, ChatTokens]:
+        """The tokenizer as chat_tokens reads it (every encode under its lock), and its
+        ChatTokens: made again when the tokenizer is another object (the tests' toy)."""
+        if self._chat is None or self._chat[0] is not self.tokenizer:
             text = TransformersText(self.tokenizer)
-            self._chat = ChatTokens(text, self.render_chat, self.tokenizer.chat_template)
-            self._chat_of = self.tokenizer
-        return self._chat.ids(messages, add_generation_prompt)
+            template = getattr(self.tokenizer, "chat_template", None) or ""
+            self._chat = (self.tokenizer, text, ChatTokens(text, self.render_chat, template))
+        return self._chat[1], self._chat[2]
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         """A conversation ({"role", "content"} dicts) as the chat template's text (what
