@@ -8,23 +8,22 @@ take plain integers or strings with a unit, "64MiB", "2GB"), the checks of the
 values, alone and together (`DaemonConfig.__post_init__`, ConfigError naming the
 setting and the fix), and the check of the model a configuration names on this
 machine (`check_model`, run at start before the daemon takes its port or lock).
-Byte sizes and the error are kvgraftd.config.values'; the [tenants.NAME] tables,
-which have no flag, kvgraftd.config.tenants'.
+A value's conversion, the numeric ranges (BOUNDS), byte sizes and the error are
+kvgraftd.config.values'; the [tenants.NAME] tables, which have no flag,
+kvgraftd.config.tenants'.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvgraft.artifact import MAX_PAGE_BYTES
 from kvgraft.public_keys import is_degenerate
 from kvgraft.replication.addresses import TARGETS, address_problem
 from kvgraftd.config.tenants import TenantConfig
-from kvgraftd.config.values import ConfigError, parse_bytes
+from kvgraftd.config.values import ConfigError, check_bounds, convert
 
 DEFAULT_LISTEN = "127.0.0.1:50551"
 DEFAULT_HTTP_LISTEN = "127.0.0.1:8551"
@@ -256,7 +255,7 @@ class DaemonConfig:
         return running, queued
 
     def __post_init__(self) -> None:
-        _check_bounds(self)
+        check_bounds(self)
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"log_level {self.log_level!r}: use debug, info, warning or error")
         _check_address("listen", self.listen)
@@ -376,63 +375,6 @@ def _check_exposure_fields(config: DaemonConfig) -> None:
         raise ConfigError("served_model_name gives a name twice: list each name once")
 
 
-# The range of every numeric setting, both ends included (None: no upper end). The
-# upper ends keep values inside what the libraries take: gRPC's options are 32-bit
-# integers (milliseconds, bytes), an LMDB map must fit the address space.
-_DAY_S = 86400.0
-BOUNDS: dict[str, tuple[float, float | None]] = {
-    "workers": (1, 4096),
-    "drain_s": (0, _DAY_S),
-    "map_initial_bytes": (1 << 20, 1 << 40),
-    "min_free_bytes": (0, None),
-    "spill_bytes": (1 << 20, 1 << 40),
-    "upload_memory_bytes": (MAX_PAGE_BYTES, None),  # a page arriving in pieces fits
-    "staged_ttl_s": (0, 365 * _DAY_S),
-    "staged_max_bytes": (0, None),
-    "staged_max_bytes_per_connection": (0, None),
-    "store_budget_bytes": (0, None),
-    "store_budget_artifacts": (0, None),
-    "conversation_budget_bytes": (0, None),
-    "scrub_interval_s": (0, 365 * _DAY_S),
-    "scrub_bytes_per_s": (1 << 20, None),
-    "malloc_top_pad_bytes": (0, 1 << 30),
-    "page_tokens": (1, 1 << 16),
-    "block_tokens": (1, 1 << 24),
-    "max_context_tokens": (0, 1 << 30),
-    "max_batch_tokens": (1, 1 << 16),
-    "max_batch_rows": (1, 1 << 12),
-    "max_running_contexts": (1, 1 << 16),
-    "max_queued_requests": (0, 1 << 20),
-    "max_live_kv_bytes": (0, None),
-    "device_budget_bytes": (0, None),
-    "host_budget_bytes": (0, None),
-    "max_concurrent_rpcs": (1, 1 << 16),
-    "max_follow_streams": (1, 1 << 12),
-    "max_streams_per_connection": (1, 1 << 16),
-    "max_request_bytes": (4 << 20, 1 << 30),  # at least PutArtifact's 4 MiB messages
-    "max_call_s": (0.001, 365 * _DAY_S),
-    "put_idle_s": (0.001, _DAY_S),
-    "keepalive_s": (0.001, 7 * _DAY_S),
-    "keepalive_timeout_s": (0.001, _DAY_S),
-    "remote_timeout_s": (0.001, _DAY_S),
-    "remote_connections": (1, 1024),
-}
-
-
-def _check_bounds(config: DaemonConfig) -> None:
-    for name, (least, most) in BOUNDS.items():
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{name} = {value!r}: expected a number")
-        if not math.isfinite(value) or value < least or (most is not None and value > most):
-            upper = f"..{_number(most)}" if most is not None else " or more"
-            raise ConfigError(f"{name} = {value!r}: use a value in {_number(least)}{upper}")
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
-
-
 def _check_address(name: str, address: str) -> None:
     _, colon, port = address.rpartition(":")  # an empty host: every interface
     if not colon or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -447,34 +389,5 @@ FIELDS = {f.name: f for f in dataclasses.fields(DaemonConfig) if "table" not in 
 
 def coerce(name: str, value: Any) -> Any:
     """`value` (from a flag or the TOML file) as setting `name` holds it; ConfigError if it
-    cannot be."""
-    kind = FIELDS[name].type
-    try:
-        if name.endswith(("_bytes", "_bytes_per_s")):
-            return parse_bytes(value, name)
-        if kind == "Path":
-            return Path(value)
-        if kind == "bool":
-            if not isinstance(value, bool):
-                raise ConfigError(f"{name} = {value!r}: expected true or false")
-            return value
-        if kind == "tuple[str, ...]":
-            items = value.replace(",", " ").split() if isinstance(value, str) else value
-            if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
-                raise ConfigError(f"{name} = {value!r}: expected a list of strings")
-            return tuple(items)
-        if kind == "int":
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ConfigError(f"{name} = {value!r}: expected a whole number")
-            return int(value)
-        if kind == "float":
-            if isinstance(value, bool):
-                raise ConfigError(f"{name} = {value!r}: expected a number")
-            return float(value)
-        if not isinstance(value, str):
-            raise ConfigError(f"{name} = {value!r}: expected a string")
-        return value
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(f"{name} = {value!r}: expected {kind}") from None
+    cannot be (kvgraftd.config.values.convert)."""
+    return convert(name, value, FIELDS[name].type)
