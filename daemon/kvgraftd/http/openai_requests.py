@@ -107,7 +107,7 @@ def parse_body(raw: bytes | bytearray) -> Any:
 
 def chat_request(body: Any, keep_default: bool) -> Call:
     """A chat completion body; `keep_default`: whether conversations are kept (chat_cache)."""
-    body = _object(body, "the request body")
+    body = json_object(body, "the request body")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidArgument(
@@ -121,12 +121,12 @@ def chat_request(body: Any, keep_default: bool) -> Call:
 
 def completion_request(body: Any) -> Call:
     """A (legacy) completion body: `prompt` a string or an array of token ids."""
-    body = _object(body, "the request body")
+    body = json_object(body, "the request body")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str) and prompt:
-        wire = pb.Prompt(text=_text(prompt, "prompt"))
+        wire = pb.Prompt(text=checked_text(prompt, "prompt"))
     elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
         bad = next((t for t in prompt if not 0 <= t <= MAX_UINT32), None)
         if bad is not None:
@@ -177,7 +177,7 @@ def _call(body: dict, prompt: pb.Prompt, keep_default: bool, chat: bool) -> Call
     for name in ("no_cache", "deposit", "allow_untrusted", "keep"):
         if name in extensions:
             setattr(options, name, extensions[name])
-    stream = _flag(body, "stream")
+    stream = flag(body, "stream")
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
         raise InvalidArgument(
@@ -281,7 +281,7 @@ def _message(message: Any, index: int) -> pb.ChatMessage:
         raise InvalidArgument(
             f"{where}.content must be a string or text parts", param=f"{where}.content"
         )
-    return pb.ChatMessage(role=ROLES[role], content=_text(content, f"{where}.content"))
+    return pb.ChatMessage(role=ROLES[role], content=checked_text(content, f"{where}.content"))
 
 
 def _stops(stop: Any) -> list[str]:
@@ -298,13 +298,13 @@ def _stops(stop: Any) -> list[str]:
             f"{MAX_STOP_CHARS} characters",
             param="stop",
         )
-    return [_text(s, "stop") for s in stops if s]  # "" stops nothing
+    return [checked_text(s, "stop") for s in stops if s]  # "" stops nothing
 
 
 def _extensions(value: Any) -> dict:
     if value is None:
         return {}
-    extensions = _object(value, "kvgraft")
+    extensions = json_object(value, "kvgraft")
     unknown = sorted(set(extensions) - set(EXTENSIONS))
     if unknown:
         name = f"kvgraft.{unknown[0][:SHOWN_CHARS]}"
@@ -321,21 +321,23 @@ def _extensions(value: Any) -> dict:
             param="kvgraft.graft",
         )
     if graft is not None:
-        _text(graft, "kvgraft.graft")
+        checked_text(graft, "kvgraft.graft")
     return extensions
 
 
-def _object(value: Any, what: str) -> dict:
+def json_object(value: Any, what: str) -> dict:
+    """`value` if it is a JSON object; InvalidArgument naming `what` otherwise."""
     if not isinstance(value, dict):
         param = None if what == "the request body" else what
         raise InvalidArgument(f"{what} must be a JSON object", param=param)
     return value
 
 
-def _flag(body: dict, name: str) -> bool:
-    value = body.get(name, False)
+def flag(body: dict, name: str, default: bool = False) -> bool:
+    """Field `name` of `body`: true or false (absent or null: `default`)."""
+    value = body.get(name)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise InvalidArgument(f"{name} must be true or false", param=name)
     return value
@@ -362,7 +364,7 @@ def _whole(value: Any, name: str, least: int, most: int, why: str = "") -> int:
     )
 
 
-def _text(value: str, name: str) -> str:
+def checked_text(value: str, name: str) -> str:
     """`value` if UTF-8 can carry it (protobuf's strings are UTF-8, so is the tokenizer's
     input): a lone surrogate such as JSON's "\\ud800" is refused."""
     if value.isascii():

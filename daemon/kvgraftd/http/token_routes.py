@@ -26,6 +26,7 @@ import re
 from typing import Any
 
 from kvgraft.errors import FailedPrecondition, InvalidArgument
+from kvgraftd.http.openai_requests import checked_text, flag, json_object
 
 # SentencePiece's byte-fallback tokens (<0xC3>) and its word-boundary mark, as llama.cpp's
 # token_to_piece reads them
@@ -35,21 +36,14 @@ SPACE_MARK = "\u2581"
 
 def tokenize(body: Any, adapter) -> dict[str, Any]:
     """The answer of POST /tokenize for the request body `body`."""
-    body = _object(body)
+    body = json_object(body, "the request body")
     content = body.get("content")
     if not isinstance(content, str):
         raise InvalidArgument("content must be a string: the text to tokenize", param="content")
-    try:
-        content.encode()
-    except UnicodeEncodeError as exc:
-        raise InvalidArgument(
-            f"content holds a lone surrogate ({content[exc.start]!r} at character "
-            f"{exc.start}), which is not text: send valid UTF-16 pairs in JSON escapes",
-            param="content",
-        ) from None
-    add_special = _flag(body, "add_special", False)
-    parse_special = _flag(body, "parse_special", True)
-    with_pieces = _flag(body, "with_pieces", False)
+    checked_text(content, "content")
+    add_special = flag(body, "add_special", False)
+    parse_special = flag(body, "parse_special", True)
+    with_pieces = flag(body, "with_pieces", False)
     tokenizer = _tokenizer(adapter)
     ids = adapter.encode(content, parse_special=parse_special, add_special=add_special)
     if not with_pieces:
@@ -60,7 +54,7 @@ def tokenize(body: Any, adapter) -> dict[str, Any]:
 
 def detokenize(body: Any, adapter) -> dict[str, Any]:
     """The answer of POST /detokenize for the request body `body`."""
-    body = _object(body)
+    body = json_object(body, "the request body")
     tokens = body.get("tokens")
     if not isinstance(tokens, list):
         raise InvalidArgument(
@@ -143,18 +137,3 @@ def _tokenizer(adapter):
             "/tokenize and /detokenize need a model with one"
         )
     return adapter.tokenizer
-
-
-def _object(body: Any) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise InvalidArgument("the request body must be a JSON object")
-    return body
-
-
-def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise InvalidArgument(f"{name} must be true or false", param=name)
-    return value
