@@ -1,12 +1,14 @@
 """The native parts of kvgraftd: attention, the row-invariant linear product and the
-forward's row-wise operations (daemon/kvgraftd/engine/native), and SHA-256 of 16 pages
-at once (daemon/kvgraftd/store/native).
+forward's row-wise operations (daemon/kvgraftd/engine/native), SHA-256 of 16 pages
+at once and guarded, checked copies out of segment mappings (daemon/kvgraftd/store/native).
 
-Everything else about the package is in pyproject.toml. Each extension is a
+Everything else about the package is in pyproject.toml. Each extension but one is a
 plain shared library that kvgraftd loads with ctypes (kvgraftd.engine.model.decode_attention,
-kvgraftd.engine.model.linear, kvgraftd.store.sha256_lanes); all are optional: where they
-cannot be built (no C compiler), the daemon computes with torch alone on its fixed
-schedule and says so in its compute profile, and hashes pages with hashlib.
+kvgraftd.engine.model.linear, kvgraftd.store.sha256_lanes); the store's guarded copies are a
+Python module (kvgraftd.store._mapped_pages: it takes the readers' buffers through the buffer
+protocol). All are optional: where they cannot be built (no C compiler), the daemon
+computes with torch alone on its fixed schedule and says so in its compute profile, hashes
+pages with hashlib and reads segments with pread.
 
 The attention kernel takes xxHash from the system (`#include <xxhash.h>`, inlined:
 Debian's libxxhash-dev, which `make install` and .ci/run install with the compiler).
@@ -72,6 +74,18 @@ setup(
             sources=[f"{STORE_NATIVE}/sha256_lanes.c"],
             depends=[f"{ENGINE_NATIVE}/cpu_features.h"],
             include_dirs=[ENGINE_NATIVE],  # the one CPU-feature header
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
+        Extension(
+            "kvgraftd.store._mapped_pages",
+            sources=[
+                f"{STORE_NATIVE}/mapped_pages.c",
+                f"{STORE_NATIVE}/mapped_copy_avx2.c",
+                f"{STORE_NATIVE}/mapped_copy_avx512.c",
+            ],
+            depends=[f"{STORE_NATIVE}/mapped_copy.h", f"{ENGINE_NATIVE}/cpu_features.h"],
+            include_dirs=[STORE_NATIVE, ENGINE_NATIVE],
             extra_compile_args=["-O3"],
             optional=True,
         ),

@@ -26,7 +26,8 @@ from __future__ import annotations
 import mmap
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
+from typing import TypeVar
 
 import numpy as np
 
@@ -34,6 +35,7 @@ BLOCK_BYTES = 4096  # >= the logical block size of every filesystem the daemon w
 HUGE_PAGE_BYTES = 2 << 20  # buffers are sized in huge pages
 POOL_BYTES = 256 << 20  # idle buffers kept for reuse, at most
 
+Key = TypeVar("Key", bound=Hashable)  # what names a page: its SHA-256, or its index
 _pool: list[mmap.mmap] = []  # idle buffers, smallest first
 _pool_lock = threading.Lock()
 
@@ -50,7 +52,7 @@ def block_aligned(count: int) -> int:
     return -(-count // BLOCK_BYTES) * BLOCK_BYTES
 
 
-def page_slots(sizes: Mapping[bytes, int]) -> dict[bytes, np.ndarray]:
+def page_slots(sizes: Mapping[Key, int]) -> dict[Key, np.ndarray]:
     buffer = aligned_empty(sum(block_aligned(size) for size in sizes.values()))
     slots, at = {}, 0
     for digest, size in sizes.items():

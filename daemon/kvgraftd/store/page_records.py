@@ -6,8 +6,8 @@ A page's bytes lie in a segment file (kvgraftd.store.segments); its record in th
     xxh3-128 of the bytes (16 bytes) || segment u32 || offset u64 || length u64
 
 SHA-256 names the page everywhere (manifests, the wire, dedup); the xxh3-128
-is checked on every read, after the bytes are read into memory of the
-caller's (pread: kvgraftd.store.segments), because it costs a fraction of
+is checked on every read, as the bytes are copied into memory of the
+caller's (kvgraftd.store.segments), because it costs a fraction of
 SHA-256 and catches what the disk or a stray write can do to a page. A page
 that fails it, or whose segment cannot give its bytes (cut short, removed,
 unreadable), raises CorruptPage (a DataLoss naming the page) and no byte of
@@ -35,13 +35,14 @@ import lmdb
 import numpy as np
 
 from kvgraft.errors import DataLoss, KvgraftError, NotFound
-from kvgraft.page_buffers import block_aligned
-from kvgraft.page_checks import split_pages, xxh3_128
+from kvgraft.page_buffers import block_aligned, page_slots
+from kvgraft.page_checks import pipelined_pages, xxh3_128
 from kvgraftd.store.segment_reads import UnreadPage
 from kvgraftd.store.segments import Location, SegmentFiles
 
 INDEX_RECORD = struct.Struct("<16sIQQ")  # xxh3-128, segment, offset, length
 INDEX_BYTES_PER_PAGE = 256  # what a page's records cost LMDB, with room to spare
+PAGE_BYTES_GUESS = 64 << 10  # a page's size before its record is read (for splitting work)
 
 Buffer = bytes | bytearray | memoryview | np.ndarray  # a page's bytes, C-contiguous
 
@@ -108,11 +109,18 @@ class StoredPages(NamedTuple):
             found.append((checksum, Location(segment, offset, length)))
         return found
 
-    def read(self, digests: Sequence[bytes], located: Located, dests: Sequence[Buffer]) -> None:
-        """Copy pages into `dests`, not yet verified; CorruptPage for the first one its segment
+    def read(
+        self, digests: Sequence[bytes], located: Located, dests: Sequence[Buffer], check: bool
+    ) -> int | None:
+        """Copy pages into `dests`, each checked against its xxh3-128 where `check`: the index
+        of the first page that fails it, or None; CorruptPage for the first one its segment
         cannot give whole."""
         try:
-            self.segments.read([location for _, location in located], dests)
+            return self.segments.read(
+                [location for _, location in located],
+                dests,
+                [checksum for checksum, _ in located] if check else None,
+            )
         except UnreadPage as lost:
             raise _unreadable(digests[lost.index], lost) from None
 
@@ -159,47 +167,77 @@ def write_pages(stored: StoredPages, records: Mapping[bytes, PageRecord]) -> Non
 
 def read_into(stored: StoredPages, digests: Sequence[bytes], dests: Sequence[np.ndarray]) -> None:
     """Read each page into its uint8 destination and verify it there (runs side by side)."""
-    located = stored.locate(digests)
-    for digest, (_, location), dest in zip(digests, located, dests, strict=True):
-        if location.length != dest.nbytes:
-            raise DataLoss(f"page {digest.hex()[:16]} has the wrong size in the store")
-    _read_checked(stored, digests, located, dests)
+
+    def sized(lo: int, located: Located) -> Sequence[np.ndarray]:
+        for index, (_, location) in enumerate(located, lo):
+            if location.length != dests[index].nbytes:
+                raise DataLoss(f"page {digests[index].hex()[:16]} has the wrong size in the store")
+        return dests[lo : lo + len(located)]
+
+    _read_checked(stored, digests, sized, dests[0].nbytes if dests else 0)
 
 
 def verified_copies(stored: StoredPages, digests: Sequence[bytes]) -> list[np.ndarray]:
     """Each page read into an array of its own and verified there (read-only: a caller may
-    keep it as it is, e.g. the host cache)."""
-    located = stored.locate(digests)
-    copies = [np.empty(location.length, np.uint8) for _, location in located]
-    _read_checked(stored, digests, located, copies)
+    keep it as it is, e.g. the host cache). The arrays of a few MiB of pages read together
+    are slots of one pooled buffer (kvgraft.page_buffers: reused memory, no faults), which
+    goes back to the pool once none of them is referenced."""
+
+    def slots(lo: int, located: Located) -> Sequence[np.ndarray]:
+        sizes = {index: location.length for index, (_, location) in enumerate(located)}
+        return list(page_slots(sizes).values())
+
+    copies = _read_checked(stored, digests, slots, 0)
     for copy in copies:
         copy.flags.writeable = False
     return copies
 
 
 def _read_checked(
-    stored: StoredPages, digests: Sequence[bytes], located: Located, dests: Sequence[np.ndarray]
-) -> None:
+    stored: StoredPages,
+    digests: Sequence[bytes],
+    dests_of: Callable[[int, Located], Sequence[np.ndarray]],
+    page_bytes: int,
+) -> list[np.ndarray]:
+    """Locate the pages piece by piece and copy each piece, checked, into `dests_of(lo,
+    located)` (the destinations of pages lo, lo + 1, ...) on the page-check pool while the
+    next piece is located (the index's lookups take a fifth of a read's time: overlapped,
+    not added). The destinations; where a page fails, every destination is zeroed and the
+    page's CorruptPage raised."""
+    count = len(digests)
+    located: Located = [None] * count  # type: ignore[list-item]
+    dests: list[np.ndarray] = [None] * count  # type: ignore[list-item]
     unread: dict[int, CorruptPage] = {}
 
+    def locate(lo: int, hi: int) -> None:
+        located[lo:hi] = stored.locate(digests[lo:hi])
+        dests[lo:hi] = dests_of(lo, located[lo:hi])
+
     def read_and_check(lo: int, hi: int) -> int | None:
-        # a run read at once, each page checked right after, while it is still in cache
-        first_unread = None
+        # each page checked as it is copied (or right after, while it is still in cache)
         try:
-            stored.read(digests[lo:hi], located[lo:hi], dests[lo:hi])
+            bad = stored.read(digests[lo:hi], located[lo:hi], dests[lo:hi], check=True)
         except CorruptPage as lost:
             first_unread = digests.index(lost.digest, lo, hi)  # those before: read whole
             unread[first_unread] = lost
-        for index in range(lo, hi if first_unread is None else first_unread):
-            if xxh3_128(dests[index]) != located[index][0]:
-                return index
-        return first_unread
+            return first_unread
+        return None if bad is None else lo + bad
 
-    bad = split_pages(len(located), sum(d.nbytes for d in dests), read_and_check)
+    try:
+        bad = pipelined_pages(count, page_bytes or PAGE_BYTES_GUESS, locate, read_and_check)
+    except BaseException:
+        _zero(dests)
+        raise
     if bad is not None:
-        for dest in dests:
-            dest[:] = 0  # never leave corrupt bytes where a caller may look
+        _zero(dests)
         raise unread.get(bad) or CorruptPage(digests[bad])
+    return dests
+
+
+def _zero(dests: Sequence[np.ndarray | None]) -> None:
+    for dest in dests:  # never leave corrupt bytes where a caller may look
+        if dest is not None and dest.flags.writeable:
+            dest[:] = 0
 
 
 def unchecked_copies(
@@ -213,21 +251,28 @@ def unchecked_copies(
     for _, location in located:
         copies.append(buffer[at : at + location.length])
         at += location.length
-    stored.read(digests, located, copies)
+    stored.read(digests, located, copies, check=False)
     return [(checksum, copy) for (checksum, _), copy in zip(located, copies, strict=True)]
 
 
 def gather_framed(stored: StoredPages, digests: Sequence[bytes], frame: Framer) -> bytes:
     """frame(0, ...) + page 0 + frame(1, ...) + page 1 + ..., every page verified as read."""
-    parts: list[bytes] = []
-    for index, (digest, (checksum, location)) in enumerate(
-        zip(digests, stored.locate(digests), strict=True)
-    ):
-        data = stored.read_bytes(digest, location)
-        if xxh3_128(data) != checksum:  # while the page is still in cache
-            raise CorruptPage(digest)
-        parts += (frame(index, digest, checksum, location.length), data)
-    return b"".join(parts)
+    located = stored.locate(digests)
+    frames = [
+        frame(index, digest, checksum, location.length)
+        for index, (digest, (checksum, location)) in enumerate(zip(digests, located, strict=True))
+    ]
+    buffer = bytearray(sum(map(len, frames)) + sum(location.length for _, location in located))
+    view, slots, at = memoryview(buffer), [], 0
+    for framing, (_, location) in zip(frames, located, strict=True):
+        view[at : at + len(framing)] = framing
+        at += len(framing)
+        slots.append(view[at : at + location.length])
+        at += location.length
+    bad = stored.read(digests, located, slots, check=True)
+    if bad is not None:
+        raise CorruptPage(digests[bad])
+    return bytes(buffer)
 
 
 def corrupt_message(digest: bytes) -> str:

@@ -20,7 +20,7 @@ Contract:
   `page_bytes` counter follows what is dropped, and what is appended
   (`count_bytes`: the caller counts the pages it wrote, staged ones too).
 * Reads (`read_into`, `verified`, `read_framed`) read the pages into memory
-  of the caller's or of their own (pread, never a mapping:
+  of the caller's or of their own (a guarded copy, never a view of a mapping:
   kvgraftd.store.segments) and check every page's xxh3-128, raising CorruptPage
   rather than hand out a corrupt byte; `unchecked` hands out each page's
   xxh3-128 with a copy of its bytes, for a reader that checks them as it reads

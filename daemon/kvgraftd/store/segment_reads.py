@@ -12,12 +12,15 @@ Contract:
   keeping one descriptor per segment read; `forget(segment)` closes it (the
   segment is being removed) and `close()` closes them all. Thread-safe.
 * A location is (segment, offset, length) (kvgraftd.store.segments.Location).
-  `read(locations, dests)` copies each page into its buffer, one preadv for
-  each run of neighbours (pages lie at 4 KiB-aligned offsets: the padding
-  between two is read and dropped). Where a file lacks a page's bytes or the
-  disk cannot read them it raises UnreadPage (a DataLoss) naming the first
-  page not read whole, by its index in `locations`; the pages before it in
-  their buffers are whole.
+  `read(locations, dests, checksums=None)` copies each page into its buffer,
+  one preadv for each run of neighbours (pages lie at 4 KiB-aligned offsets:
+  the padding between two is read and dropped), and given its xxh3-128 checks
+  it there; it returns the index of the first page that fails its check, or
+  None. Where a file lacks a page's bytes or the disk cannot read them it
+  raises UnreadPage (a DataLoss) naming the first page not read whole, by its
+  index in `locations`; the pages before it in their buffers are whole.
+  kvgraftd.store.segment_maps reads the same way through mappings, where its
+  native part was built.
 * `read_bytes(location)` is one page's bytes (DataLoss where it cannot be read
   whole).
 * Only what says the bytes are gone (EIO and its kin, a missing file, a file
@@ -36,6 +39,7 @@ from pathlib import Path
 
 from kvgraft.errors import DataLoss, ResourceExhausted
 from kvgraft.page_buffers import BLOCK_BYTES, block_aligned
+from kvgraft.page_checks import xxh3_128
 
 IOV_MAX = 1024
 READ_RUN_BYTES = 64 << 20  # read by one preadv at most: far below what one read may return
@@ -61,8 +65,14 @@ class SegmentReads:
         self._fds: dict[int, int] = {}  # segment -> descriptor opened for reads
         self._lock = threading.Lock()
 
-    def read(self, locations: Sequence[Location], dests: Sequence[WritableBuffer]) -> None:
-        """Copy each page into its buffer (`length` writable bytes); see the contract."""
+    def read(
+        self,
+        locations: Sequence[Location],
+        dests: Sequence[WritableBuffer],
+        checksums: Sequence[bytes] | None = None,
+    ) -> int | None:
+        """Copy each page into its buffer and, given `checksums`, check it there; the index
+        of the first page that fails its check (those after it are not read), or None."""
         index = 0
         while index < len(locations):
             run = _run(locations, index)
@@ -82,7 +92,10 @@ class SegmentReads:
             for at in range(index, run):  # the first page the file did not give whole
                 if got < locations[at][1] + locations[at][2] - offset:
                     raise UnreadPage(at, self._cut_short(locations[at]))
+                if checksums is not None and xxh3_128(dests[at]) != checksums[at]:
+                    return at  # checked while it is still in cache
             index = run
+        return None
 
     def read_bytes(self, location: Location) -> bytes:
         """One page's bytes; DataLoss where it cannot be read whole."""

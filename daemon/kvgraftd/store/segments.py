@@ -25,10 +25,11 @@ Contract:
   are cut off or removed, segments nothing lives in are removed, and the
   space between live pages is given back to the filesystem.
 * `disk_bytes()`: the disk space the files take (holes excluded).
-* `read(locations, dests)` and `read_bytes(location)` read pages with pread
-  (kvgraftd.store.segment_reads: never through a mapping, so a damaged file
-  fails a read with DataLoss, never the process). Reads happen inside
-  `reading()`.
+* `read(locations, dests, checksums=None)` and `read_bytes(location)` copy
+  pages into the reader's memory, checked on the way given their xxh3-128
+  (kvgraftd.store.segment_maps: out of guarded mappings, or by pread where the
+  native part was not built; either way a damaged file fails a read with
+  DataLoss, never the process). Reads happen inside `reading()`.
 * `free(locations)` returns the space of pages the index no longer names, but
   only once every `reading()` that began before the free has ended (until
   then such a reader may still be looking at the bytes): the hole is
@@ -69,7 +70,8 @@ from kvgraftd.store.linux_files import (
     start_writeback,
     sync_directory,
 )
-from kvgraftd.store.segment_reads import SegmentReads, WritableBuffer
+from kvgraftd.store.segment_maps import mapped_reads
+from kvgraftd.store.segment_reads import WritableBuffer
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +115,7 @@ class SegmentFiles:
         self._direct_fd: int | None = None  # the same with O_DIRECT (None: not supported)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="segment-writer")
         self._fd_segment = 0
-        self._reads = SegmentReads(self._path)
+        self._reads = mapped_reads(self._path, segment_bytes)
         self._lock = threading.Lock()  # epochs, readers, frees, live bytes
         self._reclaiming = threading.Lock()  # also guards _unpunched
         self._unpunched: list[Location] = []  # freed, their holes not punched yet
@@ -299,9 +301,15 @@ class SegmentFiles:
             if self._freed:
                 self._reclaim()
 
-    def read(self, locations: Sequence[Location], dests: Sequence[WritableBuffer]) -> None:
-        """Copy each page into its buffer (kvgraftd.store.segment_reads)."""
-        self._reads.read(locations, dests)
+    def read(
+        self,
+        locations: Sequence[Location],
+        dests: Sequence[WritableBuffer],
+        checksums: Sequence[bytes] | None = None,
+    ) -> int | None:
+        """Copy each page into its buffer, checked given `checksums`: the first page that
+        fails, or None (kvgraftd.store.segment_reads)."""
+        return self._reads.read(locations, dests, checksums)
 
     def read_bytes(self, location: Location) -> bytes:
         """One page's bytes (kvgraftd.store.segment_reads)."""
