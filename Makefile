@@ -79,14 +79,13 @@ proto-check: $(STAMP) ## fail when the committed stubs differ from the proto
 
 check: lint layers proto-check test ## what CI runs (.ci/run): lint, import contracts, stale stubs, tests
 
-bench: $(STAMP) ## run the benchmarks (each ends with one JSON line; ~30 min)
-	$(BIN)/python bench/store_bench.py
+bench: $(STAMP) ## run the benchmarks, the store's and tiers' six ratios first (each ends with one JSON line; ~35 min)
+	$(BIN)/python bench/headline.py
 	$(BIN)/python bench/graft_bench.py
 	$(BIN)/python bench/engine_bench.py
 	$(BIN)/python bench/quality_bench.py
 	$(BIN)/python bench/family_bench.py
 	$(BIN)/python bench/serve_bench.py
-	$(BIN)/python bench/replication_bench.py
 	$(BIN)/python bench/remote_bench.py
 	$(BIN)/python bench/cache_bench.py
 	$(BIN)/python bench/scrub_bench.py

@@ -32,7 +32,7 @@ float64 reference freed is not counted). Baselines measured in the same run:
   streamed float32 result is printed and must be small.
 
 A PNG plot (step time and peak device bytes against context length) is
-written to bench/out/long_context.png. The store needs about 1.6 GB of disk
+written to bench/out/long_context.png (--plot). The store needs about 1.6 GB of disk
 per million tokens (--dir). Last stdout line: one JSON object with
 max_context_tokens, device_budget_bytes, peak_device_ratio_10m_vs_32k,
 streamed_vs_resident, step_vs_bandwidth_bound, resident_equal.
@@ -210,6 +210,11 @@ def main() -> int:
     parser.add_argument("--resident-max", type=int, default=4194304, help="tokens")
     parser.add_argument("--reference-max", type=int, default=1048576, help="tokens")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument(
+        "--plot",
+        default=str(ROOT / "bench" / "out" / "long_context.png"),
+        help="where the PNG goes (an empty string: none)",
+    )
     args = parser.parse_args()
     lengths = sorted(int(x) for x in args.lengths.split(","))
     assert all(n % PAGE == 0 for n in lengths), f"lengths must be multiples of {PAGE}"
@@ -279,7 +284,8 @@ def main() -> int:
             f"streamed {streamed_s:.3f} s vs resident {resident_s:.3f} s "
             f"(outputs equal: {result['resident_equal']})"
         )
-        plot(rows, args.device_budget)
+        if args.plot:
+            plot(rows, args.device_budget, Path(args.plot))
     finally:
         store.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -287,14 +293,13 @@ def main() -> int:
     return 0
 
 
-def plot(rows: list[dict], budget: int) -> None:
+def plot(rows: list[dict], budget: int, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = ROOT / "bench" / "out"
-    out.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tokens = [r["tokens"] for r in rows]
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     left.loglog(tokens, [r["step_s"] for r in rows], "o-")
@@ -307,8 +312,8 @@ def plot(rows: list[dict], budget: int) -> None:
     right.legend()
     right.grid(True, which="both", alpha=0.3)
     figure.tight_layout()
-    figure.savefig(out / "long_context.png", dpi=110)
-    print(f"plot: {out / 'long_context.png'}")
+    figure.savefig(path, dpi=110)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """The Makefile's developer targets say what they do: `make help` names the target CI runs
-(.ci/run's steps are `make check`'s), and every benchmark in bench/ has a `make` target."""
+(.ci/run's steps are `make check`'s), and every benchmark in bench/ has a `make` target
+(its own line, or one of those bench/headline.py runs)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 from pathlib import Path
@@ -34,6 +36,13 @@ def test_make_help_names_what_ci_runs() -> None:
 
 
 def test_every_benchmark_has_a_make_target() -> None:
+    """Run by a recipe, or by bench/headline.py (the six ratios `make bench` prints first)."""
     run = set(re.findall(r"bench/\w+\.py", _recipe("bench") + _recipe("bench-long")))
+    spec = importlib.util.spec_from_file_location("headline", ROOT / "bench" / "headline.py")
+    assert spec and spec.loader
+    headline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(headline)
+    assert "bench/headline.py" in run
+    run |= {f"bench/{arguments[0]}" for arguments in headline.commands(quick=False).values()}
     scripts = {f"bench/{path.name}" for path in (ROOT / "bench").glob("*.py")}
     assert run == scripts - BY_HAND

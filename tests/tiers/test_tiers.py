@@ -5,13 +5,14 @@ Every comparison is of bytes: receipts' SHA-256 and the logits vectors.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 from pathlib import Path
 
 import pytest
 
-from kvgraft.errors import InvalidArgument
+from kvgraft.errors import DataLoss, InvalidArgument
 from kvgraftd.engine.model.model_adapter import ModelAdapter
 from kvgraftd.engine.requests.decoding import DecodeOptions, ResultEvent
 from kvgraftd.engine.requests.engine import Engine
@@ -19,6 +20,7 @@ from kvgraftd.store.artifact_store import Store
 from kvgraftd.tiers.device_pool import DevicePool
 from kvgraftd.tiers.host_cache import HostCache
 from kvgraftd.tiers.stack import Tiers
+from tests.support.on_disk import segment_files
 
 PAGE, BLOCK = 8, 32
 
@@ -224,3 +226,32 @@ def test_one_page_blocks_scanned_in_place_give_the_same_bytes(tiny, store) -> No
     _same(grafted, _result(large.graft(aid, continuation, options)))
     replay = DecodeOptions(max_new_tokens=4, return_logits=True, no_cache=True)
     _same(grafted, _result(large.graft(aid, continuation, replay)))
+
+
+@pytest.mark.parametrize("continuation", [[1], [1, 2, 3]], ids=["decode step", "pass rows"])
+def test_a_segment_cut_short_under_an_in_place_scan_fails_that_artifact_only(
+    tiny, store, tmp_path, continuation
+) -> None:
+    """Regression: the kernel reads one-page blocks where they lie in the segments'
+    mappings (a decode step's blocks, a pass's rows); a segment cut short under it is a
+    fault inside the kernel, caught by the store's guard: DataLoss for the graft (this
+    process lives on), the artifact quarantined, and the same prompt then computed
+    afresh."""
+    rng = random.Random(8)
+    block = PAGE * 4
+    small = _engine(tiny, store, 2 * _slot_bytes(tiny, block), 0, page=block, block=block)
+    prompt = [rng.randrange(512) for _ in range(6 * block)]
+    deposit = DecodeOptions(max_new_tokens=0, deposit=True)  # whole pages, no partial one
+    aid = _result(small.generate(prompt, deposit)).artifact_id
+    [segment] = segment_files(tmp_path / "store")
+    os.truncate(segment, 0)  # every page: the first read of the graft is in place
+    options = DecodeOptions(max_new_tokens=2, return_logits=True)
+    # the batch that met the cut, or one on the other worker that then found its pages
+    # dropped by that batch's quarantine
+    unread = "could not be read from its segment file|found corrupt on disk and dropped"
+    with pytest.raises(DataLoss, match=unread):
+        _result(small.graft(aid, continuation, options))
+    store.read_quarantine.settled()  # written on a thread of its own
+    assert store.is_quarantined(aid)
+    again = _result(small.generate([*prompt, *continuation], options))
+    assert again.receipt.reused_tokens == 0

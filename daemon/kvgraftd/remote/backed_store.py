@@ -114,9 +114,7 @@ class RemoteBackedStore:
     def verified_pages(self, digests: Sequence[bytes]) -> AbstractContextManager[list[np.ndarray]]:
         return self._store.verified_pages(digests)
 
-    def pages_to_check(
-        self, digests: Sequence[bytes]
-    ) -> AbstractContextManager[list[tuple[bytes, np.ndarray]]]:
+    def pages_to_check(self, digests: Sequence[bytes]) -> AbstractContextManager:
         return self._store.pages_to_check(digests)
 
     def read_page(self, digest: bytes) -> tuple[bytes, bytes]:

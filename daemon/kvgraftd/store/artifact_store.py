@@ -215,11 +215,15 @@ class Store:
             yield self._pages.verified(digests)
 
     @contextmanager
-    def pages_to_check(self, digests: Sequence[bytes]) -> Iterator[list[tuple[bytes, np.ndarray]]]:
-        """(xxh3-128, unchecked copy) of each page: the caller checks each one, raising
-        CorruptPage inside the `with` block for one that fails (it is quarantined)."""
-        with self._quarantine.quarantining_corrupt():
-            yield self._pages.unchecked(digests)
+    def pages_to_check(
+        self, digests: Sequence[bytes]
+    ) -> Iterator[list[tuple[bytes, page_records.InPlacePage | np.ndarray]]]:
+        """(xxh3-128, the page not yet checked) of each page: where it lies (InPlacePage,
+        for guarded native code inside the `with` block) or a copy. The caller checks each
+        one, raising CorruptPage inside the `with` block for one that fails (it is
+        quarantined)."""
+        with self._quarantine.quarantining_corrupt(), self._pages.unchecked(digests) as pages:
+            yield pages
 
     def read_page(self, digest: bytes) -> tuple[bytes, bytes]:
         """One page's bytes and xxh3-128, verified."""

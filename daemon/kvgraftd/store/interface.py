@@ -37,7 +37,7 @@ import numpy as np
 from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.store.catalog import ArtifactRecord, Visible
 from kvgraftd.store.eviction import Evictor
-from kvgraftd.store.page_records import Framer, PageRecord
+from kvgraftd.store.page_records import Framer, InPlacePage, PageRecord
 from kvgraftd.store.signing import TrustPolicy
 from kvgraftd.store.trust_index import ChainMatch
 from kvgraftd.store.usage import Usage
@@ -77,8 +77,9 @@ class PageSource(Protocol):
 
     def pages_to_check(
         self, digests: Sequence[bytes]
-    ) -> AbstractContextManager[list[tuple[bytes, np.ndarray]]]:
-        """(xxh3-128, unchecked copy) of each page, for the caller to check."""
+    ) -> AbstractContextManager[list[tuple[bytes, InPlacePage | np.ndarray]]]:
+        """(xxh3-128, the page where it lies, or a copy) of each page, not yet checked, for
+        the caller to check (kvgraftd.store.page_records.unchecked_pages)."""
 
     def read_page(self, digest: bytes) -> tuple[bytes, bytes]:
         """One page's bytes and xxh3-128, verified."""

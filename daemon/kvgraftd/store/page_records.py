@@ -35,7 +35,7 @@ import lmdb
 import numpy as np
 
 from kvgraft.errors import DataLoss, KvgraftError, NotFound
-from kvgraft.page_buffers import block_aligned, page_slots
+from kvgraft.page_buffers import aligned_empty, block_aligned, page_slots
 from kvgraft.page_checks import pipelined_pages, xxh3_128
 from kvgraftd.store.segment_reads import UnreadPage
 from kvgraftd.store.segments import Location, SegmentFiles
@@ -240,13 +240,29 @@ def _zero(dests: Sequence[np.ndarray | None]) -> None:
             dest[:] = 0
 
 
-def unchecked_copies(
+class InPlacePage(NamedTuple):
+    """A stored page where it lies in its segment's mapping: for guarded native code only
+    (the attention kernel), while the read that handed it out lasts; never a view."""
+
+    address: int
+    nbytes: int
+
+
+def unchecked_pages(
     stored: StoredPages, digests: Sequence[bytes]
-) -> list[tuple[bytes, np.ndarray]]:
-    """(xxh3-128, bytes not yet verified) of each page, read into one buffer of their own,
-    for a caller that checks them as it reads them."""
+) -> list[tuple[bytes, InPlacePage | np.ndarray]]:
+    """(xxh3-128, bytes not yet verified) of each page, for a caller that checks them as
+    it reads them: where the segments are mapped, each page where it lies (InPlacePage:
+    no copy); else copies in one pooled buffer of their own (kvgraft.page_buffers: reused
+    memory, no faults)."""
     located = stored.locate(digests)
-    buffer = np.empty(sum(location.length for _, location in located), np.uint8)
+    addresses = stored.segments.addresses([location for _, location in located])
+    if addresses is not None:
+        return [
+            (checksum, InPlacePage(address, location.length))
+            for (checksum, location), address in zip(located, addresses, strict=True)
+        ]
+    buffer = aligned_empty(sum(location.length for _, location in located))
     copies, at = [], 0
     for _, location in located:
         copies.append(buffer[at : at + location.length])
@@ -273,6 +289,16 @@ def gather_framed(stored: StoredPages, digests: Sequence[bytes], frame: Framer) 
     if bad is not None:
         raise CorruptPage(digests[bad])
     return bytes(buffer)
+
+
+def unreadable_page(digest: bytes) -> CorruptPage:
+    """What a page read where it lies (InPlacePage) but not whole raises: its segment was
+    cut short or could not be read."""
+    return CorruptPage(
+        digest,
+        f"page {digest.hex()[:16]} could not be read from its segment file (cut short or "
+        f"unreadable: the disk may be failing). {QUARANTINED}",
+    )
 
 
 def corrupt_message(digest: bytes) -> str:

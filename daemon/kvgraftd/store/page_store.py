@@ -22,10 +22,13 @@ Contract:
 * Reads (`read_into`, `verified`, `read_framed`) read the pages into memory
   of the caller's or of their own (a guarded copy, never a view of a mapping:
   kvgraftd.store.segments) and check every page's xxh3-128, raising CorruptPage
-  rather than hand out a corrupt byte; `unchecked` hands out each page's
-  xxh3-128 with a copy of its bytes, for a reader that checks them as it reads
-  them (kvgraftd.engine.model.decode_attention). The copies are the caller's: no
-  transaction or read of the store is held while it uses them.
+  rather than hand out a corrupt byte; `unchecked` (a context) hands out each
+  page's xxh3-128 with the page where it lies in its segment's mapping
+  (InPlacePage: for the attention kernel, which checks it as it reads it under the
+  native fault guard, kvgraftd.engine.model.decode_attention), or a copy where
+  reads are not mapped; the pages' space is not given back before the `with`
+  block ends. The other reads' copies are the caller's: no transaction or read of
+  the store is held while it uses them.
 * `open(format_version)` moves a format-1 store's pages into segments
   (kvgraftd.store.migration) and makes the segment files agree with the
   index (what a crash left half-done is cut off or given back).
@@ -179,9 +182,14 @@ class PageStore:
         with self._reading() as stored:
             return page_records.verified_copies(stored, digests)
 
-    def unchecked(self, digests: Sequence[bytes]) -> list[tuple[bytes, np.ndarray]]:
-        with self._reading() as stored:
-            return page_records.unchecked_copies(stored, digests)
+    @contextmanager
+    def unchecked(
+        self, digests: Sequence[bytes]
+    ) -> Iterator[list[tuple[bytes, page_records.InPlacePage | np.ndarray]]]:
+        with self._segments.reading():  # an InPlacePage's mapping lasts as long as this
+            with self._env.read() as txn:
+                pages = page_records.unchecked_pages(self._stored(txn), digests)
+            yield pages
 
     def read_framed(self, digests: Sequence[bytes], frame: page_records.Framer) -> bytes:
         with self._reading() as stored:

@@ -9,7 +9,11 @@ costs one copy. What made mappings unsafe is caught there: a byte the file no
 longer has (cut short under the daemon) or the disk cannot give raises SIGBUS
 inside the native copy, whose handler jumps back out of it, and the page is
 UnreadPage (a DataLoss), as a short pread would make it. No mapped byte is
-ever touched outside that guarded copy: nothing here hands out a view.
+touched outside native code under that guard: the copies, and the attention
+kernel, which reads a stored page where it lies (`address(location)`, valid
+while the segments' `reading()` that asked for it lasts) with the guard's C
+functions (`fault_guard()`: their addresses, for the kernel's library); no
+view of a mapping is ever handed to Python.
 
 Mappings: one per segment, made at its first read, as long as the file is
 then, or the page read needs, or `map_bytes` (the segment size: the active
@@ -24,6 +28,7 @@ pread one where the native module was not built.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 from collections.abc import Callable, Sequence
@@ -37,6 +42,16 @@ except ImportError:  # no C compiler where the package was built: pread, one cop
     _mapped_pages = None
 
 MAP_ALIGN = 2 << 20  # mappings are made in whole 2 MiB steps (fewer remaps as a file grows)
+
+
+def fault_guard() -> tuple[int, int] | None:
+    """The addresses of the native guard's arm and disarm functions (C: see
+    native/mapped_pages.c), or None where the module was not built."""
+    if _mapped_pages is None:
+        return None
+    library = ctypes.CDLL(_mapped_pages.__file__)  # the module already loaded: its symbols
+    arm, disarm = library.kvg_fault_guard_arm, library.kvg_fault_guard_disarm
+    return ctypes.cast(arm, ctypes.c_void_p).value, ctypes.cast(disarm, ctypes.c_void_p).value
 
 
 def mapped_reads(path_of: Callable[[int], Path], map_bytes: int) -> SegmentReads:
@@ -97,6 +112,10 @@ class MappedSegmentReads(SegmentReads):
         for mapping in mappings:
             _mapped_pages.unmap(*mapping)
         super().close()
+
+    def address(self, location: Location) -> int:
+        """Where the page lies in its segment's mapping: for guarded native code only."""
+        return self._address(location, 0)
 
     def _address(self, location: Location, index: int) -> int:
         """Where the page lies in its segment's mapping (mapped, or mapped longer, here)."""

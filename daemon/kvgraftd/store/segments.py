@@ -30,6 +30,8 @@ Contract:
   (kvgraftd.store.segment_maps: out of guarded mappings, or by pread where the
   native part was not built; either way a damaged file fails a read with
   DataLoss, never the process). Reads happen inside `reading()`.
+  `addresses(locations)`: where pages lie in the mappings, for guarded native
+  code inside a `reading()` (None where reads are not mapped).
 * `free(locations)` returns the space of pages the index no longer names, but
   only once every `reading()` that began before the free has ended (until
   then such a reader may still be looking at the bytes): the hole is
@@ -70,7 +72,7 @@ from kvgraftd.store.linux_files import (
     start_writeback,
     sync_directory,
 )
-from kvgraftd.store.segment_maps import mapped_reads
+from kvgraftd.store.segment_maps import MappedSegmentReads, mapped_reads
 from kvgraftd.store.segment_reads import WritableBuffer
 
 log = logging.getLogger(__name__)
@@ -310,6 +312,13 @@ class SegmentFiles:
         """Copy each page into its buffer, checked given `checksums`: the first page that
         fails, or None (kvgraftd.store.segment_reads)."""
         return self._reads.read(locations, dests, checksums)
+
+    def addresses(self, locations: Sequence[Location]) -> list[int] | None:
+        """Where each page lies in its segment's mapping, for guarded native code inside
+        this `reading()` (kvgraftd.store.segment_maps); None where reads are not mapped."""
+        if not isinstance(self._reads, MappedSegmentReads):
+            return None
+        return [self._reads.address(location) for location in locations]
 
     def read_bytes(self, location: Location) -> bytes:
         """One page's bytes (kvgraftd.store.segment_reads)."""

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from kvgraftd.store.artifact_store import Store
+from kvgraftd.store.page_records import InPlacePage
 from kvgraftd.tiers.device_pool import TierCounters
 
 
@@ -91,13 +92,16 @@ class HostCache:
             yield found
 
     @contextmanager
-    def unchecked(self, digests: list[bytes]) -> Iterator[list[tuple[np.ndarray, bytes | None]]]:
+    def unchecked(
+        self, digests: list[bytes]
+    ) -> Iterator[list[tuple[np.ndarray | InPlacePage, bytes | None]]]:
         """(bytes, xxh3-128 to check them against) of every page, inside the `with` block.
 
         A cached page is its cached copy, checked when it came in (None); any
-        other is a copy read from the store, not yet checked: the caller checks
-        it before using anything computed from it (raising CorruptPage inside
-        the block for one that fails), and may then `admit` it.
+        other is the page where it lies in the store (InPlacePage: for guarded
+        native code only) or a copy read from it, not yet checked: the caller
+        checks it before using anything computed from it (raising CorruptPage
+        inside the block for one that fails), and may then `admit` it.
         """
         found: list = [None if page is None else (page, None) for page in self._cached(digests)]
         missing = [index for index, page in enumerate(found) if page is None]
@@ -124,10 +128,17 @@ class HostCache:
                 found.append(cached)
         return found
 
-    def admit(self, digest: bytes, data: np.ndarray) -> None:
-        """Keep a copy of a page checked by the caller (if the budget allows)."""
-        if self.budget_bytes:
-            self._admit(digest, data)
+    def admit(self, digest: bytes, data: np.ndarray | InPlacePage) -> None:
+        """Keep a copy of a page checked by the caller (if the budget allows); one where it
+        lies in the store is copied out of it (checked again: the copy is guarded)."""
+        if not self.budget_bytes or data.nbytes > self.budget_bytes:
+            return
+        if isinstance(data, InPlacePage):
+            copy = np.empty(data.nbytes, np.uint8)
+            self.store.read_pages_into([digest], [copy])
+            self._admit(digest, copy, owned=True)
+            return
+        self._admit(digest, data)
 
     def _admit(self, digest: bytes, data: np.ndarray, owned: bool = False) -> None:
         """Keep `data` (`owned`: read-only, nobody else's: kept as it is where it may be)."""

@@ -5,9 +5,11 @@ and calls it for a step the native attention kernel takes (kvgraftd.engine.model
 decode_attention: DecodeSoftmax for a decode step, RowsSoftmax for a pass's rows). The
 gather feeds the kernel and merges its partials in block order:
 
-* stored one-page blocks read from the host cache, or copied out of the store batch by
-  batch on the worker that attends them, each checked as it is attended (a corrupt page
-  is DataLoss, and the store quarantines what holds it);
+* stored one-page blocks read from the host cache, or where they lie in the store's
+  segment mappings (copied out of it where reads are not mapped) batch by batch on the
+  worker that attends them, each checked as it is attended and read under the store's
+  fault guard (a corrupt or unreadable page is DataLoss, and the store quarantines what
+  holds it);
 * blocks through device-pool slots, in batches filled while the workers attend the last;
 * on CPU, blocks of live positions read in the live buffers; a decode step over live
   positions only, few enough blocks to attend inline, in one kernel call.
@@ -31,8 +33,9 @@ from kvgraftd.engine.model.decode_attention import (
     InlinePartials,
     OrderedPartials,
     Partials,
+    UnreadBlock,
 )
-from kvgraftd.store.page_records import CorruptPage
+from kvgraftd.store.page_records import CorruptPage, unreadable_page
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -220,6 +223,8 @@ class BlockGather:
                 partials = softmax.partials(blocks)
             except CorruptBlock as corrupt:  # the store quarantines what holds it
                 raise CorruptPage(digests[corrupt.index]) from None
+            except UnreadBlock as unread:  # its segment was cut short, or the disk failed
+                raise unreadable_page(digests[unread.index]) from None
             for digest, (page, checksum) in zip(digests, pages, strict=True):
                 if admit and checksum is not None:
                     host.admit(digest, page)

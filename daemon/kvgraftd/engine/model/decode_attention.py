@@ -16,7 +16,10 @@ Contract:
   of that block's values (not of strides, batches, threads or the tier the
   bytes came from): thread-safe. A block with a checksum (a whole stored
   page, `page_block`) is checked in the same pass; when one does not match,
-  CorruptBlock names it and nothing computed from the batch may be used.
+  CorruptBlock names it and nothing computed from the batch may be used. A
+  page where it lies in the store (InPlacePage) is read under the store's
+  fault guard (kvgraftd.store.segment_maps), handed to the library when it
+  loads: one its file can no longer give raises UnreadBlock, never SIGBUS.
 * `merge` folds partials in the order given; callers merge in block order
   (`OrderedPartials`), so the logits never depend on which thread computed
   which block or how blocks were batched (docs/architecture.md, contract 5).
@@ -55,6 +58,8 @@ import numpy as np
 import torch
 
 from kvgraftd.engine.model import kernel_libraries
+from kvgraftd.store.page_records import InPlacePage
+from kvgraftd.store.segment_maps import fault_guard
 
 ROW_THREADS = max(1, len(os.sched_getaffinity(0)))  # a prefill's rows are split between them
 _P = ctypes.c_void_p
@@ -74,6 +79,13 @@ def _load() -> ctypes.CDLL | None:
     library.kvg_rows_partial.argtypes += [_P] * 2 + [ctypes.c_int32] * 3
     library.kvg_rows_partial.argtypes += [_P] * 6
     library.kvg_rows_partial.restype = ctypes.c_int
+    for name in ("kvg_blocks_partial", "kvg_rows_partial"):  # each with a guarded twin
+        guarded = getattr(library, f"{name}_guarded")
+        guarded.argtypes, guarded.restype = getattr(library, name).argtypes, ctypes.c_int
+    guard = fault_guard()  # stored pages are read where they lie only where there is one
+    if guard is not None:
+        library.kvg_attend_set_fault_guard.argtypes = [_P, _P]
+        library.kvg_attend_set_fault_guard(*guard)
     library.kvg_rows_merge.argtypes = [ctypes.c_int32] * 4 + [_P] * 7
     library.kvg_rows_merge.restype = None
     # q, k, v, head_stride, H, R, D, total, block, scaling, window, cap, out
@@ -93,6 +105,7 @@ _DIM_MULTIPLE, _MAX_DIM = _constants.get("DIM_MULTIPLE"), _constants.get("MAX_DI
 _CHECKSUM_BYTES = _constants.get("CHECKSUM_BYTES")  # a page's xxh3-128
 TILE_TOKENS = _constants.get("TILE_TOKENS")  # a prefill's tokens attending a block together
 _MISMATCH = _constants.get("MISMATCH")  # a checked page does not hash to its checksum
+_FAULTED = _constants.get("FAULTED")  # a page read where it lies could not be read
 
 
 def available() -> bool:
@@ -175,6 +188,17 @@ class Block:
     tokens: int
     checksum: bytes | None = None
     begin: int = 0
+    in_place: bool = False  # a stored page where it lies in a segment's mapping
+
+
+class UnreadBlock(Exception):
+    """Block `index` of a batch, a stored page read where it lies, could not be read (its
+    segment file cut short, or the disk failing): nothing computed from the batch may be
+    used."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"block {index} could not be read from its segment")
+        self.index = index
 
 
 class CorruptBlock(Exception):
@@ -210,12 +234,17 @@ class DecodeSoftmax:
         self._acc = np.zeros((heads, dim), np.float32)
         self._scratch = threading.local()
 
-    def page_block(self, page: np.ndarray, checksum: bytes | None, begin: int = 0) -> Block:
+    def page_block(
+        self, page: np.ndarray | InPlacePage, checksum: bytes | None, begin: int = 0
+    ) -> Block:
         """A whole stored page (uint8, K then V of every head) of positions from `begin`,
-        checked against `checksum`."""
+        checked against `checksum`: a copy, or the page where it lies in the store (read
+        under the store's fault guard)."""
         tokens = page.nbytes // (2 * self._kv_heads * self._dim * 4)
-        keys = page.ctypes.data
-        return Block(keys, keys + page.nbytes // 2, tokens * self._dim, tokens, checksum, begin)
+        in_place = isinstance(page, InPlacePage)
+        keys = page.address if in_place else page.ctypes.data
+        half = page.nbytes // 2
+        return Block(keys, keys + half, tokens * self._dim, tokens, checksum, begin, in_place)
 
     @staticmethod
     def slot_block(slot: torch.Tensor, tokens: int, begin: int = 0) -> Block:
@@ -232,7 +261,9 @@ class DecodeSoftmax:
         out = np.empty((n, rows), np.float32), np.empty((n, rows), np.float32)
         acc = np.empty((n, rows, dim), np.float32)
         failed = ctypes.c_int32(-1)
-        status = _library.kvg_blocks_partial(
+        guarded = any(block.in_place for block in blocks)
+        function = _library.kvg_blocks_partial_guarded if guarded else _library.kvg_blocks_partial
+        status = function(
             n, self._q.ctypes.data, shape.ctypes.data, checksums, checked, self._kv_heads,
             self._group, dim, scores.ctypes.data, out[0].ctypes.data, out[1].ctypes.data,
             acc.ctypes.data, ctypes.byref(failed),
@@ -320,10 +351,13 @@ class RowsSoftmax(DecodeSoftmax):
         used = np.empty((n, count), np.uint8)
         outputs = (maximum, total, acc, used)
 
+        guarded = any(block.in_place for block in blocks)
+        function = _library.kvg_rows_partial_guarded if guarded else _library.kvg_rows_partial
+
         def compute(t0: int, t1: int) -> tuple[int, int]:
             scratch = self._scores(blocks)  # this thread's
             failed = ctypes.c_int32(-1)
-            status = _library.kvg_rows_partial(
+            status = function(
                 n, self._q.ctypes.data, shape.ctypes.data, self._first, count, t0, t1,
                 self._window, self._softcap, checksums, checked, self._kv_heads, self._group,
                 dim, scratch.ctypes.data,
@@ -364,6 +398,8 @@ def _check_status(status: int, failed: int) -> None:
     """The kernel's status as an exception: CorruptBlock for a page that does not match."""
     if status == _MISMATCH:
         raise CorruptBlock(failed)
+    if status == _FAULTED:
+        raise UnreadBlock(failed)
     if status:
         raise ValueError(f"the native kernel refused block {failed} of a batch")
 

@@ -33,6 +33,9 @@
  *   portable, chosen once through engine/native/cpu_features.h); every build
  *   gives the same digests (builds() names those the CPU runs, select(name)
  *   switches: for the tests that compare them).
+ * kvg_fault_guard_arm / kvg_fault_guard_disarm (C, not Python): the same guard for
+ *   another library's native code that reads a mapping (the attention kernel over
+ *   stored pages); one handler for the process, so guards never chain into each other.
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
@@ -86,6 +89,7 @@ static void on_bus_error(int signal_number, siginfo_t *info, void *context) {
  * faulthandler enabled later, keeps its place as `previous`). */
 static void install_handler(void) {
     struct sigaction current;
+    armed_to = armed_from = NULL; /* this thread's guard exists before any fault may need it */
     sigaction(SIGBUS, NULL, &current);
     if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_bus_error) return;
     pthread_mutex_lock(&installing);
@@ -110,13 +114,24 @@ int kvg_copy_and_check_avx512(const char *, char *, size_t, const uint8_t *);
 #endif
 static copy_and_check_fn copy_and_check = kvg_copy_and_check_portable;
 
+/* The guard, for native code of other libraries too (the attention kernel reads stored
+ * pages where they lie: kvgraftd.engine.model.decode_attention hands it these two):
+ * arm(jump, from, to) after sigsetjmp(*jump, 1) in a frame that outlives the reads; a
+ * SIGBUS on [from, to) in this thread then returns there with 1; disarm() after. */
+void kvg_fault_guard_arm(sigjmp_buf *jump, const void *from, const void *to) {
+    install_handler();
+    armed_from = from;
+    armed_to = to;
+    armed = jump;
+}
+
+void kvg_fault_guard_disarm(void) { armed = NULL; }
+
 /* The pages' copies, GIL released by the caller: -1, or the first bad page (*why). */
 static Py_ssize_t copy_all(const uint64_t *sources, Py_buffer *dests, const uint64_t *lengths,
                            const uint8_t *checksums, Py_ssize_t count, int *why) {
     sigjmp_buf jump;
     volatile Py_ssize_t page = 0; /* read again after a jump back: kept in memory */
-    install_handler();
-    armed_to = armed_from = NULL; /* this thread's guard exists before any fault may need it */
     if (sigsetjmp(jump, 1)) {     /* 1: the jump restores the signal mask */
         *why = PAGE_FAULTED;
         return page;
@@ -124,12 +139,10 @@ static Py_ssize_t copy_all(const uint64_t *sources, Py_buffer *dests, const uint
     for (; page < count; page++) {
         const Py_ssize_t i = page;
         const char *source = (const char *)(uintptr_t)sources[i];
-        armed_from = source;
-        armed_to = source + lengths[i];
-        armed = &jump;
+        kvg_fault_guard_arm(&jump, source, source + lengths[i]);
         int mismatch = copy_and_check(source, dests[i].buf, lengths[i],
                                       checksums ? checksums + 16 * i : NULL);
-        armed = NULL;
+        kvg_fault_guard_disarm();
         if (mismatch) {
             *why = PAGE_MISMATCH;
             return i;

@@ -17,6 +17,16 @@
  *   partial goes to out_max + i*H*R, out_sum + i*H*R, out_acc + i*H*R*D; scores
  *   holds H*R*(the most tokens of a block) floats. Stops at the first block that
  *   does not return 0: its index goes to *failed and its status is returned.
+ * kvg_blocks_partial_guarded(same arguments): kvg_blocks_partial where the checked
+ *   blocks are stored pages read where they lie, in a mapping of their segment file (K,
+ *   then V of the same length: the page is [K, V + (V - K))): each is read under the
+ *   store's fault guard (kvg_attend_set_fault_guard), so a page whose file was cut short
+ *   or cannot be read returns KVG_FAULTED with its index in *failed instead of ending the
+ *   process with SIGBUS. KVG_BAD_ARGS where no guard was set.
+ * kvg_rows_partial_guarded(same arguments as kvg_rows_partial): the same for a pass's
+ *   rows (KVG_FAULTED with *failed naming the block whose page faulted).
+ * kvg_attend_set_fault_guard(arm, disarm): the guard (kvgraftd.store._mapped_pages's
+ *   kvg_fault_guard_arm and kvg_fault_guard_disarm), set once when the library loads.
  * kvg_merge(rows, D, max, sum, acc, pmax, psum, pacc): folds one block's
  *   partial into the running state (the online softmax), row by row:
  *   m = pmax > max ? pmax : max; o = exp8(max - m) (0 where max = -inf: a state that holds
@@ -70,6 +80,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
@@ -182,6 +193,54 @@ int kvg_blocks_partial(int32_t n, const float *q, const int64_t *blocks, const u
     return 0;
 }
 
+typedef void (*kvg_guard_arm)(sigjmp_buf *jump, const void *from, const void *to);
+typedef void (*kvg_guard_disarm)(void);
+static kvg_guard_arm guard_arm;
+static kvg_guard_disarm guard_disarm;
+
+void kvg_attend_set_fault_guard(kvg_guard_arm arm, kvg_guard_disarm disarm) {
+    guard_arm = arm;
+    guard_disarm = disarm;
+}
+
+/* The guard armed over a stored page (K, then V of the same length) of a block's row. */
+static void arm_over_page(sigjmp_buf *jump, const int64_t *block) {
+    const char *keys = (const char *)(uintptr_t)block[0];
+    const char *values = (const char *)(uintptr_t)block[1];
+    guard_arm(jump, keys, values + (values - keys));
+}
+
+int kvg_blocks_partial_guarded(int32_t n, const float *q, const int64_t *blocks,
+                               const uint8_t *checksums, const uint8_t *checked, int32_t H,
+                               int32_t R, int32_t D, float *scores, float *out_max,
+                               float *out_sum, float *out_acc, int32_t *failed) {
+    if (guard_arm == NULL || guard_disarm == NULL) {
+        *failed = 0;
+        return KVG_BAD_ARGS;
+    }
+    sigjmp_buf jump;
+    volatile int32_t block = 0; /* read again after a jump back: kept in memory */
+    if (sigsetjmp(jump, 1)) {   /* the guard jumped back: this block's page faulted */
+        *failed = block;
+        return KVG_FAULTED;
+    }
+    for (; block < n; block++) {
+        const int32_t i = block;
+        const int64_t *at = blocks + 4 * (int64_t)i, rows = (int64_t)i * H * R;
+        int32_t ignored;
+        if (checked[i]) arm_over_page(&jump, at);
+        int status = kvg_blocks_partial(1, q, at, checksums + 16 * (int64_t)i, checked + i, H, R,
+                                        D, scores, out_max + rows, out_sum + rows,
+                                        out_acc + rows * D, &ignored);
+        if (checked[i]) guard_disarm();
+        if (status) {
+            *failed = i;
+            return status;
+        }
+    }
+    return 0;
+}
+
 void kvg_merge(int32_t rows, int32_t D, float *max, float *sum, float *acc, const float *pmax,
                const float *psum, const float *pacc) {
     pthread_once(&chosen, choose_best);
@@ -237,6 +296,39 @@ int kvg_rows_partial(int32_t n, const float *q, const int64_t *blocks, int64_t f
                 *failed = i;
                 return status;
             }
+        }
+    }
+    return 0;
+}
+
+int kvg_rows_partial_guarded(int32_t n, const float *q, const int64_t *blocks, int64_t first,
+                             int32_t count, int32_t t0, int32_t t1, int64_t window, float cap,
+                             const uint8_t *checksums, const uint8_t *checked, int32_t H,
+                             int32_t R, int32_t D, float *scores, float *out_max, float *out_sum,
+                             float *out_acc, uint8_t *used, int32_t *failed) {
+    if (guard_arm == NULL || guard_disarm == NULL) {
+        *failed = 0;
+        return KVG_BAD_ARGS;
+    }
+    sigjmp_buf jump;
+    volatile int32_t block = 0; /* read again after a jump back: kept in memory */
+    if (sigsetjmp(jump, 1)) {   /* the guard jumped back: this block's page faulted */
+        *failed = block;
+        return KVG_FAULTED;
+    }
+    for (; block < n; block++) { /* block by block: kvg_rows_partial's partials, laid out */
+        const int32_t i = block;
+        const int64_t *at = blocks + 5 * (int64_t)i, rows = (int64_t)i * count * H * R;
+        int32_t ignored;
+        if (checked[i]) arm_over_page(&jump, at);
+        int status = kvg_rows_partial(1, q, at, first, count, t0, t1, window, cap,
+                                      checksums + 16 * (int64_t)i, checked + i, H, R, D, scores,
+                                      out_max + rows, out_sum + rows, out_acc + rows * D,
+                                      used + (int64_t)i * count, &ignored);
+        if (checked[i]) guard_disarm();
+        if (status) {
+            *failed = i;
+            return status;
         }
     }
     return 0;

@@ -6,6 +6,7 @@
 const struct kvg_constant kvg_attend_constants[] = {
     {"MISMATCH", KVG_MISMATCH},
     {"BAD_ARGS", KVG_BAD_ARGS},
+    {"FAULTED", KVG_FAULTED},
     {"MAX_ROWS", KVG_MAX_ROWS},
     {"DIM_MULTIPLE", KVG_LANE_FLOATS},
     {"MAX_DIM", KVG_LANE_FLOATS * KVG_MAX_LANES},

@@ -8,6 +8,7 @@
 
 #define KVG_MISMATCH 1       /* a checked page's bytes do not hash to its checksum */
 #define KVG_BAD_ARGS 2       /* a shape the kernel does not take */
+#define KVG_FAULTED 3        /* a checked page's mapping could not be read (a damaged file) */
 #define KVG_MAX_ROWS 8       /* query rows per KV head (group size x tokens) */
 #define KVG_LANE_FLOATS 16   /* D is a multiple of a vector's floats ... */
 #define KVG_MAX_LANES 16     /* ... and at most this many vectors: D <= 256 */
