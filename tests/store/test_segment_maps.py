@@ -20,9 +20,13 @@ from kvgraftd.store import segment_maps
 from kvgraftd.store.segment_maps import MAP_ALIGN, MappedSegmentReads
 from kvgraftd.store.segment_reads import SegmentReads, UnreadPage
 from kvgraftd.store.segments import Location, SegmentFiles, Tail
+from tests.support import native_kernels
 
 native = segment_maps._mapped_pages
-pytestmark = pytest.mark.skipif(native is None, reason="the native module was not built")
+if native is None:
+    native_kernels.missing(
+        "the store's guarded mappings (kvgraftd.store._mapped_pages) are not built"
+    )
 SIZES = (1, 63, 64, 4095, 16_391, 98_304, 200_001)  # in and past the 16 KiB pieces
 
 

@@ -1,8 +1,9 @@
 /*
  * One page copied and checked in one pass (included by each build of
  * mapped_pages.c: the portable one there, mapped_copy_avx2.c, mapped_copy_avx512.c,
- * each with its own XXH_VECTOR, KVG_SUFFIX and, for the vector builds, KVG_STREAM_BYTES
- * with kvg_stream_copy: a copy whose stores bypass the cache).
+ * each with its own XXH_VECTOR, KVG_SUFFIX and, for the vector builds, the vector that
+ * KVG_STREAM_LOAD and KVG_STREAM_STORE move, KVG_STREAM_BYTES long: stores that bypass the
+ * cache).
  *
  * copy_and_check_<suffix>(source, dest, length, expected): copy `length` bytes
  *   piece by piece, then hash each piece (xxh3-128, streaming: the same digest
@@ -28,6 +29,13 @@
 #define KVG_CAT(a, b) KVG_CAT2(a, b)
 
 #ifdef KVG_STREAM_BYTES
+/* whole vectors: `length` a multiple of KVG_STREAM_BYTES, `dest` aligned to it */
+static void kvg_stream_copy(char *dest, const char *source, size_t length) {
+    for (size_t at = 0; at < length; at += KVG_STREAM_BYTES)
+        KVG_STREAM_STORE((KVG_STREAM_VECTOR *)(dest + at),
+                         KVG_STREAM_LOAD((const KVG_STREAM_VECTOR *)(source + at)));
+}
+
 /* memcpy with the stores streamed where `dest` is aligned for them */
 static void copy_piece(char *dest, const char *source, size_t length) {
     size_t head = (KVG_STREAM_BYTES - (uintptr_t)dest % KVG_STREAM_BYTES) % KVG_STREAM_BYTES;

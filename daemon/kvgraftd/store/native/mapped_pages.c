@@ -10,12 +10,13 @@
  * in the core's cache) instead of reading the page a second time.
  * Why a guard: touching a mapped byte the file no longer has (a segment cut
  * short under the daemon) or the disk cannot give (EIO) raises SIGBUS, which
- * kills the process. Every access to a mapping happens here, inside
- * copy_pages, with this thread's guard armed over the page being read: the
- * SIGBUS handler jumps back out of the copy, which reports the page as not
- * read. A SIGBUS anywhere else goes to the handler that was there before
- * (Python's faulthandler, or the default action: the process ends, as it
- * would have without this module).
+ * kills the process. Every access to a mapping happens under this module's
+ * guard, armed in the reading thread over the page being read: in copy_pages
+ * here, or in the attention kernel's guarded calls (engine/native/attend), which
+ * arm it through kvg_fault_guard_arm. The SIGBUS handler jumps back out of the
+ * copy or the kernel, which reports the page as not read. A SIGBUS anywhere
+ * else goes to the handler that was there before (Python's faulthandler, or
+ * the default action: the process ends, as it would have without this module).
  *
  * map(fd, length) -> address: a read-only shared mapping of `length` bytes of
  *   the file from offset 0 (it may reach past the file's end: those bytes
