@@ -171,3 +171,19 @@ def test_a_bus_error_outside_a_guarded_copy_still_ends_the_process(
     )  # fmt: skip
     assert done.stdout == "read\n" and done.returncode == -signal.SIGBUS, done
     assert ("Bus error" in done.stderr) is faulthandler, done.stderr
+
+
+def test_a_read_copies_the_pages_before_one_whose_segment_is_missing(tmp_path: Path) -> None:
+    """Regression (review): the mapped reader mapped every page's segment before copying
+    any, so a missing second segment left the first page unread, against the contract
+    that the pages before the one named are whole."""
+    first = random.Random(5).randbytes(5000)
+    (tmp_path / "00000001.seg").write_bytes(first)
+    reads = MappedSegmentReads(lambda segment: tmp_path / f"{segment:08d}.seg", map_bytes=0)
+    try:
+        copies = [bytearray(5000), bytearray(10)]
+        with pytest.raises(UnreadPage, match="missing") as lost:
+            reads.read([Location(1, 0, 5000), Location(2, 0, 10)], copies)
+        assert lost.value.index == 1 and bytes(copies[0]) == first
+    finally:
+        reads.close()

@@ -23,8 +23,9 @@ Invariants:
   Page bytes are appended to the segment files and synced before that
   transaction commits (kvgraftd.store.segments), so an index record never names
   bytes that are not durable; bytes whose transaction failed are cut off.
-* Every page read is copied out of its segment (a guarded copy: a damaged
-  segment fails the read, never the process) and checked against its xxh3-128; a
+* Every page read is copied out of its segment, or read where it lies by the
+  attention kernel (`pages_to_check`), under a fault guard (a damaged segment
+  fails the read, never the process) and checked against its xxh3-128; a
   mismatch or missing bytes raise DataLoss and no byte of the page is
   returned, and the artifacts holding it are quarantined
   (kvgraftd.store.quarantine).

@@ -256,7 +256,10 @@ def unchecked_pages(
     no copy); else copies in one pooled buffer of their own (kvgraft.page_buffers: reused
     memory, no faults)."""
     located = stored.locate(digests)
-    addresses = stored.segments.addresses([location for _, location in located])
+    try:
+        addresses = stored.segments.addresses([location for _, location in located])
+    except UnreadPage as lost:  # its segment is missing or cannot be mapped
+        raise _unreadable(digests[lost.index], lost) from None
     if addresses is not None:
         return [
             (checksum, InPlacePage(address, location.length))

@@ -22,7 +22,8 @@ the segment again (the older mapping stays until the segment is forgotten: a
 reader on another thread may be copying from it). `forget(segment)` and
 `close()` unmap: the caller guarantees that no read of the segment is under
 way (kvgraftd.store.segments removes a segment only once every read that could
-reach it has ended). `mapped_reads(path_of, map_bytes)` is this reader, or the
+reach it has ended, and closes only once every read has).
+`mapped_reads(path_of, map_bytes)` is this reader, or the
 pread one where the native module was not built.
 """
 
@@ -75,20 +76,28 @@ class MappedSegmentReads(SegmentReads):
         checksums: Sequence[bytes] | None = None,
     ) -> int | None:
         """Copy each page into its buffer (checked, given `checksums`); see the contract."""
-        if not locations:
-            return None
-        sources = [self._address(location, index) for index, location in enumerate(locations)]
+        sources: list[int] = []
+        unmapped: UnreadPage | None = None
+        for index, location in enumerate(locations):
+            try:
+                sources.append(self.address(location, index))
+            except UnreadPage as unread:  # the pages before it are read first
+                unmapped = unread
+                break
+        count = len(sources)
         bad, why = _mapped_pages.copy_pages(
             sources,
-            dests,
-            [length for _, _, length in locations],
-            None if checksums is None else b"".join(checksums),
+            dests[:count],
+            [length for _, _, length in locations[:count]],
+            None if checksums is None else b"".join(checksums[:count]),
         )
-        if bad < 0:
-            return None
-        if why == _mapped_pages.MISMATCH:
+        if bad >= 0 and why == _mapped_pages.MISMATCH:
             return bad
-        raise UnreadPage(bad, self._fault(locations[bad]))
+        if bad >= 0:
+            raise UnreadPage(bad, self._fault(locations[bad]))
+        if unmapped is not None:
+            raise unmapped
+        return None
 
     def read_bytes(self, location: Location) -> bytes:
         """One page's bytes; DataLoss where it cannot be read whole."""
@@ -113,11 +122,9 @@ class MappedSegmentReads(SegmentReads):
             _mapped_pages.unmap(*mapping)
         super().close()
 
-    def address(self, location: Location) -> int:
-        """Where the page lies in its segment's mapping: for guarded native code only."""
-        return self._address(location, 0)
-
-    def _address(self, location: Location, index: int) -> int:
+    def address(self, location: Location, index: int = 0) -> int:
+        """Where the page lies in its segment's mapping: for guarded native code only.
+        UnreadPage (naming `index`) where its segment cannot be opened or mapped."""
         """Where the page lies in its segment's mapping (mapped, or mapped longer, here)."""
         segment, offset, length = location
         mapped = self._maps.get(segment)

@@ -72,7 +72,8 @@ class SegmentReads:
         checksums: Sequence[bytes] | None = None,
     ) -> int | None:
         """Copy each page into its buffer and, given `checksums`, check it there; the index
-        of the first page that fails its check (those after it are not read), or None."""
+        of the first page that fails its check (those after it are not to be used), or
+        None."""
         index = 0
         while index < len(locations):
             run = _run(locations, index)

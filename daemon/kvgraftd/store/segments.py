@@ -50,6 +50,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -77,6 +78,7 @@ from kvgraftd.store.segment_reads import WritableBuffer
 
 log = logging.getLogger(__name__)
 
+CLOSE_WAIT_S = 10.0  # close waits this long for reads under way before it unmaps
 WRITEBACK_BYTES = 1 << 20  # written, then handed to the device at once (sync_file_range)
 DIRECT_WRITE_BYTES = 8 << 20  # one O_DIRECT write: the device's pace needs a few MiB
 WRITES_IN_FLIGHT = 2  # queued on the writer thread: one at the device, one waiting
@@ -157,9 +159,19 @@ class SegmentFiles:
         sync_directory(self.directory)
 
     def close(self) -> None:
+        """Close the files; the mappings only once every `reading()` has ended (a reader
+        still copying from one would fault): where readers outlast CLOSE_WAIT_S, the
+        mappings are left for the process's exit to take."""
         self.give_back()
         self._writer.shutdown()
         self._close_fds()
+        waited = 0.0
+        while self._readers and waited < CLOSE_WAIT_S:
+            time.sleep(0.01)
+            waited += 0.01
+        if self._readers:
+            log.warning("segments closed with reads under way: their mappings stay")
+            return
         self._reads.close()
 
     # ------------------------------------------------------------------
@@ -315,10 +327,11 @@ class SegmentFiles:
 
     def addresses(self, locations: Sequence[Location]) -> list[int] | None:
         """Where each page lies in its segment's mapping, for guarded native code inside
-        this `reading()` (kvgraftd.store.segment_maps); None where reads are not mapped."""
+        this `reading()` (kvgraftd.store.segment_maps); None where reads are not mapped.
+        UnreadPage names the first page whose segment cannot be mapped."""
         if not isinstance(self._reads, MappedSegmentReads):
             return None
-        return [self._reads.address(location) for location in locations]
+        return [self._reads.address(location, i) for i, location in enumerate(locations)]
 
     def read_bytes(self, location: Location) -> bytes:
         """One page's bytes (kvgraftd.store.segment_reads)."""

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from kvgraft.errors import KvgraftError
 from kvgraftd.store.artifact_store import Store
 from kvgraftd.store.page_records import InPlacePage
 from kvgraftd.tiers.device_pool import TierCounters
@@ -135,7 +136,10 @@ class HostCache:
             return
         if isinstance(data, InPlacePage):
             copy = np.empty(data.nbytes, np.uint8)
-            self.store.read_pages_into([digest], [copy])
+            try:  # the step already has what it needs: a page gone meanwhile is not cached
+                self.store.read_pages_into([digest], [copy])
+            except KvgraftError:
+                return
             self._admit(digest, copy, owned=True)
             return
         self._admit(digest, data)

@@ -207,8 +207,9 @@ class BlockGather:
         self, softmax: DecodeSoftmax, first: int, digests: list[bytes], admit: bool
     ) -> Partials:
         """Partials of the one-page blocks from block `first`, each checked as it is read.
-        Each batch reads its own pages (copies out of the store, on the worker that attends
-        them), so a step holds the batches in flight, not the layer's stored pages."""
+        Each batch reads its own pages (where they lie in the store, or copies where reads
+        are not mapped, on the worker that attends them), so a step holds the batches in
+        flight, not the layer's stored pages."""
         context = self._context
         host = context.tiers.host
         with host.unchecked(digests) as pages:

@@ -18,8 +18,9 @@ or on the device budget (docs/architecture.md, contract 5); device memory is the
 budget whatever the context length. While one block is attended, the next
 immutable one is brought into the pool on a background thread. On CPU, a
 scan of stored blocks that are one page each skips the pool: each is attended
-in the host cache's copy, or in the copy the store reads for it (checked as
-it is copied), without a slot; and blocks of live positions only are read in the
+in the host cache's copy, or where it lies in the store's segment mapping
+(checked as it is attended, under the store's fault guard), without a slot;
+and blocks of live positions only are read in the
 live buffers. How the native kernel's partials are gathered from each place is
 the context's BlockGather (kvgraftd.engine.attention.block_gather), which reads
 the context through the public members its GatheredContext interface names.

@@ -242,6 +242,8 @@ class DecodeSoftmax:
         under the store's fault guard)."""
         tokens = page.nbytes // (2 * self._kv_heads * self._dim * 4)
         in_place = isinstance(page, InPlacePage)
+        # the kernel arms the store's fault guard over checked blocks: one read in place is
+        assert checksum is not None or not in_place, "a page read where it lies is checked"
         keys = page.address if in_place else page.ctypes.data
         half = page.nbytes // 2
         return Block(keys, keys + half, tokens * self._dim, tokens, checksum, begin, in_place)
@@ -253,7 +255,8 @@ class DecodeSoftmax:
         return Block(slot[0].data_ptr(), slot[1].data_ptr(), slot.stride(1), tokens, None, begin)
 
     def partials(self, blocks: Sequence[Block]) -> Partials:
-        """Each block's partial, computed in one call of the kernel; raises CorruptBlock."""
+        """Each block's partial, computed in one call of the kernel; raises CorruptBlock, or
+        UnreadBlock for a page read in place that its file could not give."""
         n, rows, dim = len(blocks), self._kv_heads * self._group, self._dim
         scores = self._scores(blocks)
         shape = np.array([(b.keys, b.values, b.head_stride, b.tokens) for b in blocks], np.int64)
@@ -339,7 +342,8 @@ class RowsSoftmax(DecodeSoftmax):
         return TILE_TOKENS * self._group
 
     def partials(self, blocks: Sequence[Block]) -> Partials:
-        """Each block's partial for every token that sees it; raises CorruptBlock."""
+        """Each block's partial for every token that sees it; raises CorruptBlock, or
+        UnreadBlock for a page read in place that its file could not give."""
         n, count, rows, dim = len(blocks), self._count, self._kv_heads * self._group, self._dim
         shape = np.array(
             [(b.keys, b.values, b.head_stride, b.tokens, b.begin) for b in blocks], np.int64
@@ -369,7 +373,11 @@ class RowsSoftmax(DecodeSoftmax):
         parts = min(ROW_THREADS, count)
         bounds = [count * i // parts for i in range(parts + 1)]
         futures = [_row_pool().submit(compute, bounds[i], bounds[i + 1]) for i in range(1, parts)]
-        results = [compute(bounds[0], bounds[1]), *(future.result() for future in futures)]
+        try:
+            first = compute(bounds[0], bounds[1])
+        finally:  # the workers read the caller's pages, in place too: none outlives the call
+            wait(futures)
+        results = [first, *(future.result() for future in futures)]
         for status, failed in results:
             _check_status(status, failed)
         return maximum, total, acc, used
@@ -395,7 +403,8 @@ def _checks(blocks: Sequence[Block]) -> tuple[bytes, bytes]:
 
 
 def _check_status(status: int, failed: int) -> None:
-    """The kernel's status as an exception: CorruptBlock for a page that does not match."""
+    """The kernel's status as an exception: CorruptBlock for a page that does not match,
+    UnreadBlock for one read in place that faulted."""
     if status == _MISMATCH:
         raise CorruptBlock(failed)
     if status == _FAULTED:

@@ -13,7 +13,8 @@
  *   the cache first reads the line it fills: a third more memory traffic).
  *   Hashing the source after copying it can only find a page worse than its
  *   copy (stored bytes change only by damage, never back), never pass a copy
- *   that is bad. Returns 1 where the digest (canonical, big-endian) differs
+ *   that is bad (a fault of the copy itself, in the CPU or its memory, is not what
+ *   the check is for: it guards the bytes on disk). Returns 1 where the digest (canonical, big-endian) differs
  *   from the 16 bytes at `expected`, else 0; with `expected` NULL it only copies.
  */
 #include <stddef.h>

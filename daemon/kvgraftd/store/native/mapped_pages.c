@@ -56,9 +56,12 @@
 
 enum { PAGE_FAULTED = 1, PAGE_MISMATCH = 2 };
 
-static __thread sigjmp_buf *armed;          /* this thread's way out of a faulting copy */
-static __thread const char *armed_from;     /* the bytes it may fault on: [from, to) */
-static __thread const char *armed_to;
+/* initial-exec: the handler reads them without a call that might allocate (glibc keeps
+ * room in the static TLS block for a module loaded later, as these few bytes) */
+#define KVG_THREAD __thread __attribute__((tls_model("initial-exec")))
+static KVG_THREAD sigjmp_buf *armed;      /* this thread's way out of a faulting read */
+static KVG_THREAD const char *armed_from; /* the bytes it may fault on: [from, to) */
+static KVG_THREAD const char *armed_to;
 static struct sigaction previous;            /* whoever handled SIGBUS before us */
 static volatile sig_atomic_t passed_on;      /* a foreign SIGBUS went to `previous` once */
 static pthread_mutex_t installing = PTHREAD_MUTEX_INITIALIZER;
@@ -66,24 +69,28 @@ static pthread_mutex_t installing = PTHREAD_MUTEX_INITIALIZER;
 static void on_bus_error(int signal_number, siginfo_t *info, void *context) {
     sigjmp_buf *jump = armed;
     const char *at = (const char *)info->si_addr;
-    if (jump != NULL && info->si_code != SI_USER && info->si_code != SI_TKILL && at >= armed_from &&
-        at < armed_to) {
+    /* si_code > 0: raised by the kernel for an access, not sent (kill, sigqueue) */
+    if (jump != NULL && info->si_code > 0 && at >= armed_from && at < armed_to) {
         armed = NULL;
         siglongjmp(*jump, 1);
     }
-    /* not a fault of ours: what was there before decides; the second time (a handler
-     * that raises again, as faulthandler does once it has printed), the default action */
-    if (passed_on || (!(previous.sa_flags & SA_SIGINFO) &&
-                      (previous.sa_handler == SIG_DFL || previous.sa_handler == SIG_IGN))) {
-        signal(signal_number, SIG_DFL); /* as if we had never been here: the process ends */
-        raise(signal_number);
+    /* not a fault of ours: what was there before decides */
+    const int has_handler = (previous.sa_flags & SA_SIGINFO) ||
+                            (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN);
+    if (has_handler && !passed_on) {
+        passed_on = 1; /* a handler that raises again (faulthandler, once it has printed)
+                        * comes back here: the default action then */
+        if (previous.sa_flags & SA_SIGINFO)
+            previous.sa_sigaction(signal_number, info, context);
+        else
+            previous.sa_handler(signal_number);
+        passed_on = 0;
         return;
     }
-    passed_on = 1;
-    if (previous.sa_flags & SA_SIGINFO)
-        previous.sa_sigaction(signal_number, info, context);
-    else
-        previous.sa_handler(signal_number);
+    if (!has_handler && previous.sa_handler == SIG_IGN && info->si_code <= 0)
+        return; /* sent, and ignored before we were here */
+    signal(signal_number, SIG_DFL); /* as if we had never been here: the process ends */
+    raise(signal_number);
 }
 
 /* Ours is the SIGBUS handler from here on (something installed after us, e.g.
