@@ -30,11 +30,11 @@ from kvgraft.v1 import kvgraft_pb2 as pb
 from kvgraftd.engine.attention.block_gather import GatheredContext
 from kvgraftd.engine.attention.kv_context import KvContext
 from kvgraftd.engine.attention.online_softmax import OnlineSoftmax, softmax_for
+from kvgraftd.engine.attention.ordered_partials import OrderedPartials
 from kvgraftd.engine.model import decode_attention
 from kvgraftd.engine.model.decode_attention import (
     CorruptBlock,
     DecodeSoftmax,
-    OrderedPartials,
     RowsSoftmax,
 )
 from kvgraftd.engine.model.geometry import ModelGeometry

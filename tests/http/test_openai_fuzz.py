@@ -27,20 +27,15 @@ import math
 
 import httpx2
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvgraftd.http.openai_requests import MAX_JSON_DEPTH
 from tests.http.tiny_daemon import TINY_MODEL, tiny_daemon
+from tests.support.fuzz_settings import fuzz_settings
 
 EXAMPLES = 80
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+FUZZ = fuzz_settings(EXAMPLES)
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 REQUEST_TIMEOUT_S = 30.0
 # Stand-ins for values json.dumps cannot write, spliced into its text afterwards.

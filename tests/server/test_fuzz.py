@@ -31,25 +31,20 @@ import grpc
 import pytest
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kvgraft import Client, wire
 from kvgraft.v1 import kvgraft_pb2 as pb
 from tests.support.factory import random_artifact
+from tests.support.fuzz_settings import fuzz_settings
 from tests.support.store_audit import assert_served_whole
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Kvgraft"]
 BAD_CODES = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 CALL_TIMEOUT_S = 10.0
 EXAMPLES = 60
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+FUZZ = fuzz_settings(EXAMPLES)
 # Artifacts put before the run, so fuzzed ids point at real ones too: KEPT must be served
 # whole at the end; Delete is aimed at SPARE only (deleting is what it is for).
 KEPT_IDS: list[str] = []

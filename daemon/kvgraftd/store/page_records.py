@@ -124,13 +124,6 @@ class StoredPages(NamedTuple):
         except UnreadPage as lost:
             raise _unreadable(digests[lost.index], lost) from None
 
-    def read_bytes(self, digest: bytes, location: Location) -> bytes:
-        """One page's bytes, not yet verified; CorruptPage if its segment lacks them."""
-        try:
-            return self.segments.read_bytes(location)
-        except DataLoss as lost:
-            raise _unreadable(digest, lost) from None
-
     def _absent(self, digest: bytes) -> KvgraftError:
         if self.txn.get(digest, db=self.refs) is not None:
             return DataLoss(

@@ -26,12 +26,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from kvgraft.errors import DataLoss
+from kvgraftd.engine.attention.ordered_partials import InlinePartials, OrderedPartials
 from kvgraftd.engine.model.decode_attention import (
     Block,
     CorruptBlock,
     DecodeSoftmax,
-    InlinePartials,
-    OrderedPartials,
     Partials,
     UnreadBlock,
 )

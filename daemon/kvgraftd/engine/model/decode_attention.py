@@ -21,7 +21,7 @@ Contract:
   fault guard (kvgraftd.store.segment_maps), handed to the library when it
   loads: one its file can no longer give raises UnreadBlock, never SIGBUS.
 * `merge` folds partials in the order given; callers merge in block order
-  (`OrderedPartials`), so the logits never depend on which thread computed
+  (kvgraftd.engine.attention.ordered_partials), so the logits never depend on which thread computed
   which block or how blocks were batched (docs/architecture.md, contract 5).
 * `RowsSoftmax` attends the rows of a forward pass of several tokens: each
   token's partial over a block is the kernel's for the keys up to its own
@@ -49,9 +49,8 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections import deque
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -411,54 +410,3 @@ def _check_status(status: int, failed: int) -> None:
         raise UnreadBlock(failed)
     if status:
         raise ValueError(f"the native kernel refused block {failed} of a batch")
-
-
-class OrderedPartials:
-    """Batches of block partials computed on worker threads and merged in the order they
-    were submitted.
-
-    At most `window` batches are in flight. Leaving the `with` block merges what is
-    left; leaving it by an exception first waits for every task still
-    running (they read pages and slots the caller is about to let go).
-    """
-
-    def __init__(self, workers: Executor, window: int, merge: Callable[[Partials], None]) -> None:
-        self._workers, self._window, self._merge = workers, window, merge
-        self._pending: deque[Future] = deque()
-
-    def submit(self, compute: Callable[..., Partials], *args: object) -> None:
-        self._pending.append(self._workers.submit(compute, *args))
-        if len(self._pending) > self._window:
-            self._merge(self._pending.popleft().result())
-
-    def drain(self) -> None:
-        while self._pending:
-            self._merge(self._pending.popleft().result())
-
-    def __enter__(self) -> OrderedPartials:
-        return self
-
-    def settle(self) -> None:
-        """Wait until no task is running (after an error: they read pages and slots the
-        caller is about to let go); what they computed is dropped."""
-        wait(self._pending)
-        self._pending.clear()
-
-    def __exit__(self, exc_type: type | None, *_: object) -> None:
-        try:
-            if exc_type is None:
-                self.drain()
-        finally:  # a task that failed, or the caller's error: let every other task end
-            self.settle()
-
-
-class InlinePartials(OrderedPartials):
-    """OrderedPartials that computes each batch on the calling thread, at once: for a step of
-    one batch, where handing it to a worker would only add the hand-off (the same merge
-    order, so the same bits)."""
-
-    def __init__(self, merge: Callable[[Partials], None]) -> None:
-        super().__init__(None, 0, merge)
-
-    def submit(self, compute: Callable[..., Partials], *args: object) -> None:
-        self._merge(compute(*args))

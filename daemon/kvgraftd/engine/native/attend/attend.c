@@ -203,17 +203,16 @@ void kvg_attend_set_fault_guard(kvg_guard_arm arm, kvg_guard_disarm disarm) {
     guard_disarm = disarm;
 }
 
-/* The guard armed over a stored page (K, then V of the same length) of a block's row. */
-static void arm_over_page(sigjmp_buf *jump, const int64_t *block) {
-    const char *keys = (const char *)(uintptr_t)block[0];
-    const char *values = (const char *)(uintptr_t)block[1];
-    guard_arm(jump, keys, values + (values - keys));
-}
+/* One block of a batch, computed by the unguarded entry (for guarded_blocks). */
+typedef int (*one_block_fn)(const void *call, int32_t i);
 
-int kvg_blocks_partial_guarded(int32_t n, const float *q, const int64_t *blocks,
-                               const uint8_t *checksums, const uint8_t *checked, int32_t H,
-                               int32_t R, int32_t D, float *scores, float *out_max,
-                               float *out_sum, float *out_acc, int32_t *failed) {
+/* Each block of a batch by a call of its own, the guard armed over each checked block's page
+ * (K, then V of the same length, as `blocks` row i of `stride` entries names them): the first
+ * status that is not 0, its block in *failed; KVG_FAULTED for a page whose read faulted,
+ * KVG_BAD_ARGS where no guard was set. */
+static int guarded_blocks(int32_t n, const int64_t *blocks, int32_t stride,
+                          const uint8_t *checked, one_block_fn one, const void *call,
+                          int32_t *failed) {
     if (guard_arm == NULL || guard_disarm == NULL) {
         *failed = 0;
         return KVG_BAD_ARGS;
@@ -226,12 +225,13 @@ int kvg_blocks_partial_guarded(int32_t n, const float *q, const int64_t *blocks,
     }
     for (; block < n; block++) {
         const int32_t i = block;
-        const int64_t *at = blocks + 4 * (int64_t)i, rows = (int64_t)i * H * R;
-        int32_t ignored;
-        if (checked[i]) arm_over_page(&jump, at);
-        int status = kvg_blocks_partial(1, q, at, checksums + 16 * (int64_t)i, checked + i, H, R,
-                                        D, scores, out_max + rows, out_sum + rows,
-                                        out_acc + rows * D, &ignored);
+        if (checked[i]) {
+            const int64_t *at = blocks + (int64_t)stride * i;
+            const char *keys = (const char *)(uintptr_t)at[0];
+            const char *values = (const char *)(uintptr_t)at[1];
+            guard_arm(&jump, keys, values + (values - keys));
+        }
+        int status = one(call, i);
         if (checked[i]) guard_disarm();
         if (status) {
             *failed = i;
@@ -239,6 +239,38 @@ int kvg_blocks_partial_guarded(int32_t n, const float *q, const int64_t *blocks,
         }
     }
     return 0;
+}
+
+/* The arguments of a batch call of either entry, for its blocks' calls one by one. */
+struct batch_call {
+    const float *q;
+    const int64_t *blocks;
+    int64_t first, window;
+    int32_t count, t0, t1, H, R, D;
+    float cap;
+    const uint8_t *checksums, *checked;
+    float *scores, *out_max, *out_sum, *out_acc;
+    uint8_t *used;
+};
+
+static int one_blocks_partial(const void *call, int32_t i) {
+    const struct batch_call *c = call;
+    const int64_t rows = (int64_t)i * c->H * c->R;
+    int32_t ignored;
+    return kvg_blocks_partial(1, c->q, c->blocks + 4 * (int64_t)i, c->checksums + 16 * (int64_t)i,
+                              c->checked + i, c->H, c->R, c->D, c->scores, c->out_max + rows,
+                              c->out_sum + rows, c->out_acc + rows * c->D, &ignored);
+}
+
+int kvg_blocks_partial_guarded(int32_t n, const float *q, const int64_t *blocks,
+                               const uint8_t *checksums, const uint8_t *checked, int32_t H,
+                               int32_t R, int32_t D, float *scores, float *out_max,
+                               float *out_sum, float *out_acc, int32_t *failed) {
+    const struct batch_call call = {.q = q, .blocks = blocks, .H = H, .R = R, .D = D,
+                                    .checksums = checksums, .checked = checked,
+                                    .scores = scores, .out_max = out_max, .out_sum = out_sum,
+                                    .out_acc = out_acc};
+    return guarded_blocks(n, blocks, 4, checked, one_blocks_partial, &call, failed);
 }
 
 void kvg_merge(int32_t rows, int32_t D, float *max, float *sum, float *acc, const float *pmax,
@@ -301,37 +333,27 @@ int kvg_rows_partial(int32_t n, const float *q, const int64_t *blocks, int64_t f
     return 0;
 }
 
+static int one_rows_partial(const void *call, int32_t i) { /* kvg_rows_partial's layout */
+    const struct batch_call *c = call;
+    const int64_t rows = (int64_t)i * c->count * c->H * c->R;
+    int32_t ignored;
+    return kvg_rows_partial(1, c->q, c->blocks + 5 * (int64_t)i, c->first, c->count, c->t0, c->t1,
+                            c->window, c->cap, c->checksums + 16 * (int64_t)i, c->checked + i,
+                            c->H, c->R, c->D, c->scores, c->out_max + rows, c->out_sum + rows,
+                            c->out_acc + rows * c->D, c->used + (int64_t)i * c->count, &ignored);
+}
+
 int kvg_rows_partial_guarded(int32_t n, const float *q, const int64_t *blocks, int64_t first,
                              int32_t count, int32_t t0, int32_t t1, int64_t window, float cap,
                              const uint8_t *checksums, const uint8_t *checked, int32_t H,
                              int32_t R, int32_t D, float *scores, float *out_max, float *out_sum,
                              float *out_acc, uint8_t *used, int32_t *failed) {
-    if (guard_arm == NULL || guard_disarm == NULL) {
-        *failed = 0;
-        return KVG_BAD_ARGS;
-    }
-    sigjmp_buf jump;
-    volatile int32_t block = 0; /* read again after a jump back: kept in memory */
-    if (sigsetjmp(jump, 1)) {   /* the guard jumped back: this block's page faulted */
-        *failed = block;
-        return KVG_FAULTED;
-    }
-    for (; block < n; block++) { /* block by block: kvg_rows_partial's partials, laid out */
-        const int32_t i = block;
-        const int64_t *at = blocks + 5 * (int64_t)i, rows = (int64_t)i * count * H * R;
-        int32_t ignored;
-        if (checked[i]) arm_over_page(&jump, at);
-        int status = kvg_rows_partial(1, q, at, first, count, t0, t1, window, cap,
-                                      checksums + 16 * (int64_t)i, checked + i, H, R, D, scores,
-                                      out_max + rows, out_sum + rows, out_acc + rows * D,
-                                      used + (int64_t)i * count, &ignored);
-        if (checked[i]) guard_disarm();
-        if (status) {
-            *failed = i;
-            return status;
-        }
-    }
-    return 0;
+    const struct batch_call call = {.q = q, .blocks = blocks, .first = first, .window = window,
+                                    .count = count, .t0 = t0, .t1 = t1, .H = H, .R = R, .D = D,
+                                    .cap = cap, .checksums = checksums, .checked = checked,
+                                    .scores = scores, .out_max = out_max, .out_sum = out_sum,
+                                    .out_acc = out_acc, .used = used};
+    return guarded_blocks(n, blocks, 5, checked, one_rows_partial, &call, failed);
 }
 
 void kvg_rows_merge(int32_t n, int32_t count, int32_t rows, int32_t D, float *max, float *sum,
