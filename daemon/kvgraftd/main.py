@@ -183,8 +183,14 @@ def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engi
     cache = Path(config.model_cache) if config.model_cache else config.data / "models"
     # Loaded on the thread that runs every forward pass (kvgraftd.engine.scheduling.compute_thread).
     compute = ComputeThread()
+    template = Path(config.chat_template).read_text() if config.chat_template else ""
     adapter = compute.run(
-        ModelAdapter.load, config.model or None, cache, device=device, products=config.products
+        ModelAdapter.load,
+        config.model or None,
+        cache,
+        device=device,
+        products=config.products,
+        chat_template=template,
     )
     freed = adapter.release_float_weights()
     if freed:

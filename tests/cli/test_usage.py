@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft.cli.main import COMMANDS, build_parser
+from kvgraft.cli.main import COMMANDS, TEXT_COMMANDS, build_parser
 
 NOWHERE = "127.0.0.1:1"  # nothing listens: a usage error must not need a daemon
 
@@ -207,7 +207,7 @@ def test_kvgraft_alone_lists_the_commands() -> None:
     listed = {  # argparse indents the commands by 4, the lines of their help by more
         line.split()[0] for line in result.stderr.splitlines() if re.match(r"    \S", line)
     }
-    assert listed == {"serve", *COMMANDS}
+    assert listed == {"serve", *COMMANDS, *TEXT_COMMANDS}
 
 
 def _parsers(parser: argparse.ArgumentParser, name: str = "kvgraft"):

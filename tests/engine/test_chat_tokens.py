@@ -7,9 +7,10 @@ chat_tokens) only the template's markup yields control tokens.
 
 Held for SmolLM2's template (the one the engine serves) and for every real template in
 `../shared/vocab/templates`, each with a real tokenizer whose control tokens are the
-template's markers: llama.cpp's vocab files for Llama 3 (llama-bpe), Qwen 2.5 / 3 (qwen2)
-and Phi-3.5 (phi-3), and GPT-2's vocabulary with the template's markers added as control
-tokens for Gemma 2, Mistral Nemo and SmolLM3 (their vocabularies are not in the folder).
+template's markers (built by kvgraft.text from the GGUF): llama.cpp's vocab files for
+Llama 3 (llama-bpe), Qwen 2.5 / 3 (qwen2) and Phi-3.5 (phi-3), and GPT-2's vocabulary
+with the template's markers added as control tokens for Gemma 2, Mistral Nemo and
+SmolLM3 (their vocabularies are not in the folder).
 For each: a conversation of plain text tokenizes as before (the rendering tokenized whole,
 as transformers gives it); a user message holding the template's own rendering of a
 whole conversation gives the control tokens of one plain user turn, and decodes to the
@@ -18,7 +19,6 @@ very text that was rendered; tokenized the old way it would have opened other tu
 
 from __future__ import annotations
 
-import copy
 import re
 import threading
 import time
@@ -26,9 +26,10 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
+from tokenizers import AddedToken
 
-from kvgraftd.engine.model.chat_tokens import ChatTokens, TransformersText
+from kvgraft.text.chat_tokens import ChatTokens, TransformersText
+from kvgraft.text.gguf_tokenizer import GgufTokenizer
 
 VOCAB = Path(__file__).resolve().parents[2].parent / "shared" / "vocab"
 TEMPLATES = VOCAB / "templates"
@@ -54,8 +55,8 @@ needs_vocab = pytest.mark.skipif(
 
 
 @cache
-def _vocabulary(name: str):
-    return AutoTokenizer.from_pretrained(VOCAB, gguf_file=f"ggml-vocab-{name}.gguf")
+def _vocabulary(name: str) -> GgufTokenizer:
+    return GgufTokenizer.load(VOCAB / f"ggml-vocab-{name}.gguf")
 
 
 class Templated:
@@ -65,9 +66,11 @@ class Templated:
         self.source = (TEMPLATES / f"{name}.jinja").read_text()
         vocabulary = VOCABULARY[name]
         if vocabulary == "gpt-2+":
-            self.tokenizer = copy.deepcopy(_vocabulary("gpt-2"))
+            self.tokenizer = GgufTokenizer.load(VOCAB / "ggml-vocab-gpt-2.gguf")
             markers = sorted(set(MARKER.findall(self.source)))
-            self.tokenizer.add_special_tokens({"additional_special_tokens": markers})
+            self.tokenizer.backend_tokenizer.add_special_tokens(
+                [AddedToken(marker, special=True, normalized=False) for marker in markers]
+            )
         else:
             self.tokenizer = _vocabulary(vocabulary)
         self.chat = ChatTokens(TransformersText(self.tokenizer), self.render, self.source)
@@ -222,7 +225,7 @@ def test_a_raw_prompt_keeps_its_control_tokens(real_model) -> None:
 
 
 class PausingBackend:
-    """transformers' Rust tokenizer, pausing 2 ms before each encode (the GIL released):
+    """The Rust tokenizer, pausing 2 ms before each encode (the GIL released):
     what a thread switch at the worst moment does, every time rather than 1 in 20,000."""
 
     def __init__(self, real) -> None:
@@ -234,29 +237,29 @@ class PausingBackend:
     def __setattr__(self, name: str, value) -> None:
         setattr(self._real, name, value)
 
-    def encode_batch(self, *args, **kwargs):
+    def encode(self, *args, **kwargs):
         time.sleep(0.002)
-        return self._real.encode_batch(*args, **kwargs)
+        return self._real.encode(*args, **kwargs)
 
 
 def test_a_message_stays_text_while_other_threads_tokenize(real_model) -> None:
-    """Was (found in review): transformers sets split_special_tokens on the one Rust
-    tokenizer it holds, then encodes, so a raw prompt tokenized on another thread in
-    between switched parsing back on and a message's markers became control tokens (1 in
-    20,000 here; every time with the pause above). Every encode now holds the tokenizer's
-    lock."""
+    """Was (found in review): the tokenizer sets whether control tokens are parsed on the
+    one Rust tokenizer it holds, then encodes, so a raw prompt tokenized on another thread
+    in between switched parsing back on and a message's markers became control tokens (1
+    in 20,000 here; every time with the pause above). Every encode now holds the
+    tokenizer's lock."""
     plain = real_model.chat_tokens([{"role": "user", "content": "hi"}], True)
     controls = set(range(17))
     expected = [i for i in plain if i in controls]
     tokenizer = real_model.tokenizer
-    real = tokenizer._tokenizer
+    real = tokenizer.backend_tokenizer
     stop = threading.Event()
 
     def raw_prompts() -> None:
         while not stop.is_set():
             real_model.encode("<|im_start|>user\nhi<|im_end|>")
 
-    tokenizer._tokenizer = PausingBackend(real)
+    tokenizer.backend_tokenizer = PausingBackend(real)
     other = threading.Thread(target=raw_prompts)
     other.start()
     try:
@@ -266,5 +269,5 @@ def test_a_message_stays_text_while_other_threads_tokenize(real_model) -> None:
     finally:
         stop.set()
         other.join()
-        tokenizer._tokenizer = real
+        tokenizer.backend_tokenizer = real
     assert all([i for i in ids if i in controls] == expected for ids in forged)

@@ -43,6 +43,7 @@ from kvgraft.cli.remote import add_remote_arguments, cmd_remote
 from kvgraft.cli.replication import add_replicate_arguments, cmd_replicate
 from kvgraft.cli.store import BUNDLE_COMMANDS, STORE_COMMANDS, add_store_arguments
 from kvgraft.cli.tenants import add_publish_arguments, cmd_publish
+from kvgraft.cli.text import TEXT_COMMANDS, add_text_arguments
 from kvgraft.client.client import Client
 from kvgraft.errors import KvgraftError
 
@@ -75,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         prefix_chars="+",
     )
     serve.add_argument("daemon_args", nargs=argparse.REMAINDER, help="kvgraftd's arguments")
-    parsers = {name: sub.add_parser(name, help=text) for name, (_, text) in COMMANDS.items()}
+    commands = {**COMMANDS, **TEXT_COMMANDS}
+    parsers = {name: sub.add_parser(name, help=text) for name, (_, text) in commands.items()}
     for command in parsers.values():
         add_global_options(command, top=False)
         command.set_defaults(usage_parser=command)  # whose usage an error shows
@@ -87,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_remote_arguments(parsers["remote"])
     add_cache_arguments(parsers)
     add_publish_arguments(parsers["publish"])
+    add_text_arguments(parsers)
     return parser
 
 
@@ -133,11 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         # The daemon is its own program; exec it rather than import it.
         os.execv(sys.executable, [sys.executable, "-m", "kvgraftd", *args.daemon_args])
-    handler, _ = COMMANDS[args.command]
     try:
         try:
-            with Client(args.server, **connection_options(args)) as c:
-                handler(c, args)
+            if args.command in TEXT_COMMANDS:  # offline: no daemon
+                TEXT_COMMANDS[args.command][0](args)
+            else:
+                with Client(args.server, **connection_options(args)) as c:
+                    COMMANDS[args.command][0](c, args)
         except UsageError as exc:  # found by the command itself: no prompt, ...
             _usage_failure(exc, args.usage_parser, args.json)
         except KvgraftError as exc:

@@ -109,6 +109,9 @@ class DaemonConfig:
         "test models) or none (store only); empty: the default model, SmolLM2-135M-Instruct",
     )
     model_cache: str = _opt("", "where converted models are cached (empty: DATA/models)")
+    chat_template: str = _opt(
+        "", "a Jinja chat template file to render conversations with instead of the model's own"
+    )
     products: str = _opt(
         "int8-dot",
         "the CPU forward's arithmetic over a GGUF file's blocks: int8-dot (activations "
@@ -311,6 +314,10 @@ class DaemonConfig:
             raise ConfigError(f"remote_write {self.remote_write!r}: use through or back")
         if not self.remote_prefix.strip("/"):
             raise ConfigError("remote_prefix must not be empty")
+        if self.chat_template and not Path(self.chat_template).is_file():
+            raise ConfigError(
+                f"chat_template {self.chat_template!r} is not a file: give a Jinja template file"
+            )
 
 
 MODEL_CHOICES = "give a GGUF file, a Hugging Face model directory, tiny:[FAMILY:]SEED or none"

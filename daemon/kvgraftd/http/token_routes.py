@@ -22,16 +22,11 @@ run on a pool thread (a long text takes about a CPU-second per megabyte).
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from kvgraft.errors import FailedPrecondition, InvalidArgument
+from kvgraft.text.token_pieces import piece, token_bytes
 from kvgraftd.http.openai_requests import checked_text, flag, json_object
-
-# SentencePiece's byte-fallback tokens (<0xC3>) and its word-boundary mark, as llama.cpp's
-# token_to_piece reads them
-BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-SPACE_MARK = "\u2581"
 
 
 def tokenize(body: Any, adapter) -> dict[str, Any]:
@@ -49,7 +44,7 @@ def tokenize(body: Any, adapter) -> dict[str, Any]:
     if not with_pieces:
         return {"tokens": ids}
     pieces = token_bytes(tokenizer, ids)
-    return {"tokens": [{"id": i, "piece": _piece(b)} for i, b in zip(ids, pieces, strict=True)]}
+    return {"tokens": [{"id": i, "piece": piece(b)} for i, b in zip(ids, pieces, strict=True)]}
 
 
 def detokenize(body: Any, adapter) -> dict[str, Any]:
@@ -70,64 +65,6 @@ def detokenize(body: Any, adapter) -> dict[str, Any]:
                 param=f"tokens[{index}]",
             )
     return {"content": tokenizer.decode(tokens, skip_special_tokens=False)}
-
-
-def token_bytes(tokenizer, ids: list[int]) -> list[bytes]:
-    """The bytes each token stands for, as llama.cpp's token_to_piece gives them: an added
-    token's text; a byte-level BPE token's characters mapped back to their bytes (GPT-2's
-    table); a SentencePiece token with its mark as a space, a byte token as its byte."""
-    added = {i: token.content for i, token in tokenizer.added_tokens_decoder.items()}
-    byte_level = _byte_level(tokenizer)
-    out = []
-    for token_id, token in zip(ids, tokenizer.convert_ids_to_tokens(ids), strict=True):
-        if token_id in added:
-            out.append(added[token_id].encode())
-        elif byte_level and all(char in BYTE_OF_CHAR for char in token):
-            out.append(bytes(BYTE_OF_CHAR[char] for char in token))
-        elif match := BYTE_TOKEN.fullmatch(token):
-            out.append(bytes([int(match[1], 16)]))
-        else:
-            out.append(token.replace(SPACE_MARK, " ").encode())
-    return out
-
-
-def _piece(raw: bytes) -> str | list[int]:
-    """llama.cpp's `piece`: the text where the bytes are valid UTF-8, else the bytes."""
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        return list(raw)
-
-
-def _gpt2_byte_table() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, reversed: each byte is written as a printable
-    character (itself where printable, else one from 256 on), so a token's characters
-    give back its bytes."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    chars = {byte: chr(byte) for byte in printable}
-    extra = 0
-    for byte in range(256):
-        if byte not in chars:
-            chars[byte] = chr(256 + extra)
-            extra += 1
-    return {char: byte for byte, char in chars.items()}
-
-
-BYTE_OF_CHAR = _gpt2_byte_table()
-
-
-def _byte_level(tokenizer) -> bool:
-    """Whether the tokenizer's decoder is byte-level (GPT-2's kind: SmolLM2, Llama 3)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    decoder = backend.decoder if backend is not None else None
-    if decoder is None:
-        return False
-    try:
-        state = json.loads(decoder.__getstate__())
-    except Exception:  # a custom (Python) decoder describes itself in no JSON
-        return False
-    steps = state.get("decoders") or [] if state.get("type") == "Sequence" else [state]
-    return any(step.get("type") == "ByteLevel" for step in steps)
 
 
 def _tokenizer(adapter):

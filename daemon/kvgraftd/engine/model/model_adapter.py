@@ -34,15 +34,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import torch
 import transformers
 from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 from transformers.masking_utils import AttentionMaskInterface
 
 from kvgraft.errors import FailedPrecondition, InvalidArgument
+from kvgraft.text.chat_template import ChatTemplate, TemplateFailure
+from kvgraft.text.chat_tokens import ChatTokens, TransformersText
+from kvgraft.text.gguf_metadata import read_metadata
+from kvgraft.text.gguf_tokenizer import GgufTokenizer
 from kvgraftd.config import default_model_path
 from kvgraftd.engine.model import native_forward, tiny_models
-from kvgraftd.engine.model.chat_tokens import ChatTokens, TransformersText
 from kvgraftd.engine.model.families import Family
 from kvgraftd.engine.model.fingerprint import cached_fingerprint
 from kvgraftd.engine.model.geometry import ModelGeometry
@@ -51,6 +55,7 @@ log = logging.getLogger(__name__)
 
 ATTENTION_NAME = "kvgraft"
 TINY_PREFIX = "tiny:"
+TEXT_VERSION = 2  # GGUF tokenizers built by kvgraft.text (1: through transformers)
 _CONTEXT_KWARG = "kvgraft_context"
 
 
@@ -115,11 +120,17 @@ class ModelAdapter:
     # ------------------------------------------------------------------
     @classmethod
     def load(
-        cls, source: str | None, cache_dir: Path, device: str = "cpu", products: str = "int8-dot"
+        cls,
+        source: str | None,
+        cache_dir: Path,
+        device: str = "cpu",
+        products: str = "int8-dot",
+        chat_template: str = "",
     ) -> ModelAdapter:
         """Load `source`: None (default model), 'tiny:SEED', 'tiny:FAMILY:SEED', a GGUF file or
         an HF directory; `products`: the CPU forward's arithmetic over a GGUF file's blocks
-        (native_forward)."""
+        (native_forward); `chat_template`: a template's source to use instead of the
+        model's own."""
         started = time.monotonic()
         gguf_path = None
         family, seed = cls._tiny_spec(source)
@@ -151,8 +162,23 @@ class ModelAdapter:
             )
         adapter.gguf_path = gguf_path
         adapter.device = torch.device(device)
+        if chat_template:
+            adapter.replace_chat_template(chat_template)
         log.info("model %s loaded in %.1f s", adapter.name, time.monotonic() - started)
         return adapter
+
+    def replace_chat_template(self, source: str) -> None:
+        """Render conversations with `source` instead of the model's own template."""
+        if self.tokenizer is None:
+            raise InvalidArgument(
+                f"model {self.name} has no tokenizer, so a chat template cannot be used with it"
+            )
+        try:
+            ChatTemplate(source, self.name)
+        except TemplateFailure as failure:
+            raise InvalidArgument(f"{failure}; fix the template file") from None
+        self.tokenizer.chat_template = source
+        self._chat = None
 
     def release_float_weights(self) -> int:
         """A daemon's forward on the row-invariant kernels reads the GGUF file's blocks, never
@@ -223,7 +249,6 @@ class ModelAdapter:
             model = AutoModelForCausalLM.from_pretrained(
                 path.parent, gguf_file=path.name, dtype=torch.float32
             )
-            tokenizer = _tokenizer(path)
             # save_pretrained refuses a GGUF-loaded model while it still carries its quantizer.
             model.hf_quantizer = None
             if hasattr(model.config, "quantization_config"):
@@ -232,15 +257,15 @@ class ModelAdapter:
             # same time (two daemons sharing the cache) writes its own, and the first wins
             partial = converted.with_name(f"{converted.name}.partial-{os.getpid()}")
             model.save_pretrained(partial)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(partial)
             try:
                 os.replace(partial, converted)
             except OSError:  # the other one's is there (a non-empty directory)
                 shutil.rmtree(partial, ignore_errors=True)
         model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
-        fingerprint = converted / "fingerprint.json"
-        return cls._prepared(model, _tokenizer(converted), path.name, fingerprint_cache=fingerprint)
+        # the tokenizer is the GGUF file's own (kvgraft.text), hashed into the fingerprint:
+        # a cache of the fingerprint names the tokenizer's build it was computed with
+        fingerprint = converted / f"fingerprint-text{TEXT_VERSION}.json"
+        return cls._prepared(model, _tokenizer(path), path.name, fingerprint_cache=fingerprint)
 
     @classmethod
     def _prepared(
@@ -310,9 +335,14 @@ class ModelAdapter:
         """A conversation ({"role", "content"} dicts) as the chat template's text (what
         tokenizes it is chat_tokens)."""
         self._chat_template()
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except (TemplateFailure, jinja2.TemplateError) as refused:  # raise_exception(...)
+            raise InvalidArgument(
+                f"the chat template refused the conversation: {refused}"
+            ) from None
 
     def _chat_template(self) -> None:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
@@ -348,11 +378,13 @@ def _tokenizer(path: Path):
         if not any((path / name).exists() for name in names):
             return None
         return AutoTokenizer.from_pretrained(path)
-    from gguf import GGUFReader
-
-    if "tokenizer.ggml.model" not in GGUFReader(str(path)).fields:
+    metadata = read_metadata(path)
+    if "tokenizer.ggml.model" not in metadata:
         return None
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    try:
+        return GgufTokenizer.from_metadata(metadata, path.name)
+    except ValueError as error:  # a tokenizer or pre-tokenizer kvgraft does not build
+        raise FailedPrecondition(f"{error}; kvgraft cannot read this model's text") from None
 
 
 def _eos_ids(config, tokenizer) -> frozenset[int]:
@@ -360,6 +392,8 @@ def _eos_ids(config, tokenizer) -> frozenset[int]:
     ids = set(found if isinstance(found, list) else [found] if found is not None else [])
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
+    if isinstance(tokenizer, GgufTokenizer):  # EOT, EOM and the end-of-turn tokens too
+        ids.update(tokenizer.end_of_turn_ids())
     return frozenset(ids)
 
 
