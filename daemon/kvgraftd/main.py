@@ -191,6 +191,7 @@ def build_engine(config: DaemonConfig, store: Store, trust: TrustPolicy) -> Engi
         device=device,
         products=config.products,
         chat_template=template,
+        tokenizer=config.tokenizer,
     )
     freed = adapter.release_float_weights()
     if freed:

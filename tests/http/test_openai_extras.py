@@ -19,7 +19,8 @@ import httpx2
 import openai
 import pytest
 
-from kvgraftd.config import DEFAULT_MODEL_FILE, ConfigError, DaemonConfig, default_model_path
+from kvgraft.text.default_model import DEFAULT_MODEL_FILE, default_model_path
+from kvgraftd.config import ConfigError, DaemonConfig
 from kvgraftd.ops.command_line import build_parser, load_config, to_toml
 from kvgraftd.testing.daemon_process import DaemonProcess
 from kvgraftd.testing.tenants import write_tenants

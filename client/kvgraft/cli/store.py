@@ -143,10 +143,15 @@ def model_lines(info: pb.InfoResponse) -> list[str]:
     if not info.model_family:
         return []
     products = info.profile.products or "torch's"
-    return [
+    lines = [
         f"family: {info.model_family}; products: {products}; schedule: {info.schedule} "
         "(any: every chunking and batch gives the same bits)"
     ]
+    if info.chat_template == "stable":
+        lines.append("chat template: stable (a conversation reuses every earlier turn)")
+    elif info.chat_template:
+        lines.append(f"chat template: {info.chat_template}")
+    return lines
 
 
 def state(info: pb.ArtifactInfo) -> str:

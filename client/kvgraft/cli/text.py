@@ -1,5 +1,6 @@
 """`kvgraft tokenize` and `kvgraft detokenize`: a GGUF model's tokenizer and chat template,
-offline (no daemon: a vocabulary-only GGUF is enough), with the code the daemon runs.
+offline (no daemon: a vocabulary-only GGUF is enough; without --model, the default
+model's), with the code the daemon runs.
 
 tokenize: `--text T`, `--file F` or stdin; `--messages FILE.json` (a list of
 {"role", "content"} objects, or {"messages": [...]}) renders a conversation with the file's
@@ -28,6 +29,7 @@ from kvgraft.cli.arguments import UsageError, read_text, token_ids
 from kvgraft.errors import FailedPrecondition, InvalidArgument
 from kvgraft.text.chat_template import TemplateFailure
 from kvgraft.text.chat_tokens import ChatTokens, TransformersText
+from kvgraft.text.default_model import default_model_path
 from kvgraft.text.gguf_tokenizer import GgufTokenizer
 from kvgraft.text.token_pieces import piece, token_bytes
 
@@ -99,9 +101,8 @@ def add_text_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
         parsers[name].add_argument(
             "--model",
             type=Path,
-            required=True,
             metavar="FILE",
-            help="a GGUF file (vocab only will do)",
+            help="a GGUF file, a vocabulary-only one will do (default: the default model's)",
         )
     tokenize = parsers["tokenize"]
     source = tokenize.add_mutually_exclusive_group()
@@ -131,6 +132,8 @@ def add_text_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
 
 
 def _tokenizer(args: argparse.Namespace) -> GgufTokenizer:
+    if args.model is None:
+        args.model = default_model_path()
     if not args.model.is_file():
         raise UsageError(f"{args.model} does not exist or is not a file: give a GGUF file")
     try:

@@ -24,6 +24,15 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+# a probe conversation whose answers open with a reasoning block, as reasoning models write
+_REASONED = "<think>\nLet me see.\n</think>\n\n"
+_PROBE = [
+    {"role": "user", "content": "one"},
+    {"role": "assistant", "content": _REASONED + "two"},
+    {"role": "user", "content": "three"},
+    {"role": "assistant", "content": _REASONED + "four"},
+    {"role": "user", "content": "five"},
+]
 
 
 class TemplateFailure(ValueError):
@@ -102,6 +111,37 @@ class ChatTemplate:
             )
         except jinja2.exceptions.TemplateError as error:
             raise TemplateFailure(f"{self.name}'s chat template refused: {error}") from None
+
+    def rewritten_turns(self, **context: Any) -> str:
+        """ "" where the template renders each earlier turn as it was when it was answered
+        (so a conversation reuses every earlier turn), else what changes: the template
+        renders a probe conversation after each answer (with a reasoning block, as
+        reasoning models write) and the next rendering must begin with the last one and its
+        answer."""
+        for turn in (1, 3):
+            try:
+                asked = self.render(_PROBE[:turn], True, **context) + _PROBE[turn]["content"]
+                later = self.render(_PROBE[: turn + 2], True, **context)
+            except TemplateFailure as refused:
+                return f"the probe conversation was refused ({refused})"
+            if not later.startswith(asked):
+                at = next(i for i, (a, b) in enumerate(zip(asked, later, strict=False)) if a != b)
+                return (
+                    f"it renders answer {turn // 2 + 1} otherwise once the conversation goes on "
+                    f"(from {asked[at : at + 24]!r} to {later[at : at + 24]!r}): reuse stops there"
+                )
+        return ""
+
+
+def stability(source: str | None, name: str, **context: Any) -> str:
+    """What `kvgraft info` says of a model's template: "none", "stable" (a conversation
+    reuses every earlier turn), or how it rewrites earlier turns (rewritten_turns)."""
+    if not source:
+        return "none"
+    try:
+        return ChatTemplate(source, name).rewritten_turns(**context) or "stable"
+    except TemplateFailure as failure:
+        return str(failure)
 
 
 def _plain(value: Any) -> Any:

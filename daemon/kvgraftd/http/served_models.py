@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from kvgraft.errors import FailedPrecondition, ModelNotFound
+from kvgraft.text.default_model import DEFAULT_MODEL_FILE, default_model_path
 from kvgraft.v1 import kvgraft_pb2 as pb
-from kvgraftd.config import DEFAULT_MODEL_FILE, DaemonConfig, default_model_path
+from kvgraftd.config import DaemonConfig
 
 TINY_PREFIX = "tiny:"
 OWNED_BY = "kvgraft"

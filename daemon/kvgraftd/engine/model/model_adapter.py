@@ -41,11 +41,11 @@ from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
 from transformers.masking_utils import AttentionMaskInterface
 
 from kvgraft.errors import FailedPrecondition, InvalidArgument
-from kvgraft.text.chat_template import ChatTemplate, TemplateFailure
+from kvgraft.text.chat_template import ChatTemplate, TemplateFailure, stability
 from kvgraft.text.chat_tokens import ChatTokens, TransformersText
+from kvgraft.text.default_model import default_model_path
 from kvgraft.text.gguf_metadata import read_metadata
 from kvgraft.text.gguf_tokenizer import GgufTokenizer
-from kvgraftd.config import default_model_path
 from kvgraftd.engine.model import native_forward, tiny_models
 from kvgraftd.engine.model.families import Family
 from kvgraftd.engine.model.fingerprint import cached_fingerprint
@@ -95,6 +95,7 @@ class ModelAdapter:
         self.native: native_forward.NativeForward | None = None
         self.gguf_path: Path | None = None  # the GGUF file the model came from, if one
         self._chat: tuple[Any, TransformersText, ChatTokens] | None = None  # (its tokenizer, ...)
+        self._stability: str | None = None  # template_stability, once asked
 
     @property
     def row_invariant(self) -> bool:
@@ -126,29 +127,40 @@ class ModelAdapter:
         device: str = "cpu",
         products: str = "int8-dot",
         chat_template: str = "",
+        tokenizer: str = "",
     ) -> ModelAdapter:
         """Load `source`: None (default model), 'tiny:SEED', 'tiny:FAMILY:SEED', a GGUF file or
         an HF directory; `products`: the CPU forward's arithmetic over a GGUF file's blocks
         (native_forward); `chat_template`: a template's source to use instead of the
-        model's own."""
+        model's own; `tokenizer`: a GGUF file whose tokenizer (and template) to use instead
+        of the model's own (a tiny model is built with its vocabulary's size)."""
         started = time.monotonic()
         gguf_path = None
+        text = _tokenizer(Path(tokenizer)) if tokenizer else None
+        if tokenizer and text is None:
+            raise InvalidArgument(f"{tokenizer} holds no tokenizer (no tokenizer.ggml.model)")
+        vocab_size = len(text) if text is not None else None
         family, seed = cls._tiny_spec(source)
         if source and source.startswith(TINY_PREFIX) and not family:
-            adapter = cls._tiny(seed)
+            adapter = cls._tiny(seed, text)
         else:
             if family:  # written here: no download, no default model needed
-                path = tiny_models.tiny_files(family, seed, cache_dir)[0]
+                path = tiny_models.tiny_files(family, seed, cache_dir, vocab_size)[0]
             else:
                 path = Path(source) if source else default_model_path()
             if not path.exists():
                 raise InvalidArgument(
                     f"model {path} does not exist; pass a GGUF file or an HF directory"
                 )
-            adapter = cls._load_path(path, cache_dir)
+            adapter = cls._load_path(path, cache_dir, text)
             gguf_path = None if path.is_dir() else path
             if family:
                 adapter.name = source
+        if text is not None and len(text) > adapter.geometry.vocab_size:
+            raise InvalidArgument(
+                f"the tokenizer of {tokenizer} has {len(text)} tokens, more than the model's "
+                f"vocabulary of {adapter.geometry.vocab_size}: give the model's own"
+            )
         if device != "cpu":
             adapter.model.to(device)
         elif native_forward.supports(adapter.model):
@@ -178,7 +190,20 @@ class ModelAdapter:
         except TemplateFailure as failure:
             raise InvalidArgument(f"{failure}; fix the template file") from None
         self.tokenizer.chat_template = source
-        self._chat = None
+        self._chat = self._stability = None
+
+    @property
+    def template_stability(self) -> str:
+        """ "none", "stable" or how the chat template rewrites earlier turns (kvgraft info)."""
+        if self._stability is None:
+            tokenizer = self.tokenizer
+            source = getattr(tokenizer, "chat_template", None) if tokenizer else None
+            tokens = {
+                "bos_token": getattr(tokenizer, "bos_token", None) or "",
+                "eos_token": getattr(tokenizer, "eos_token", None) or "",
+            }
+            self._stability = stability(source, self.name, **tokens)
+        return self._stability
 
     def release_float_weights(self) -> int:
         """A daemon's forward on the row-invariant kernels reads the GGUF file's blocks, never
@@ -218,9 +243,9 @@ class ModelAdapter:
             raise InvalidArgument(str(error)) from None
 
     @classmethod
-    def _tiny(cls, seed: int) -> ModelAdapter:
+    def _tiny(cls, seed: int, tokenizer=None) -> ModelAdapter:
         config = LlamaConfig(
-            vocab_size=512,
+            vocab_size=len(tokenizer) if tokenizer is not None else 512,
             hidden_size=64,
             intermediate_size=128,
             num_hidden_layers=2,
@@ -236,13 +261,15 @@ class ModelAdapter:
         )
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        return cls._prepared(model, None, f"{TINY_PREFIX}{seed}")
+        return cls._prepared(model, tokenizer, f"{TINY_PREFIX}{seed}")
 
     @classmethod
-    def _load_path(cls, path: Path, cache_dir: Path) -> ModelAdapter:
+    def _load_path(cls, path: Path, cache_dir: Path, tokenizer=None) -> ModelAdapter:
+        """The model at `path` with its own tokenizer, or `tokenizer` (its fingerprint then
+        computed, not cached)."""
         if path.is_dir():
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-            return cls._prepared(model, _tokenizer(path), str(path))
+            return cls._prepared(model, tokenizer or _tokenizer(path), str(path))
         converted = cache_dir / _source_key(path)
         if not (converted / "config.json").exists():
             log.info("converting %s to float32 safetensors in %s (once)", path.name, converted)
@@ -264,6 +291,8 @@ class ModelAdapter:
         model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
         # the tokenizer is the GGUF file's own (kvgraft.text), hashed into the fingerprint:
         # a cache of the fingerprint names the tokenizer's build it was computed with
+        if tokenizer is not None:
+            return cls._prepared(model, tokenizer, path.name)
         fingerprint = converted / f"fingerprint-text{TEXT_VERSION}.json"
         return cls._prepared(model, _tokenizer(path), path.name, fingerprint_cache=fingerprint)
 

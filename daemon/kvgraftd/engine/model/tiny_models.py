@@ -118,17 +118,21 @@ def build(family: str, seed: int, **overrides):
     return model.eval()
 
 
-def tiny_files(family: str, seed: int, cache: Path) -> tuple[Path, Path]:
-    """(safetensors directory, GGUF file) of the tiny model, written once into `cache`."""
+def tiny_files(
+    family: str, seed: int, cache: Path, vocab_size: int | None = None
+) -> tuple[Path, Path]:
+    """(safetensors directory, GGUF file) of the tiny model, written once into `cache`;
+    `vocab_size`: another vocabulary's size (a real tokenizer's, daemon --tokenizer)."""
     import transformers
 
+    shape = {**SHAPE, "vocab_size": vocab_size or SHAPE["vocab_size"]}
     # named by what makes it: another definition here or another converter is another model
-    made_of = repr((FAMILIES[family], SHAPE, family in TIED, transformers.__version__))
+    made_of = repr((FAMILIES[family], shape, family in TIED, transformers.__version__))
     home = cache / "tiny" / f"{family}-{seed}-{hashlib.sha256(made_of.encode()).hexdigest()[:12]}"
     if not (home / "model.gguf").exists():
         partial = home.with_name(f"{home.name}.partial-{os.getpid()}")
         shutil.rmtree(partial, ignore_errors=True)
-        model = build(family, seed)
+        model = build(family, seed, vocab_size=shape["vocab_size"])
         model.save_pretrained(partial / "safetensors")
         write_gguf(model, family, partial / "model.gguf")
         home.parent.mkdir(parents=True, exist_ok=True)

@@ -129,6 +129,7 @@ class EngineService:
             response.model_name = engine.adapter.name
             response.model_family = engine.adapter.family.name
             response.schedule = engine.adapter.schedule
+            response.chat_template = engine.adapter.template_stability
             response.model_fingerprint = engine.fingerprint
             response.profile.CopyFrom(engine.profile)
             response.page_tokens = engine.page_tokens
