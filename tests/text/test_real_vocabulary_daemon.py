@@ -55,7 +55,7 @@ def test_a_vocabulary_without_a_template_is_refused_for_chat_saying_so() -> None
     with pytest.raises(InvalidArgument, match="has no chat template"):
         adapter.chat_tokens([{"role": "user", "content": "hi"}], True)
     assert adapter.encode("Hello world") == [9906, 1917]  # text without a template: fine
-    with pytest.raises(InvalidArgument, match="does not compile.*fix the template file"):
+    with pytest.raises(InvalidArgument, match=r"does not compile.*fix the template file"):
         adapter.replace_chat_template("{% if messages %}")
     adapter.replace_chat_template(QWEN3_TEMPLATE.read_text())
     assert adapter.render_chat([{"role": "user", "content": "hi"}], True).startswith(

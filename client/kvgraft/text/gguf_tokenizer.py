@@ -34,7 +34,7 @@ from tokenizers import pre_tokenizers as hf_pre
 
 from kvgraft.text.chat_template import ChatTemplate
 from kvgraft.text.gguf_metadata import read_metadata
-from kvgraft.text.pre_tokenizers import pre_tokenizer
+from kvgraft.text.pre_tokenizers import TABLE, pre_tokenizer
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # token types
 MODELS = ("gpt2", "llama")  # the tokenizer.ggml.model values built here
@@ -96,14 +96,16 @@ class Vocabulary:
             scores=None if key("scores") is None else np.asarray(key("scores"), np.float32),
             merges=list(key("merges") or []),
             special=special,
-            add_bos=bool(key("add_bos_token", spm or key("pre") in _ADDS_BOS)),
+            add_bos=bool(key("add_bos_token", spm or _adds_bos(key("pre")))),
             add_eos=bool(key("add_eos_token", False)),
             add_space_prefix=bool(key("add_space_prefix", spm)),
             chat_template=str(metadata.get("tokenizer.chat_template") or ""),
         )
 
 
-_ADDS_BOS = ("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "tekken", "chameleon")
+def _adds_bos(pre: str | None) -> bool:
+    entry = TABLE.get(pre or "default")
+    return entry is not None and entry.adds_bos
 
 
 class GgufTokenizer:

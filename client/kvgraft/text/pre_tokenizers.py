@@ -5,7 +5,8 @@ Contract: `pre_tokenizer(name)` gives the `PreTokenizer` of a `pre` value: the r
 expressions that cut text, applied one after another (each match, and each stretch
 between matches, a piece of its own: tokenizers' `Split(..., "isolated")`, as llama.cpp's
 `unicode_regex_split`), and whether a piece that is itself a token skips the merges
-(`ignore_merges`). A value that is not in the table raises UnknownPreTokenizer naming it:
+(`ignore_merges`), and whether llama.cpp puts BOS before a text where the file does not
+say (`adds_bos`). A value that is not in the table raises UnknownPreTokenizer naming it:
 a vocabulary is never cut by a guess, because a wrong cut tokenizes silently worse.
 
 The expressions are the ones the models' own tokenizer.json files give (llama.cpp keeps
@@ -56,6 +57,7 @@ BLOOM = r" ?[^(\s|.,!?…。，、।۔،)]+"
 class PreTokenizer(NamedTuple):
     splits: tuple[str, ...]  # applied in this order, every piece kept
     ignore_merges: bool = False  # a piece that is a token is that token
+    adds_bos: bool = False  # BOS before a text where the file does not say (add_bos_token)
 
 
 class UnknownPreTokenizer(ValueError):
@@ -76,7 +78,7 @@ TABLE: dict[str, PreTokenizer] = {
     ),
     **_named(
         "llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano",
-        PreTokenizer((LLAMA3,), ignore_merges=True),
+        PreTokenizer((LLAMA3,), ignore_merges=True, adds_bos=True),
     ),
     **_named("dbrx smaug-bpe chatglm-bpe", PreTokenizer((LLAMA3,))),
     **_named("glm4 glm5", PreTokenizer((LLAMA3,), ignore_merges=True)),
@@ -90,7 +92,7 @@ TABLE: dict[str, PreTokenizer] = {
         PreTokenizer((r"\p{N}", GPT2)),
     ),
     **_named("falcon", PreTokenizer((r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9]{3}"))),
-    **_named("tekken", PreTokenizer((TEKKEN,), ignore_merges=True)),
+    **_named("tekken", PreTokenizer((TEKKEN,), ignore_merges=True, adds_bos=True)),
     **_named("gpt-4o llama4 kanana2 talkie minimax-m2", PreTokenizer((GPT4O,))),
     **_named("deepseek-v3 hunyuan-dense joyai-llm hy_v4", PreTokenizer(DEEPSEEK3)),
     **_named("deepseek-coder", PreTokenizer(DEEPSEEK_CODER)),
