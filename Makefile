@@ -79,7 +79,7 @@ proto-check: $(STAMP) ## fail when the committed stubs differ from the proto
 
 check: lint layers proto-check test ## what CI runs (.ci/run): lint, import contracts, stale stubs, tests
 
-bench: $(STAMP) ## run the benchmarks, the store's and tiers' six ratios first (each ends with one JSON line; ~35 min)
+bench: $(STAMP) ## run the benchmarks, the store's and tiers' six ratios first (each ends with one JSON line; ~40 min)
 	$(BIN)/python bench/headline.py
 	$(BIN)/python bench/graft_bench.py
 	$(BIN)/python bench/engine_bench.py
@@ -90,6 +90,7 @@ bench: $(STAMP) ## run the benchmarks, the store's and tiers' six ratios first (
 	$(BIN)/python bench/cache_bench.py
 	$(BIN)/python bench/scrub_bench.py
 	$(BIN)/python bench/http_bench.py
+	$(BIN)/python bench/template_reuse.py
 	$(BIN)/python bench/tenant_bench.py
 
 # llama-cpp-python, a peer of the benches only, in its own environment (never in make test):
