@@ -56,8 +56,10 @@ setup(
                 f"{LINEAR}/linear_int8_avx2.c",
                 f"{LINEAR}/rowwise.c",
                 f"{LINEAR}/layer.c",
+                f"{LINEAR}/gguf_blocks.c",
             ],
             depends=[
+                f"{LINEAR}/gguf_blocks.h",
                 f"{LINEAR}/linear_kernel.h",
                 f"{LINEAR}/linear_formats.h",
                 f"{LINEAR}/linear_int8.h",

@@ -97,6 +97,11 @@ def _load() -> ctypes.CDLL | None:
     library.kvg_linear_name.argtypes = [ctypes.c_int]
     library.kvg_linear_name.restype = ctypes.c_char_p
     library.kvg_linear_builds.restype = ctypes.c_int
+    # type, blocks, count, out (gguf_blocks.c); type, &weights, &bytes
+    library.kvg_gguf_dequantize.argtypes = [ctypes.c_int, _PTR, _I64, _PTR]
+    library.kvg_gguf_dequantize.restype = ctypes.c_int
+    library.kvg_gguf_block_size.argtypes = [ctypes.c_int, _PTR, _PTR]
+    library.kvg_gguf_block_size.restype = None
     return library
 
 
@@ -110,6 +115,8 @@ FORMATS = kernel_libraries.named(_constants, "FORMAT_")
 # bytes of a block of QK weights by format: in a GGUF file's row, and packed for 16 columns
 GGUF_BLOCK_BYTES = kernel_libraries.named(_constants, "GGUF_BLOCK_BYTES_")
 PACKED_BLOCK_BYTES = kernel_libraries.named(_constants, "PACKED_BLOCK_BYTES_")
+# GGUF tensor types the library reads, by name ("q4_k": 12, ...): engine.model.gguf_blocks
+GGUF_TYPES = kernel_libraries.named(_constants, "GGUF_TYPE_")
 
 
 def available() -> bool:

@@ -52,6 +52,7 @@
 
 #include "constants_table.h"
 #include "cpu_features.h"
+#include "gguf_blocks.h"
 #include "linear_formats.h"
 #include "linear_int8.h"
 
@@ -74,6 +75,13 @@ const struct kvg_constant kvg_linear_constants[] = {
     {"PACKED_BLOCK_BYTES_Q8_0", QUANT_BLOCK_Q8},
     {"PACKED_BLOCK_BYTES_Q4_1_I8", QUANT_BLOCK_Q4},
     {"PACKED_BLOCK_BYTES_Q8_0_I8", QUANT_BLOCK_Q8},
+    /* GGUF's tensor types the engine reads (gguf_blocks.h; their block sizes:
+     * kvg_gguf_block_size) */
+#define GGUF_TYPE(name) {"GGUF_TYPE_" #name, GGUF_##name}
+    GGUF_TYPE(F32), GGUF_TYPE(F16), GGUF_TYPE(BF16), GGUF_TYPE(Q4_0), GGUF_TYPE(Q4_1),
+    GGUF_TYPE(Q5_0), GGUF_TYPE(Q5_1), GGUF_TYPE(Q8_0), GGUF_TYPE(Q2_K), GGUF_TYPE(Q3_K),
+    GGUF_TYPE(Q4_K), GGUF_TYPE(Q5_K), GGUF_TYPE(Q6_K), GGUF_TYPE(IQ4_NL), GGUF_TYPE(IQ4_XS),
+#undef GGUF_TYPE
     {NULL, 0},
 };
 

@@ -20,26 +20,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "gguf_blocks.h"
 #include "linear_formats.h"
 
-static float half_to_float(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    const uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-    uint32_t bits;
-    if (exponent == 0) { /* zero or subnormal: mantissa * 2^-24, exact in float */
-        const float magnitude = ldexpf((float)mantissa, -24);
-        return sign ? -magnitude : magnitude;
-    }
-    if (exponent == 31)
-        bits = sign | 0x7f800000u | (mantissa << 13);
-    else
-        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static uint16_t read_half(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
 /* q of GGUF row `row` at k (its raw block bytes: Q4_1 d, m, 16 bytes; Q8_0 d, 32 bytes) */
 static int gguf_q(int format, const uint8_t *row, int64_t k) {
@@ -64,10 +47,10 @@ int kvg_quant_pack(int format, const uint8_t *blocks, int64_t row_bytes, const i
         const int j = (int)(n % PANEL);
         for (int64_t b = 0; b < K / QK; b++) {
             uint8_t *blk = packed + (n / PANEL) * per_panel + b * bytes;
-            const float d = half_to_float(read_half(row + b * source_block));
+            const float d = gguf_half(row + b * source_block);
             memcpy(blk + j * sizeof(float), &d, sizeof d);
             if (q4) {
-                const float m = half_to_float(read_half(row + b * source_block + 2));
+                const float m = gguf_half(row + b * source_block + 2);
                 memcpy(blk + (PANEL + j) * sizeof(float), &m, sizeof m);
             }
             for (int i = 0; i < QK; i++) {
