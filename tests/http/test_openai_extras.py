@@ -20,6 +20,7 @@ import openai
 import pytest
 
 from kvgraft.text.default_model import DEFAULT_MODEL_FILE, default_model_path
+from kvgraft.text.gguf_tokenizer import GgufTokenizer
 from kvgraftd.config import ConfigError, DaemonConfig
 from kvgraftd.ops.command_line import build_parser, load_config, to_toml
 from kvgraftd.testing.daemon_process import DaemonProcess
@@ -53,11 +54,10 @@ def api(daemon) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    """The oracle: the default model's tokenizer, read from its GGUF file by transformers."""
-    from transformers import AutoTokenizer
-
-    path = default_model_path()
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    """The default model's tokenizer as kvgraft.text builds it from the GGUF file (held to
+    llama.cpp's own vectors in tests/text; transformers' GGUF conversion reads SmolLM's
+    split as GPT-2's, which cuts "\n\n 123" otherwise than the model's tokenizer.json)."""
+    return GgufTokenizer.load(default_model_path())
 
 
 def post(daemon, route: str, body, token: str | None = "operator", **headers) -> httpx2.Response:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft.text.chat_template import ChatTemplate, TemplateFailure
+from kvgraft.text.chat_template import ChatTemplate, TemplateFailure, stability
 
 TEMPLATES = Path(__file__).resolve().parents[2].parent / "shared" / "vocab" / "templates"
 NAMES = sorted(path.stem for path in TEMPLATES.glob("*.jinja")) if TEMPLATES.is_dir() else []
@@ -111,3 +111,39 @@ def test_a_template_that_does_not_compile_or_raises_is_refused_naming_it() -> No
         raising.render([])
     with pytest.raises(TemplateFailure, match="has no chat template"):
         ChatTemplate("", "vocab.gguf")
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        ("{{ messages | length / 0 }}", "ZeroDivisionError"),
+        ("{{ messages[0].content + 1 }}", "TypeError"),
+        ("{{ 'a' * 10000000000 }}", "repeats a sequence past"),
+    ],
+)
+def test_a_template_whose_code_fails_is_refused_not_an_internal_error(source, said) -> None:
+    """Regression (review): only jinja2's own errors became a TemplateFailure; a template's
+    ZeroDivisionError reached the caller as an internal error (and broke Info for good)."""
+    with pytest.raises(TemplateFailure, match=said):
+        ChatTemplate(source, "t.jinja").render([{"role": "user", "content": "x"}])
+    assert stability(source, "t.jinja").startswith("the probe conversation was refused")
+
+
+def test_the_stability_probe_names_a_template_that_drops_turns() -> None:
+    """Regression (review): a later rendering that is a prefix of the earlier one raised
+    StopIteration."""
+    said = stability("{{ messages[0]['content'] }}", "first.jinja")
+    assert said.startswith("it renders answer 1 otherwise") and "to ''" in said
+    assert stability("", "none.jinja") == "none"
+    loop = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    assert stability(loop, "plain.jinja") == "stable"
+
+
+def test_transformers_generation_blocks_render_their_content() -> None:
+    source = (
+        "{% for m in messages %}{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}"
+    )
+    assert ChatTemplate(source).render([{"role": "assistant", "content": "yes"}]) == "yes"

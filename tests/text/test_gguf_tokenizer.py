@@ -19,7 +19,8 @@ import pytest
 from gguf import GGUFWriter
 
 from kvgraft.text.gguf_metadata import read_metadata
-from kvgraft.text.gguf_tokenizer import CONTROL, NORMAL, USER_DEFINED, GgufTokenizer
+from kvgraft.text.gguf_tokenizer import GgufTokenizer
+from kvgraft.text.gguf_vocabulary import CONTROL, NORMAL, USER_DEFINED
 
 VOCAB = Path(__file__).resolve().parents[2].parent / "shared" / "vocab"
 VOCABULARIES = ["gpt-2", "llama-bpe", "qwen2", "llama-spm", "phi-3"]
@@ -162,3 +163,117 @@ print(",".join(loaded) or "neither")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "neither"
+
+
+def _vocabulary_file(path: Path, **fields) -> Path:
+    """A vocabulary-only GGUF of a few tokens, `fields` replacing what it holds."""
+    writer = GGUFWriter(str(path), "llama")
+    values = {
+        "model": "gpt2", "pre": "gpt-2", "tokens": ["a", "b", "ab", "<|im_end|>"],
+        "types": [NORMAL, NORMAL, NORMAL, USER_DEFINED], "merges": ["a b"],
+    }  # fmt: skip
+    values.update(fields)
+    writer.add_tokenizer_model(values["model"])
+    writer.add_tokenizer_pre(values["pre"])
+    writer.add_token_list(values["tokens"])
+    writer.add_token_types(values["types"])
+    if values["merges"] is not None:
+        writer.add_token_merges(values["merges"])
+    if "scores" in values:
+        writer.add_token_scores(values["scores"])
+    for key, value in values.get("ids", {}).items():
+        writer.add_uint32(f"tokenizer.ggml.{key}", value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_an_end_of_turn_token_is_a_control_token_whatever_the_file_says(tmp_path) -> None:
+    """Regression (review): an older file's user-defined `<|im_end|>` was matched in a
+    message's text (user-defined tokens always are): a forged turn. llama.cpp makes every
+    end-of-turn text a control token; so does kvgraft, and generation stops there."""
+    tokenizer = GgufTokenizer.load(_vocabulary_file(tmp_path / "v.gguf"))
+    assert tokenizer.encode("ab<|im_end|>") == [2, 3]
+    assert 3 not in tokenizer.encode("<|im_end|>", split_special_tokens=True)
+    assert tokenizer.end_of_turn_ids() == {3}
+    with_fim = _vocabulary_file(tmp_path / "fim.gguf", ids={"fim_sep_token_id": 2})
+    assert GgufTokenizer.load(with_fim).end_of_turn_ids() == {2, 3}
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"merges": None}, "merges is not a list"),
+        ({"merges": ["ab"]}, "merges is not a list"),
+        ({"types": [NORMAL, NORMAL]}, "token_type does not give a number for each token"),
+        ({"model": "llama", "merges": None}, "scores does not give a number"),
+        ({"model": "llama", "merges": None, "scores": [0.0] * 3}, "scores does not give"),
+        (
+            {
+                "model": "llama",
+                "merges": None,
+                "tokens": ["x" * 15000],
+                "types": [1],
+                "scores": [0],
+            },
+            "too long to be a SentencePiece vocabulary",
+        ),
+    ],
+)
+def test_a_malformed_vocabulary_is_refused_naming_the_file(tmp_path, fields, said) -> None:
+    path = _vocabulary_file(tmp_path / "bad.gguf", **fields)
+    with pytest.raises(ValueError, match=f"bad.gguf.*{said}"):
+        GgufTokenizer.load(path)
+
+
+def test_nested_arrays_and_repeated_keys_are_refused(tmp_path) -> None:
+    """Regression (review): nested arrays recursed without a bound (a RecursionError from
+    a small file); a key given twice was silently overwritten."""
+    path = _vocabulary_file(tmp_path / "v.gguf")
+    data = bytearray(path.read_bytes())
+    at = data.index(b"tokenizer.ggml.merges") + len(b"tokenizer.ggml.merges")
+    assert data[at : at + 8] == bytes([9, 0, 0, 0, 8, 0, 0, 0])  # array of strings
+    nested = bytes(data[: at + 4]) + bytes([9, 0, 0, 0]) + bytes(data[at + 8 :])
+    (tmp_path / "nested.gguf").write_bytes(nested)
+    with pytest.raises(ValueError, match="array of arrays"):
+        read_metadata(tmp_path / "nested.gguf")
+    # general.architecture renamed tokenizer.ggml.model (as long): that key given twice
+    twice = bytes(data).replace(b"general.architecture", b"tokenizer.ggml.model", 1)
+    (tmp_path / "twice.gguf").write_bytes(twice)
+    with pytest.raises(ValueError, match=r"gives the metadata key 'tokenizer\.ggml\.model' twice"):
+        read_metadata(tmp_path / "twice.gguf")
+
+
+def test_tokens_sharing_a_text_keep_their_ids_and_the_unknown_token_is_read(tmp_path) -> None:
+    tokens = ["a", "b", "ab", "<|im_end|>", "a"]  # a file may give a text twice
+    path = _vocabulary_file(tmp_path / "v.gguf", tokens=tokens, types=[NORMAL] * 3 + [3, 1])
+    tokenizer = GgufTokenizer.load(path)
+    assert len(tokenizer) == 5  # the model's rows, not the distinct texts
+    spm = GgufTokenizer.load(VOCAB / "ggml-vocab-llama-spm.gguf")
+    assert spm.vocabulary.special["unk"] == 0
+
+
+def test_the_default_models_smollm_split_cuts_digits_one_by_one() -> None:
+    """SmolLM's `pre` (llama.cpp's smollm: digits alone, then GPT-2's split)."""
+    from kvgraft.text.default_model import default_model_path
+
+    tokenizer = GgufTokenizer.load(default_model_path())
+    assert tokenizer.vocabulary.pre == "smollm"
+    ids = tokenizer.encode("Hello 12345 world")
+    assert ids == [19556, 216, 33, 34, 35, 36, 37, 905]
+    assert [tokenizer.decode([i]) for i in ids[2:7]] == list("12345")
+
+
+def test_a_copy_keeps_added_tokens_and_has_its_own_lock() -> None:
+    import copy
+
+    from tokenizers import AddedToken
+
+    tokenizer = GgufTokenizer.load(VOCAB / "ggml-vocab-gpt-2.gguf")
+    tokenizer.backend_tokenizer.add_special_tokens([AddedToken("<|x|>", special=True)])
+    copied = copy.deepcopy(tokenizer)
+    assert copied.encode("<|x|>") == tokenizer.encode("<|x|>") and len(copied.encode("<|x|>")) == 1
+    assert copied._lock is not tokenizer._lock
+    assert copied.backend_tokenizer is not tokenizer.backend_tokenizer

@@ -35,6 +35,13 @@ from kvgraft.text.token_pieces import piece, token_bytes
 
 
 def cmd_tokenize(args: argparse.Namespace) -> None:
+    if args.messages is not None and (args.add_special or args.no_parse_special):
+        raise UsageError(
+            "--add-special and --no-parse-special are for a text; a conversation's markup is "
+            "the template's and its messages are always text"
+        )
+    if args.messages is None and (args.chat_template or args.no_generation_prompt):
+        raise UsageError("--chat-template and --no-generation-prompt go with --messages")
     tokenizer = _tokenizer(args)
     rendered = None
     if args.messages is not None:
@@ -55,7 +62,7 @@ def cmd_tokenize(args: argparse.Namespace) -> None:
             rendered = render(messages, prompt)
             ids = chat.ids(messages, prompt)
         except TemplateFailure as refused:
-            raise InvalidArgument(str(refused)) from None
+            raise InvalidArgument(f"{refused}; give another with --chat-template") from None
     else:
         text = _input_text(args)
         ids = tokenizer.encode(

@@ -6,10 +6,15 @@ messages and special tokens (tested against it for every template in ../shared/v
 jinja2's immutable sandbox with `trim_blocks` and `lstrip_blocks`, loop controls, `tojson`
 without HTML escaping, `raise_exception`, `strftime_now`, a `namespace` that refuses names
 beginning with "_"; message keys whose value is None dropped, a message's reasoning
-passed under the names templates read (`reasoning_content`, `thinking`). Only plain data
-(str, numbers, bools, lists, dicts) reaches a template. A template that does not compile,
-or that raises while rendering, is a TemplateFailure naming it and its message: templates
-are third-party code, run in the sandbox and never trusted.
+passed under the names templates read (`reasoning_content`, `thinking`), transformers'
+`{% generation %}` blocks rendered as their content. Only plain data (str, numbers, bools,
+lists, dicts) reaches a template. A template that does not compile, or that raises while
+rendering (its own raise_exception, or any error of its code), is a TemplateFailure naming
+it and its message: templates are third-party code, run in the sandbox and never trusted
+with Python. A string or list a template multiplies may hold at most MAX_REPEATED items;
+the sandbox bounds `range` (jinja2's 100,000), but not the loops a template nests: a
+template is the operator's choice (the model file's, or --chat-template), never a
+request's.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+MAX_REPEATED = 1 << 20  # items of a string or list a template's `*` may make
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 # a probe conversation whose answers open with a reasoning block, as reasoning models write
 _REASONED = "<think>\nLet me see.\n</think>\n\n"
@@ -69,10 +76,41 @@ def _tojson(value: Any, ensure_ascii=False, indent=None, separators=None, sort_k
     )
 
 
+class _Generation(jinja2.ext.Extension):
+    """transformers' `{% generation %}...{% endgeneration %}`: its content, as it renders
+    it where no assistant mask is asked for."""
+
+    tags = frozenset({"generation"})
+
+    def parse(self, parser):
+        line = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_content"), [], [], body).set_lineno(line)
+
+    def _content(self, caller) -> str:
+        return caller()
+
+
+class _Environment(ImmutableSandboxedEnvironment):
+    """The sandbox, with `*` bounded: "x" * 10**10 is refused, not allocated."""
+
+    intercepted_binops = frozenset({"*"})
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            for sequence, times in ((left, right), (right, left)):
+                repeated = isinstance(sequence, str | list | tuple) and isinstance(times, int)
+                if repeated and len(sequence) * times > MAX_REPEATED:
+                    raise jinja2.exceptions.SecurityError(
+                        f"the template repeats a sequence past {MAX_REPEATED} items"
+                    )
+        return super().call_binop(context, operator, left, right)
+
+
 @functools.lru_cache(maxsize=16)
 def _compiled(source: str) -> jinja2.Template:
-    environment = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    environment = _Environment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _Generation]
     )
     environment.filters["tojson"] = _tojson
     environment.globals["raise_exception"] = _raise_exception
@@ -111,6 +149,10 @@ class ChatTemplate:
             )
         except jinja2.exceptions.TemplateError as error:
             raise TemplateFailure(f"{self.name}'s chat template refused: {error}") from None
+        except Exception as error:  # the template's own code failed (1 / 0, "a" + 1, ...)
+            raise TemplateFailure(
+                f"{self.name}'s chat template failed: {type(error).__name__}: {error}"
+            ) from None
 
     def rewritten_turns(self, **context: Any) -> str:
         """ "" where the template renders each earlier turn as it was when it was answered
@@ -125,12 +167,18 @@ class ChatTemplate:
             except TemplateFailure as refused:
                 return f"the probe conversation was refused ({refused})"
             if not later.startswith(asked):
-                at = next(i for i, (a, b) in enumerate(zip(asked, later, strict=False)) if a != b)
+                at = _first_difference(asked, later)
                 return (
                     f"it renders answer {turn // 2 + 1} otherwise once the conversation goes on "
                     f"(from {asked[at : at + 24]!r} to {later[at : at + 24]!r}): reuse stops there"
                 )
         return ""
+
+
+def _first_difference(first: str, second: str) -> int:
+    """Where two texts first differ (the shorter one's length where it is the other's start)."""
+    pairs = zip(first, second, strict=False)
+    return next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(first), len(second)))
 
 
 def stability(source: str | None, name: str, **context: Any) -> str:
@@ -142,6 +190,8 @@ def stability(source: str | None, name: str, **context: Any) -> str:
         return ChatTemplate(source, name).rewritten_turns(**context) or "stable"
     except TemplateFailure as failure:
         return str(failure)
+    except Exception as error:  # never the load's failure: Info says it
+        return f"{name}'s chat template could not be probed ({type(error).__name__}: {error})"
 
 
 def _plain(value: Any) -> Any:

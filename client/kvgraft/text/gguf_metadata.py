@@ -2,7 +2,8 @@
 
 Contract: `read_metadata(path)` returns every key of the file's metadata section with its
 value: numbers and booleans as Python's, strings as str, numeric arrays as numpy arrays,
-string arrays as lists of str. `read_header(path)` returns that and the tensors' infos
+string arrays as lists of str (an array of arrays, or a key given twice, is refused, as
+llama.cpp refuses them). `read_header(path)` returns that and the tensors' infos
 (name, type number, shape with the fastest dimension first as GGUF writes it, and the
 offset of its bytes from the start of the file, the data section's alignment applied).
 Both read only the header (a vocabulary-only GGUF, or the first megabytes of a model), in
@@ -105,7 +106,7 @@ class _Cursor:
                 return np.frombuffer(self.take(count * width), _DTYPES[item]).copy()
             if item == STRING:
                 return self.strings(count)
-            return [self.value(item) for _ in range(count)]
+            raise ValueError(f"{self.name} holds an array of arrays, which GGUF readers refuse")
         raise ValueError(f"{self.name} holds a metadata value of unknown type {kind}")
 
     def strings(self, count: int) -> list[str]:
@@ -160,6 +161,8 @@ def _read(cursor: _Cursor, name: str) -> Header:
     metadata: dict[str, Any] = {}
     for _ in range(count):
         key = cursor.string()
+        if key in metadata:
+            raise ValueError(f"{name} gives the metadata key {key!r} twice")
         metadata[key] = cursor.value(cursor.number(_U32))
     infos = []
     for _ in range(tensors):

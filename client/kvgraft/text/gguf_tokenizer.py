@@ -12,19 +12,21 @@ gives for the same text (held to llama.cpp's own test vectors in tests/text):
   `add_space_prefix` (the default), spaces as "▁", a character with no token as its
   UTF-8 bytes' `<0xXX>` tokens.
 
-Control tokens (token type 3, and the unknown token) become their ids only where asked
-(`split_special_tokens=False`); user-defined ones (type 4, e.g. `<think>`) always, as in
-llama.cpp. Any other `tokenizer.ggml.model`, or a `pre` value not in the table, is refused
-at load with a ValueError naming it. The object answers the part of Hugging Face's
-fast-tokenizer interface the daemon uses (`encode`, `decode`, `convert_ids_to_tokens`,
-`added_tokens_decoder`, `backend_tokenizer`, `apply_chat_template`, the special tokens),
-so a model directory's transformers tokenizer and a GGUF file's are used alike.
+Control tokens (token type 3, the unknown token, and the end-of-turn and FIM tokens
+llama.cpp makes control tokens by their text: kvgraft.text.gguf_vocabulary) become their
+ids only where asked (`split_special_tokens=False`); user-defined ones (type 4, e.g.
+`<think>`) always, as in llama.cpp. Any other `tokenizer.ggml.model`, or a `pre` value not
+in the table, is refused at load with a ValueError naming it. The object answers the part
+of Hugging Face's fast-tokenizer interface the daemon uses (`encode`, `decode`,
+`convert_ids_to_tokens`, `added_tokens_decoder`, `backend_tokenizer`,
+`apply_chat_template`, the special tokens), so a model directory's transformers tokenizer
+and a GGUF file's are used alike; `encode` adds no BOS unless asked
+(`add_special_tokens=True`), as the daemon always asks explicitly.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,78 +36,8 @@ from tokenizers import pre_tokenizers as hf_pre
 
 from kvgraft.text.chat_template import ChatTemplate
 from kvgraft.text.gguf_metadata import read_metadata
+from kvgraft.text.gguf_vocabulary import CONTROL, NORMAL, UNKNOWN, USER_DEFINED, Vocabulary
 from kvgraft.text.pre_tokenizers import TABLE, pre_tokenizer
-
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # token types
-MODELS = ("gpt2", "llama")  # the tokenizer.ggml.model values built here
-# end-of-generation tokens llama.cpp recognizes by their text (llama-vocab.cpp)
-END_OF_TURN_TEXTS = frozenset(
-    {
-        *("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>"),
-        *("<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<|return|>", "<|call|>"),
-        *("[EOT]", "<｜end▁of▁sentence｜>"),
-    }
-)
-
-
-@dataclass
-class Vocabulary:
-    """The `tokenizer.*` metadata of a GGUF file."""
-
-    model: str
-    pre: str
-    tokens: list[str]
-    types: np.ndarray
-    scores: np.ndarray | None = None
-    merges: list[str] = field(default_factory=list)
-    special: dict[str, int] = field(default_factory=dict)  # bos, eos, unk, eot, eom, pad
-    add_bos: bool = False
-    add_eos: bool = False
-    add_space_prefix: bool = True
-    chat_template: str = ""
-
-    @classmethod
-    def of(cls, metadata: dict[str, Any], name: str) -> Vocabulary:
-        def key(suffix: str, default: Any = None) -> Any:
-            return metadata.get(f"tokenizer.ggml.{suffix}", default)
-
-        model = key("model")
-        if model is None:
-            raise ValueError(f"{name} holds no tokenizer (no tokenizer.ggml.model)")
-        if model not in MODELS:
-            raise ValueError(
-                f"{name}: tokenizer model {model!r} (tokenizer.ggml.model) is not one kvgraft "
-                f"builds; it builds {', '.join(MODELS)}"
-            )
-        tokens = list(key("tokens") or [])
-        types = key("token_type")
-        found = {
-            role: key(f"{role}_token_id") for role in ("bos", "eos", "unk", "eot", "eom", "pad")
-        }
-        special = {
-            role: int(index)
-            for role, index in found.items()
-            if index is not None and 0 <= int(index) < len(tokens)
-        }
-        spm = model == "llama"
-        return cls(
-            model=model,
-            pre=str(key("pre", "default")),
-            tokens=tokens,
-            types=np.asarray(types if types is not None else [NORMAL] * len(tokens), np.int32),
-            scores=None if key("scores") is None else np.asarray(key("scores"), np.float32),
-            merges=list(key("merges") or []),
-            special=special,
-            add_bos=bool(key("add_bos_token", spm or _adds_bos(key("pre")))),
-            add_eos=bool(key("add_eos_token", False)),
-            add_space_prefix=bool(key("add_space_prefix", spm)),
-            chat_template=str(metadata.get("tokenizer.chat_template") or ""),
-        )
-
-
-def _adds_bos(pre: str | None) -> bool:
-    entry = TABLE.get(pre or "default")
-    return entry is not None and entry.adds_bos
 
 
 class GgufTokenizer:
@@ -128,41 +60,47 @@ class GgufTokenizer:
 
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any], name: str) -> GgufTokenizer:
-        return cls(Vocabulary.of(metadata, name), name)
+        entry = TABLE.get(str(metadata.get("tokenizer.ggml.pre", "default")))
+        adds_bos = entry is not None and entry.adds_bos
+        return cls(Vocabulary.of(metadata, name, adds_bos), name)
 
     def __deepcopy__(self, memo: dict) -> GgufTokenizer:
-        """A tokenizer of its own (its own lock), built again from the same vocabulary."""
-        copy = GgufTokenizer(self.vocabulary, self.name)
-        copy.chat_template = self.chat_template
+        """A tokenizer of its own (its own lock and Rust tokenizer, its added tokens too)."""
+        copy = object.__new__(GgufTokenizer)
+        copy.__dict__.update(self.__dict__)
+        copy.backend_tokenizer = Tokenizer.from_str(self.backend_tokenizer.to_str())
+        copy._lock = threading.Lock()
         return copy
 
     def __len__(self) -> int:
-        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+        """The vocabulary's size: its tokens' count (two tokens may share a text)."""
+        return len(self.vocabulary.tokens)
 
     @property
     def added_tokens_decoder(self) -> dict[int, AddedToken]:
         return self.backend_tokenizer.get_added_tokens_decoder()
 
     def end_of_turn_ids(self) -> frozenset[int]:
-        """The ids that end a generation: EOS, EOT, EOM and the control tokens llama.cpp
-        takes for an end of turn by their text."""
-        vocabulary = self.vocabulary
-        ids = {vocabulary.special[r] for r in ("eos", "eot", "eom") if r in vocabulary.special}
-        ids.update(
-            index
-            for index, token in self.added_tokens_decoder.items()
-            if token.special and token.content in END_OF_TURN_TEXTS
-        )
-        return frozenset(ids)
+        """The ids that end a generation (Vocabulary.end_of_generation)."""
+        return self.vocabulary.end_of_generation()
+
+    def definition_digest(self) -> bytes:
+        """SHA-256 of the vocabulary and template this tokenizer is built from (the model
+        fingerprint hashes it: the same whatever version of `tokenizers` builds it)."""
+        return self.vocabulary.digest()
 
     def encode(
         self, text: str, add_special_tokens: bool = False, split_special_tokens: bool = False
     ) -> list[int]:
         """The ids of `text`: control tokens' texts as those tokens unless
         `split_special_tokens`; `add_special_tokens`: BOS / EOS where the file adds them."""
+        backend = self.backend_tokenizer
         with self._lock:
-            self.backend_tokenizer.encode_special_tokens = split_special_tokens
-            ids = self.backend_tokenizer.encode(text, add_special_tokens=False).ids
+            backend.encode_special_tokens = split_special_tokens
+            try:
+                ids = backend.encode(text, add_special_tokens=False).ids
+            finally:
+                backend.encode_special_tokens = False
         if add_special_tokens:
             vocabulary = self.vocabulary
             if vocabulary.add_bos and self.bos_token_id is not None:
@@ -201,9 +139,16 @@ class GgufTokenizer:
 
 
 def _build(vocabulary: Vocabulary, name: str) -> Tokenizer:
+    split = pre_tokenizer(vocabulary.pre) if vocabulary.model == "gpt2" else None  # or refused
+    try:
+        return _built(vocabulary, split)
+    except Exception as error:  # tokenizers' own, for merges or tokens it cannot take
+        raise ValueError(f"{name}: its vocabulary cannot be built ({error})") from None
+
+
+def _built(vocabulary: Vocabulary, split) -> Tokenizer:
     ids = {token: index for index, token in enumerate(vocabulary.tokens)}
-    if vocabulary.model == "gpt2":
-        split = pre_tokenizer(vocabulary.pre)  # refuses an unknown value
+    if split is not None:
         merges = [tuple(merge.split(" ", 1)) for merge in vocabulary.merges]
         tokenizer = Tokenizer(models.BPE(ids, merges, ignore_merges=split.ignore_merges))
         tokenizer.pre_tokenizer = hf_pre.Sequence(
@@ -212,8 +157,6 @@ def _build(vocabulary: Vocabulary, name: str) -> Tokenizer:
         )
         tokenizer.decoder = decoders.ByteLevel()
     else:
-        if vocabulary.scores is None:
-            raise ValueError(f"{name}: a SentencePiece vocabulary without tokenizer.ggml.scores")
         unk = vocabulary.special.get("unk")
         tokenizer = Tokenizer(
             models.BPE(
@@ -251,7 +194,7 @@ def _merges_by_score(
 ) -> list[tuple[str, str]]:
     """The merges a SentencePiece BPE vocabulary implies: every (left, right) of two
     normal tokens whose join is a token, the join with the higher score first (llama.cpp
-    merges the best-scored pair first; equal scores: the shorter left piece first)."""
+    merges the best-scored pair first; equal scores: by the pieces' ids)."""
     ids = {token: index for index, token in enumerate(tokens) if types[index] == NORMAL}
     found: list[tuple[float, int, int, str, str]] = []
     for token, index in ids.items():

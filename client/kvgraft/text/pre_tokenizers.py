@@ -11,7 +11,9 @@ a vocabulary is never cut by a guess, because a wrong cut tokenizes silently wor
 
 The expressions are the ones the models' own tokenizer.json files give (llama.cpp keeps
 them in comments beside its adapted copies); tokenizers' regex engine (Oniguruma) reads
-them as they are. The names of one family share an entry.
+them as they are. Where llama.cpp's adapted copy is only an approximation (Tekken's and
+GPT-4o's letter classes: its engine has no Unicode letter case), kvgraft follows the model's own
+expression, which the reference ids come from. The names of one family share an entry.
 """
 
 from __future__ import annotations

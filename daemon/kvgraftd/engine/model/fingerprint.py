@@ -1,10 +1,12 @@
 """The model fingerprint: which model a KV artifact belongs to.
 
 `model_fingerprint(model, tokenizer)` is a SHA-256 over the weights (sorted names, dtypes,
-shapes, bytes), the config keys that decide what a Llama computes, the tokenizer and the
-KV dtype, and, where a family computes more than those keys say (sliding windows, soft
-caps, another activation or attention scaling: `computed_beyond_config`), that too; a
-Llama's fingerprint names nothing more. `cached_fingerprint` computes it once per model
+shapes, bytes), the config keys that decide what a Llama computes, the tokenizer (a GGUF
+file's: the digest of its vocabulary and template, whatever library builds it; a model
+directory's: transformers' description of it and its template) and the KV dtype, and,
+where a family computes more than those keys say (sliding windows, soft caps, another
+activation or attention scaling: `computed_beyond_config`), that too; a Llama's
+fingerprint names nothing more. `cached_fingerprint` computes it once per model
 source, kept beside the converted model (written whole or not at all).
 """
 
@@ -84,7 +86,10 @@ def model_fingerprint(model, tokenizer) -> bytes:
     computed = computed_beyond_config(model)
     if computed:  # what a Llama computes the keys above name (its fingerprints stay)
         digest.update(json.dumps(computed, sort_keys=True).encode())
-    if tokenizer is not None:
+    definition = getattr(tokenizer, "definition_digest", None)
+    if definition is not None:  # a GGUF file's (kvgraft.text): its vocabulary and template
+        digest.update(b"vocabulary\0" + definition())
+    elif tokenizer is not None:  # a model directory's transformers tokenizer
         digest.update(
             tokenizer.backend_tokenizer.to_str().encode()
             if hasattr(tokenizer, "backend_tokenizer")

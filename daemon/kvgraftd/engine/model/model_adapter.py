@@ -269,7 +269,8 @@ class ModelAdapter:
         computed, not cached)."""
         if path.is_dir():
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-            return cls._prepared(model, tokenizer or _tokenizer(path), str(path))
+            own = tokenizer if tokenizer is not None else _tokenizer(path)
+            return cls._prepared(model, own, str(path))
         converted = cache_dir / _source_key(path)
         if not (converted / "config.json").exists():
             log.info("converting %s to float32 safetensors in %s (once)", path.name, converted)
@@ -347,7 +348,7 @@ class ModelAdapter:
 
     def chat_tokens(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
         """A conversation's ids: the template's markup its only control tokens
-        (kvgraftd.engine.model.chat_tokens)."""
+        (kvgraft.text.chat_tokens)."""
         self._chat_template()
         return self._chat_parts()[1].ids(messages, add_generation_prompt)
 
@@ -407,13 +408,16 @@ def _tokenizer(path: Path):
         if not any((path / name).exists() for name in names):
             return None
         return AutoTokenizer.from_pretrained(path)
-    metadata = read_metadata(path)
-    if "tokenizer.ggml.model" not in metadata:
-        return None
     try:
+        metadata = read_metadata(path)
+        if "tokenizer.ggml.model" not in metadata:
+            return None
         return GgufTokenizer.from_metadata(metadata, path.name)
     except ValueError as error:  # a tokenizer or pre-tokenizer kvgraft does not build
-        raise FailedPrecondition(f"{error}; kvgraft cannot read this model's text") from None
+        raise FailedPrecondition(
+            f"{error}. Give the model a tokenizer kvgraft reads (--tokenizer FILE: a GGUF "
+            "whose vocabulary is this model's), or load its Hugging Face directory"
+        ) from None
 
 
 def _eos_ids(config, tokenizer) -> frozenset[int]:

@@ -70,7 +70,7 @@ class EngineService:
             # one line for the operator; the traceback for whoever debugs (log level DEBUG)
             log.error(
                 "the model failed to load (%s: %s); the daemon serves the store only: fix "
-                "--model and restart",
+                "--model (or --tokenizer, --chat-template) and restart",
                 type(exc).__name__,
                 exc,
             )
