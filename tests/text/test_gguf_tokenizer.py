@@ -90,13 +90,24 @@ def test_control_tokens_only_where_asked_and_bos_where_the_file_says() -> None:
     assert spm.encode("hi", add_special_tokens=True)[0] == 1  # <s>: add_bos_token
 
 
-def _write(path: Path, model: str, pre: str, tokens: list[str], types: list[int]) -> Path:
+def _vocabulary_file(path: Path, **fields) -> Path:
+    """A vocabulary-only GGUF of a few tokens, `fields` replacing what it holds."""
     writer = GGUFWriter(str(path), "llama")
-    writer.add_tokenizer_model(model)
-    writer.add_tokenizer_pre(pre)
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(["a b"])
+    values = {
+        "model": "gpt2", "pre": "gpt-2", "tokens": ["a", "b", "ab", "<|im_end|>"],
+        "types": [NORMAL, NORMAL, NORMAL, USER_DEFINED], "merges": ["a b"],
+    }  # fmt: skip
+    values.update(fields)
+    writer.add_tokenizer_model(values["model"])
+    writer.add_tokenizer_pre(values["pre"])
+    writer.add_token_list(values["tokens"])
+    writer.add_token_types(values["types"])
+    if values["merges"] is not None:
+        writer.add_token_merges(values["merges"])
+    if "scores" in values:
+        writer.add_token_scores(values["scores"])
+    for key, value in values.get("ids", {}).items():
+        writer.add_uint32(f"tokenizer.ggml.{key}", value)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -107,7 +118,9 @@ def _write(path: Path, model: str, pre: str, tokens: list[str], types: list[int]
 def test_user_defined_tokens_are_always_whole_control_tokens_only_when_parsed(tmp_path) -> None:
     tokens = ["a", "b", "ab", "<think>", "<|end|>", "Ġ"]
     types = [NORMAL, NORMAL, NORMAL, USER_DEFINED, CONTROL, NORMAL]
-    tokenizer = GgufTokenizer.load(_write(tmp_path / "v.gguf", "gpt2", "gpt-2", tokens, types))
+    tokenizer = GgufTokenizer.load(
+        _vocabulary_file(tmp_path / "v.gguf", tokens=tokens, types=types)
+    )
     assert tokenizer.encode("ab<think>ab<|end|>") == [2, 3, 2, 4]
     assert tokenizer.encode("<think>", split_special_tokens=True) == [3]  # not a control token
     assert 4 not in tokenizer.encode("<|end|>", split_special_tokens=True)
@@ -119,7 +132,7 @@ def test_user_defined_tokens_are_always_whole_control_tokens_only_when_parsed(tm
     [("bert", "default", "'bert'"), ("gpt2", "made-up-pre", "'made-up-pre'")],
 )
 def test_what_kvgraft_cannot_build_is_refused_naming_it(tmp_path, model, pre, named) -> None:
-    path = _write(tmp_path / "v.gguf", model, pre, ["a", "b", "ab"], [NORMAL] * 3)
+    path = _vocabulary_file(tmp_path / "v.gguf", model=model, pre=pre)
     with pytest.raises(ValueError, match=named):
         GgufTokenizer.load(path)
 
@@ -129,7 +142,7 @@ def test_a_file_that_is_not_gguf_or_is_cut_short_is_refused(tmp_path) -> None:
     not_gguf.write_bytes(b"PK\x03\x04 a zip")
     with pytest.raises(ValueError, match="not a GGUF file"):
         read_metadata(not_gguf)
-    whole = _write(tmp_path / "v.gguf", "gpt2", "gpt-2", ["a", "b", "ab"], [NORMAL] * 3)
+    whole = _vocabulary_file(tmp_path / "v.gguf", tokens=["a", "b", "ab"], types=[NORMAL] * 3)
     data = whole.read_bytes()
     assert read_metadata(whole)["tokenizer.ggml.tokens"] == ["a", "b", "ab"]
     assert np.array_equal(read_metadata(whole)["tokenizer.ggml.token_type"], [1, 1, 1])
@@ -163,31 +176,6 @@ print(",".join(loaded) or "neither")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "neither"
-
-
-def _vocabulary_file(path: Path, **fields) -> Path:
-    """A vocabulary-only GGUF of a few tokens, `fields` replacing what it holds."""
-    writer = GGUFWriter(str(path), "llama")
-    values = {
-        "model": "gpt2", "pre": "gpt-2", "tokens": ["a", "b", "ab", "<|im_end|>"],
-        "types": [NORMAL, NORMAL, NORMAL, USER_DEFINED], "merges": ["a b"],
-    }  # fmt: skip
-    values.update(fields)
-    writer.add_tokenizer_model(values["model"])
-    writer.add_tokenizer_pre(values["pre"])
-    writer.add_token_list(values["tokens"])
-    writer.add_token_types(values["types"])
-    if values["merges"] is not None:
-        writer.add_token_merges(values["merges"])
-    if "scores" in values:
-        writer.add_token_scores(values["scores"])
-    for key, value in values.get("ids", {}).items():
-        writer.add_uint32(f"tokenizer.ggml.{key}", value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def test_an_end_of_turn_token_is_a_control_token_whatever_the_file_says(tmp_path) -> None:
