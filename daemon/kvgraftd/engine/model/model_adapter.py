@@ -1,5 +1,6 @@
 """The model adapter: the module that loads models through transformers (with tiny_models, which
-builds its test models with it, the only ones that import it).
+builds its test models with it, and model_tokenizer, for a model directory's tokenizer, the
+only ones that import it; a GGUF file's tokenizer and template are kvgraft.text's).
 
 It loads a causal LM (the default GGUF of SmolLM2-135M-Instruct, any GGUF
 file, a Hugging Face model directory, a tiny seeded random Llama for tests
@@ -37,16 +38,14 @@ from typing import Any
 import jinja2
 import torch
 import transformers
-from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+from transformers import AttentionInterface, AutoModelForCausalLM, LlamaConfig
 from transformers.masking_utils import AttentionMaskInterface
 
 from kvgraft.errors import FailedPrecondition, InvalidArgument
-from kvgraft.text.chat_template import ChatTemplate, TemplateFailure, stability
+from kvgraft.text.chat_template import TemplateFailure
 from kvgraft.text.chat_tokens import ChatTokens, TransformersText
 from kvgraft.text.default_model import default_model_path
-from kvgraft.text.gguf_metadata import read_metadata
-from kvgraft.text.gguf_tokenizer import GgufTokenizer
-from kvgraftd.engine.model import native_forward, tiny_models
+from kvgraftd.engine.model import model_tokenizer, native_forward, tiny_models
 from kvgraftd.engine.model.families import Family
 from kvgraftd.engine.model.fingerprint import cached_fingerprint
 from kvgraftd.engine.model.geometry import ModelGeometry
@@ -55,7 +54,6 @@ log = logging.getLogger(__name__)
 
 ATTENTION_NAME = "kvgraft"
 TINY_PREFIX = "tiny:"
-TEXT_VERSION = 2  # GGUF tokenizers built by kvgraft.text (1: through transformers)
 _CONTEXT_KWARG = "kvgraft_context"
 
 
@@ -90,7 +88,7 @@ class ModelAdapter:
             windows=self.family.windows if any(self.family.windows) else (),
             softcap=self.family.attention_softcap,
         )
-        self.eos_token_ids = _eos_ids(config, tokenizer)
+        self.eos_token_ids = model_tokenizer.end_of_generation(config, tokenizer)
         self.device = torch.device("cpu")
         self.native: native_forward.NativeForward | None = None
         self.gguf_path: Path | None = None  # the GGUF file the model came from, if one
@@ -136,7 +134,7 @@ class ModelAdapter:
         of the model's own (a tiny model is built with its vocabulary's size)."""
         started = time.monotonic()
         gguf_path = None
-        text = _tokenizer(Path(tokenizer)) if tokenizer else None
+        text = model_tokenizer.load(Path(tokenizer)) if tokenizer else None
         if tokenizer and text is None:
             raise InvalidArgument(f"{tokenizer} holds no tokenizer (no tokenizer.ggml.model)")
         vocab_size = len(text) if text is not None else None
@@ -181,28 +179,14 @@ class ModelAdapter:
 
     def replace_chat_template(self, source: str) -> None:
         """Render conversations with `source` instead of the model's own template."""
-        if self.tokenizer is None:
-            raise InvalidArgument(
-                f"model {self.name} has no tokenizer, so a chat template cannot be used with it"
-            )
-        try:
-            ChatTemplate(source, self.name)
-        except TemplateFailure as failure:
-            raise InvalidArgument(f"{failure}; fix the template file") from None
-        self.tokenizer.chat_template = source
+        model_tokenizer.replace_template(self.tokenizer, source, self.name)
         self._chat = self._stability = None
 
     @property
     def template_stability(self) -> str:
         """ "none", "stable" or how the chat template rewrites earlier turns (kvgraft info)."""
         if self._stability is None:
-            tokenizer = self.tokenizer
-            source = getattr(tokenizer, "chat_template", None) if tokenizer else None
-            tokens = {
-                "bos_token": getattr(tokenizer, "bos_token", None) or "",
-                "eos_token": getattr(tokenizer, "eos_token", None) or "",
-            }
-            self._stability = stability(source, self.name, **tokens)
+            self._stability = model_tokenizer.template_stability(self.tokenizer, self.name)
         return self._stability
 
     def release_float_weights(self) -> int:
@@ -269,7 +253,7 @@ class ModelAdapter:
         computed, not cached)."""
         if path.is_dir():
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-            own = tokenizer if tokenizer is not None else _tokenizer(path)
+            own = tokenizer if tokenizer is not None else model_tokenizer.load(path)
             return cls._prepared(model, own, str(path))
         converted = cache_dir / _source_key(path)
         if not (converted / "config.json").exists():
@@ -294,8 +278,9 @@ class ModelAdapter:
         # a cache of the fingerprint names the tokenizer's build it was computed with
         if tokenizer is not None:
             return cls._prepared(model, tokenizer, path.name)
-        fingerprint = converted / f"fingerprint-text{TEXT_VERSION}.json"
-        return cls._prepared(model, _tokenizer(path), path.name, fingerprint_cache=fingerprint)
+        fingerprint = converted / f"fingerprint-text{model_tokenizer.TEXT_VERSION}.json"
+        own = model_tokenizer.load(path)
+        return cls._prepared(model, own, path.name, fingerprint_cache=fingerprint)
 
     @classmethod
     def _prepared(
@@ -398,36 +383,6 @@ class ModelAdapter:
             "rope_theta": getattr(config, "rope_theta", None),
             "max_position_embeddings": getattr(config, "max_position_embeddings", None),
         }
-
-
-def _tokenizer(path: Path):
-    """The tokenizer a model directory or GGUF file holds; None where it holds none (the
-    tiny test models: requests send token ids)."""
-    if path.is_dir():
-        names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-        if not any((path / name).exists() for name in names):
-            return None
-        return AutoTokenizer.from_pretrained(path)
-    try:
-        metadata = read_metadata(path)
-        if "tokenizer.ggml.model" not in metadata:
-            return None
-        return GgufTokenizer.from_metadata(metadata, path.name)
-    except ValueError as error:  # a tokenizer or pre-tokenizer kvgraft does not build
-        raise FailedPrecondition(
-            f"{error}. Give the model a tokenizer kvgraft reads (--tokenizer FILE: a GGUF "
-            "whose vocabulary is this model's), or load its Hugging Face directory"
-        ) from None
-
-
-def _eos_ids(config, tokenizer) -> frozenset[int]:
-    found = getattr(config, "eos_token_id", None)
-    ids = set(found if isinstance(found, list) else [found] if found is not None else [])
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    if isinstance(tokenizer, GgufTokenizer):  # EOT, EOM and the end-of-turn tokens too
-        ids.update(tokenizer.end_of_turn_ids())
-    return frozenset(ids)
 
 
 def _source_key(path: Path) -> str:
