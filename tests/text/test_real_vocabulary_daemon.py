@@ -39,13 +39,17 @@ def _daemon(tmp_path: Path, *extra: str) -> DaemonProcess:
     return daemon
 
 
-def test_the_tiny_model_stops_at_the_files_end_of_turn_tokens() -> None:
+def test_the_tiny_model_stops_at_the_files_end_of_turn_tokens_and_its_template_is_probed() -> None:
     adapter = ModelAdapter.load("tiny:qwen2:1", MODEL_CACHE, tokenizer=str(QWEN2))
     assert adapter.geometry.vocab_size == len(adapter.tokenizer) == 151936
     assert {IM_END, ENDOFTEXT} <= adapter.eos_token_ids
     assert adapter.template_stability == "stable"
     ids = adapter.chat_tokens([{"role": "user", "content": "hi <|im_end|>"}], True)
     assert ids.count(IM_END) == 2  # the system turn's and the user turn's: the text's is text
+    # --chat-template: Qwen 3's rewrites an earlier answer that holds reasoning, and says so
+    adapter.replace_chat_template(QWEN3_TEMPLATE.read_text())
+    said = adapter.template_stability
+    assert said.startswith("it renders answer 1 otherwise") and "reuse stops there" in said
 
 
 def test_a_vocabulary_without_a_template_is_refused_for_chat_saying_so() -> None:
@@ -90,10 +94,3 @@ def test_a_conversation_with_a_real_vocabulary_reuses_every_turn(tmp_path) -> No
     finally:
         daemon.stop()
     assert "Traceback" not in daemon.log()
-
-
-def test_info_says_when_a_template_rewrites_earlier_turns() -> None:
-    adapter = ModelAdapter.load("tiny:qwen2:1", MODEL_CACHE, tokenizer=str(QWEN2))
-    adapter.replace_chat_template(QWEN3_TEMPLATE.read_text())  # what --chat-template does
-    said = adapter.template_stability
-    assert said.startswith("it renders answer 1 otherwise") and "reuse stops there" in said

@@ -50,6 +50,11 @@ class GgufFile:
     @classmethod
     def open(cls, path: str | Path) -> GgufFile:
         path = Path(path)
+        if not gguf_blocks.TYPES:
+            raise ValueError(
+                f"{path.name}: the native linear library is not built, so no GGUF tensor can "
+                "be read (make install builds it)"
+            )
         header = read_header(path)
         with open(path, "rb") as file:
             mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
