@@ -39,6 +39,7 @@ from pathlib import Path
 import openai
 
 from kvgraft import Client
+from kvgraft.text.chat_template import first_difference
 from kvgraft.text.chat_tokens import ChatTokens, TransformersText
 from kvgraft.text.default_model import default_model_path
 from kvgraft.text.gguf_tokenizer import GgufTokenizer
@@ -120,10 +121,7 @@ def in_process(template: Path, tokenizer: GgufTokenizer, answer_prefix: str) -> 
         earlier = chat.ids(messages, False)
         messages.append({"role": "user", "content": question})
         later = chat.ids(messages, True)
-        same = next(
-            (i for i, (a, b) in enumerate(zip(earlier, later, strict=False)) if a != b), None
-        )
-        kept += len(earlier) if same is None else same
+        kept += first_difference(earlier, later)
         offered += len(earlier)
     return kept / offered
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -167,7 +168,7 @@ class ChatTemplate:
             except TemplateFailure as refused:
                 return f"the probe conversation was refused ({refused})"
             if not later.startswith(asked):
-                at = _first_difference(asked, later)
+                at = first_difference(asked, later)
                 return (
                     f"it renders answer {turn // 2 + 1} otherwise once the conversation goes on "
                     f"(from {asked[at : at + 24]!r} to {later[at : at + 24]!r}): reuse stops there"
@@ -175,8 +176,9 @@ class ChatTemplate:
         return ""
 
 
-def _first_difference(first: str, second: str) -> int:
-    """Where two texts first differ (the shorter one's length where it is the other's start)."""
+def first_difference(first: Sequence, second: Sequence) -> int:
+    """Where two texts (or id lists) first differ (the shorter one's length where it is the
+    other's start)."""
     pairs = zip(first, second, strict=False)
     return next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(first), len(second)))
 
